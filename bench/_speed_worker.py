@@ -1,0 +1,66 @@
+"""One timing run of one engine, printed as JSON; run by compare_llamacpp.py in a fresh process.
+
+Prefill: evaluate n_prompt tokens at once. Decode: n_gen single-token steps after the prefill
+(tg @ depth d evaluates d tokens first, untimed). Token ids are the same pseudo-random ids
+for both engines, as llama-bench does; sampling and tokenization are not timed."""
+import argparse
+import json
+import random
+import time
+
+
+def token_ids(n, n_vocab, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(100, n_vocab - 100) for _ in range(n)]
+
+
+def run_pykv(args):
+    from pykv import Llama
+    llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_batch=args.n_batch)
+    return llm, llm.n_vocab, llm.eval, llm.reset
+
+
+def run_llamacpp(args):
+    from llama_cpp import Llama
+    llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads,
+                n_batch=args.n_batch, n_ubatch=args.n_batch, verbose=False)
+    return llm, llm.n_vocab(), llm.eval, llm.reset
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--engine", choices=["pykv", "llamacpp"], required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--n-prompt", type=int, default=512)
+    p.add_argument("--n-gen", type=int, default=128)
+    p.add_argument("--depth", type=int, default=0)
+    p.add_argument("--n-batch", type=int, default=512)
+    args = p.parse_args()
+    args.n_ctx = max(args.n_prompt, args.depth) + args.n_gen + 16
+    llm, n_vocab, evaluate, reset = (run_pykv if args.engine == "pykv" else run_llamacpp)(args)
+    result = {"engine": args.engine}
+    # warm-up: touch every weight page once
+    evaluate(token_ids(8, n_vocab, 0))
+    reset()
+    if args.n_prompt:
+        tokens = token_ids(args.n_prompt, n_vocab, 1)
+        t0 = time.perf_counter()
+        evaluate(tokens)
+        result["pp_tps"] = args.n_prompt / (time.perf_counter() - t0)
+        reset()
+    if args.n_gen:
+        if args.depth:
+            evaluate(token_ids(args.depth, n_vocab, 2))
+        else:
+            evaluate(token_ids(1, n_vocab, 2))
+        steps = token_ids(args.n_gen, n_vocab, 3)
+        t0 = time.perf_counter()
+        for t in steps:
+            evaluate([t])
+        result["tg_tps"] = args.n_gen / (time.perf_counter() - t0)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

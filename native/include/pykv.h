@@ -1,0 +1,269 @@
+/*
+ * pykv.h - the public C API of libpykv.
+ *
+ * Conventions (as in llama.h, with two differences for FFI bindings):
+ *  - handles are opaque; the model must outlive every context made from it;
+ *  - params structs are passed by pointer and start with struct_size; fill them from
+ *    pykv_*_default_params() first;
+ *  - every fallible call returns a pykv_status; on failure pykv_last_error() (per thread)
+ *    says why. Nothing in the library aborts on bad input.
+ *  - string outputs use (buf, cap, *n_out): on PYKV_ERR_BUFFER_TOO_SMALL *n_out holds the
+ *    size needed, so callers can probe then allocate.
+ *
+ * The region between the cffi markers is parsed by the Python binding (pykv/_ffi.py):
+ * keep it to plain declarations, with PYKV_API as the only macro.
+ */
+#ifndef PYKV_H
+#define PYKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  define PYKV_API __declspec(dllexport)
+#elif defined(PYKV_BUILD)
+#  define PYKV_API __attribute__((visibility("default")))
+#else
+#  define PYKV_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --- cffi begin --- */
+
+#define PYKV_ABI_VERSION 1
+#define PYKV_DEFAULT_SEED 4294967295
+
+typedef int32_t pykv_token;
+typedef int32_t pykv_pos;
+
+typedef enum pykv_status {
+    PYKV_OK                      = 0,
+    PYKV_ERR_INVALID_ARG         = 1,  /* a bad argument from the caller */
+    PYKV_ERR_IO                  = 2,  /* a file could not be opened, mapped or read */
+    PYKV_ERR_FORMAT              = 3,  /* a corrupt or truncated GGUF, bad metadata */
+    PYKV_ERR_UNSUPPORTED         = 4,  /* valid input this build cannot run (tensor type, arch) */
+    PYKV_ERR_NOMEM               = 5,
+    PYKV_ERR_CONTEXT_FULL        = 6,  /* the tokens do not fit in n_ctx */
+    PYKV_ERR_CANCELLED           = 7,  /* pykv_cancel() stopped the call */
+    PYKV_ERR_BUFFER_TOO_SMALL    = 8,  /* *n_out holds the size needed */
+    PYKV_ERR_INTERNAL            = 9,
+} pykv_status;
+
+/* Tensor element types; the numbers are GGUF's (ggml_type). */
+typedef enum pykv_type {
+    PYKV_TYPE_F32  = 0,
+    PYKV_TYPE_F16  = 1,
+    PYKV_TYPE_Q4_0 = 2,
+    PYKV_TYPE_Q4_1 = 3,
+    PYKV_TYPE_Q5_0 = 6,
+    PYKV_TYPE_Q5_1 = 7,
+    PYKV_TYPE_Q8_0 = 8,
+    PYKV_TYPE_Q4_K = 12,
+    PYKV_TYPE_Q5_K = 13,
+    PYKV_TYPE_Q6_K = 14,
+    PYKV_TYPE_BF16 = 30,
+} pykv_type;
+
+typedef struct pykv_model   pykv_model;
+typedef struct pykv_context pykv_context;
+typedef struct pykv_sampler pykv_sampler;
+
+/* ---- library ---- */
+
+PYKV_API int32_t     pykv_abi_version(void);
+/* The message of the last failed call on this thread ("" when none). */
+PYKV_API const char *pykv_last_error(void);
+/* CPU features the kernels use, build options. Static string. */
+PYKV_API const char *pykv_system_info(void);
+/* 0 = silent (default), 1 = errors, 2 = warnings, 3 = info, 4 = debug; logs go to stderr. */
+PYKV_API void        pykv_log_set_level(int32_t level);
+
+/* ---- model ---- */
+
+struct pykv_model_params {
+    size_t  struct_size;
+    int32_t use_mmap;    /* 1 (default): map the file; 0: read it into memory */
+    int32_t vocab_only;  /* 1: load metadata and tokenizer only, no weights */
+};
+
+PYKV_API void        pykv_model_default_params(struct pykv_model_params *params);
+PYKV_API pykv_status pykv_model_load(const char *path, const struct pykv_model_params *params,
+                                     pykv_model **out);
+PYKV_API void        pykv_model_free(pykv_model *model);
+
+struct pykv_model_info {
+    size_t  struct_size;
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;
+    float   rope_freq_base;
+    float   rms_eps;
+    int32_t tied_output;   /* 1 when output.weight is absent and token_embd is reused */
+    int64_t n_params;
+    int64_t n_bytes;       /* bytes of tensor data in the file */
+    int32_t gguf_version;
+    int32_t vocab_only;
+};
+PYKV_API pykv_status pykv_model_get_info(const pykv_model *model, struct pykv_model_info *info);
+
+/* GGUF metadata: keys by index, values rendered as text (arrays summarised). */
+PYKV_API int32_t     pykv_model_meta_count(const pykv_model *model);
+PYKV_API pykv_status pykv_model_meta_key(const pykv_model *model, int32_t i, char *buf,
+                                         int32_t cap, int32_t *n_out);
+PYKV_API pykv_status pykv_model_meta_value(const pykv_model *model, int32_t i, char *buf,
+                                           int32_t cap, int32_t *n_out);
+/* The value of a string key, e.g. "tokenizer.chat_template". PYKV_ERR_INVALID_ARG if absent. */
+PYKV_API pykv_status pykv_model_meta_string(const pykv_model *model, const char *key, char *buf,
+                                            int32_t cap, int32_t *n_out);
+
+struct pykv_tensor_info {
+    size_t      struct_size;
+    const char *name;      /* owned by the model */
+    int32_t     type;      /* pykv_type */
+    int32_t     n_dims;
+    int64_t     ne[4];     /* ne[0] is the row length, as in ggml */
+    uint64_t    offset;    /* from the start of the file */
+    uint64_t    n_bytes;
+};
+PYKV_API int32_t     pykv_model_tensor_count(const pykv_model *model);
+PYKV_API pykv_status pykv_model_tensor_info(const pykv_model *model, int32_t i,
+                                            struct pykv_tensor_info *info);
+
+/* ---- tensor types (also used by the tests) ---- */
+
+/* "q4_1" etc., or NULL for an unknown type. */
+PYKV_API const char *pykv_type_name(int32_t type);
+/* Block size in elements and bytes; 0 for an unknown type. */
+PYKV_API int32_t     pykv_type_block_size(int32_t type);
+PYKV_API int32_t     pykv_type_block_bytes(int32_t type);
+/* Dequantize n elements (a multiple of the block size) of type from src into dst. */
+PYKV_API pykv_status pykv_dequantize(int32_t type, const void *src, int64_t n, float *dst);
+
+/* ---- vocabulary and tokenizer (thread-safe) ---- */
+
+PYKV_API int32_t     pykv_vocab_n_tokens(const pykv_model *model);
+PYKV_API pykv_token  pykv_vocab_bos(const pykv_model *model);   /* -1 when none */
+PYKV_API pykv_token  pykv_vocab_eos(const pykv_model *model);
+PYKV_API pykv_token  pykv_vocab_eot(const pykv_model *model);
+PYKV_API int32_t     pykv_vocab_is_eog(const pykv_model *model, pykv_token token);
+PYKV_API int32_t     pykv_vocab_is_control(const pykv_model *model, pykv_token token);
+PYKV_API int32_t     pykv_vocab_add_bos(const pykv_model *model);
+/* add_special: add BOS/EOS as the model's metadata asks.
+ * parse_special: text like "<|im_start|>" becomes the special token, not its characters. */
+PYKV_API pykv_status pykv_tokenize(const pykv_model *model, const char *text, int32_t text_len,
+                                   int32_t add_special, int32_t parse_special,
+                                   pykv_token *tokens, int32_t cap, int32_t *n_out);
+/* The bytes of one token; special/control tokens render as their text only if special. */
+PYKV_API pykv_status pykv_token_to_piece(const pykv_model *model, pykv_token token,
+                                         int32_t special, char *buf, int32_t cap, int32_t *n_out);
+/* The bytes of a token sequence (SentencePiece's leading space after BOS is removed). */
+PYKV_API pykv_status pykv_detokenize(const pykv_model *model, const pykv_token *tokens,
+                                     int32_t n_tokens, int32_t special, char *buf, int32_t cap,
+                                     int32_t *n_out);
+
+/* ---- context: the KV cache and the forward pass ---- */
+
+struct pykv_context_params {
+    size_t      struct_size;
+    uint32_t    n_ctx;        /* 0 = the model's training context */
+    uint32_t    n_ubatch;     /* prefill chunk (default 512) */
+    int32_t     n_threads;    /* 0 = number of physical cores */
+    const char *policy;       /* eviction policy name; NULL or "full" keeps everything */
+    int32_t     budget;       /* entries per (layer, KV head) on average; 0 = use budget_frac */
+    float       budget_frac;  /* budget as a fraction of the prompt when budget == 0 */
+    int32_t     window;       /* -1 = the policy's default */
+    int32_t     sink;         /* -1 = the policy's default */
+    const char *policy_args;  /* "k=v,k=v" policy-specific options, or NULL */
+};
+
+PYKV_API void        pykv_context_default_params(struct pykv_context_params *params);
+PYKV_API pykv_status pykv_context_init(pykv_model *model, const struct pykv_context_params *params,
+                                       pykv_context **out);
+PYKV_API void        pykv_context_free(pykv_context *ctx);
+PYKV_API pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads);
+
+/* Append n tokens to the context and run them through the model in chunks of n_ubatch.
+ * A call with several tokens is a prefill, one with a single token a decode step. On error
+ * the tokens of completed chunks stay in the cache (pykv_n_past tells how many). */
+PYKV_API pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens);
+/* Logits of the last token evaluated (n_vocab floats), owned by ctx, valid until the next
+ * decode or reset; NULL before the first decode. */
+PYKV_API const float *pykv_get_logits(pykv_context *ctx);
+/* Tokens evaluated so far (the next position). */
+PYKV_API int32_t     pykv_n_past(const pykv_context *ctx);
+PYKV_API int32_t     pykv_n_ctx(const pykv_context *ctx);
+/* Forget every token; the cache's memory is returned. */
+PYKV_API void        pykv_reset(pykv_context *ctx);
+/* Ask a running pykv_decode to stop at the next layer boundary (callable from any thread).
+ * The flag clears when the next pykv_decode starts. */
+PYKV_API void        pykv_cancel(pykv_context *ctx);
+
+struct pykv_kv_stats {
+    size_t      struct_size;
+    int64_t     entries;      /* resident entries over all layers and KV heads */
+    int64_t     bytes;        /* bytes allocated for K, V and positions now */
+    int64_t     peak_bytes;   /* the most bytes allocated since init or reset */
+    int64_t     evicted;      /* entries removed by the policy */
+    int64_t     merged;       /* entries folded into others by the policy */
+    int32_t     n_layer;
+    int32_t     n_head_kv;
+    const char *policy;       /* owned by ctx */
+};
+PYKV_API pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *stats);
+/* Resident entries of (layer, KV head). */
+PYKV_API int32_t     pykv_kv_head_entries(const pykv_context *ctx, int32_t layer, int32_t head);
+
+struct pykv_timings {
+    size_t  struct_size;
+    double  t_prefill_ms;
+    double  t_decode_ms;
+    int32_t n_prefill;     /* tokens evaluated in multi-token calls */
+    int32_t n_decode;      /* tokens evaluated in single-token calls */
+};
+PYKV_API void        pykv_get_timings(const pykv_context *ctx, struct pykv_timings *t);
+PYKV_API void        pykv_reset_timings(pykv_context *ctx);
+
+/* ---- eviction policies ---- */
+
+PYKV_API int32_t     pykv_policy_count(void);
+PYKV_API const char *pykv_policy_name(int32_t i);         /* NULL when out of range */
+PYKV_API const char *pykv_policy_description(int32_t i);
+
+/* ---- sampling ---- */
+
+struct pykv_sampler_params {
+    size_t   struct_size;
+    float    temperature;     /* 0 = greedy (default 0.8) */
+    int32_t  top_k;           /* 0 = off (default 40) */
+    float    top_p;           /* 1 = off (default 0.95) */
+    float    min_p;           /* 0 = off (default 0.05) */
+    float    repeat_penalty;  /* 1 = off (default 1.0) */
+    int32_t  repeat_last_n;   /* tokens the penalty looks back over (default 64) */
+    uint32_t seed;            /* PYKV_DEFAULT_SEED = random */
+};
+
+PYKV_API void        pykv_sampler_default_params(struct pykv_sampler_params *params);
+PYKV_API pykv_status pykv_sampler_init(const struct pykv_sampler_params *params, pykv_sampler **out);
+PYKV_API void        pykv_sampler_free(pykv_sampler *smpl);
+/* Pick a token from n_vocab logits (not modified). Does not record it: call accept. */
+PYKV_API pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t n_vocab,
+                                         pykv_token *out);
+/* Record a token for the repeat penalty. */
+PYKV_API void        pykv_sampler_accept(pykv_sampler *smpl, pykv_token token);
+PYKV_API void        pykv_sampler_reset(pykv_sampler *smpl);
+
+/* --- cffi end --- */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYKV_H */

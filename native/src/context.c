@@ -1,0 +1,257 @@
+// context.c - creating a context and the decode loop: chunking, policy hooks, rollback.
+#include "context.h"
+#include "error.h"
+#include "log.h"
+#include "ops.h"
+#include "perf.h"
+#include "quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_N_UBATCH 512
+
+void pykv_context_default_params(struct pykv_context_params *p) {
+    if (!p) return;
+    memset(p, 0, sizeof(*p));
+    p->struct_size = sizeof(*p);
+    p->n_ctx = 4096;
+    p->n_ubatch = DEFAULT_N_UBATCH;
+    p->n_threads = 0;
+    p->policy = "full";
+    p->window = -1;
+    p->sink = -1;
+}
+
+static float *alloc_floats(size_t n, int *failed) {
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) *failed = 1;
+    return p;
+}
+
+static pykv_status alloc_scratch(pykv_context *ctx) {
+    const struct hparams *hp = &ctx->model->hp;
+    size_t T = (size_t)ctx->n_ubatch, nt = (size_t)threadpool_size(ctx->pool);
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t max_in = (size_t)hp->n_embd;
+    if ((size_t)hp->n_ff > max_in) max_in = (size_t)hp->n_ff;
+    if (q_dim > max_in) max_in = q_dim;
+    struct scratch *b = &ctx->buf;
+    int failed = 0;
+    b->x = alloc_floats(T * hp->n_embd, &failed);
+    b->xb = alloc_floats(T * hp->n_embd, &failed);
+    b->q = alloc_floats(T * q_dim, &failed);
+    b->k = alloc_floats(T * kv_dim, &failed);
+    b->v = alloc_floats(T * kv_dim, &failed);
+    b->att = alloc_floats(T * q_dim, &failed);
+    b->gate = alloc_floats(T * hp->n_ff, &failed);
+    b->up = alloc_floats(T * hp->n_ff, &failed);
+    b->scores = alloc_floats(nt * (size_t)ctx->n_ctx, &failed);
+    b->matmul = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(max_in), &failed);
+    b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
+    ctx->logits = alloc_floats((size_t)hp->n_vocab, &failed);
+    ctx->chunk_start_n = calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(int32_t));
+    if (failed || !ctx->chunk_start_n)
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory allocating activation buffers for n_ubatch=%d", ctx->n_ubatch);
+    rope_inv_freq(b->rope_inv_freq, hp->n_rot, hp->rope_freq_base, ctx->model->rope_freqs);
+    return PYKV_OK;
+}
+
+static void free_scratch(struct scratch *b) {
+    free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
+    free(b->gate); free(b->up); free(b->scores); free(b->matmul); free(b->rope_inv_freq);
+}
+
+static pykv_status validate_params(const pykv_model *m, const struct pykv_context_params *p) {
+    if (p->struct_size != sizeof(*p))
+        return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_context_params.struct_size is %zu, expected %zu (header/library mismatch)",
+                          p->struct_size, sizeof(*p));
+    if (m->vocab_only) return pykv_error(PYKV_ERR_INVALID_ARG, "the model was loaded with vocab_only: it has no weights to run");
+    if (p->n_ctx > (1u << 24)) return pykv_error(PYKV_ERR_INVALID_ARG, "n_ctx %u is too large", p->n_ctx);
+    if (p->n_ubatch > (1u << 16)) return pykv_error(PYKV_ERR_INVALID_ARG, "n_ubatch %u is too large", p->n_ubatch);
+    if (p->n_threads < 0 || p->n_threads > 512)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "n_threads must be between 1 and 512 (or 0 for automatic), got %d", p->n_threads);
+    if (p->budget < 0) return pykv_error(PYKV_ERR_INVALID_ARG, "budget must be positive, got %d", p->budget);
+    if (!(p->budget_frac >= 0.0f && p->budget_frac <= 1.0f))
+        return pykv_error(PYKV_ERR_INVALID_ARG, "budget fraction must be between 0 and 1, got %g", (double)p->budget_frac);
+    return PYKV_OK;
+}
+
+static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_params *p) {
+    const struct hparams *hp = &ctx->model->hp;
+    ctx->n_ctx = p->n_ctx ? (int32_t)p->n_ctx : hp->n_ctx_train;
+    ctx->n_ubatch = p->n_ubatch ? (int32_t)p->n_ubatch : DEFAULT_N_UBATCH;
+    if (ctx->n_ubatch > ctx->n_ctx) ctx->n_ubatch = ctx->n_ctx;
+    int n_threads = p->n_threads ? p->n_threads : perf_physical_cores();
+    ctx->pool = threadpool_create(n_threads);
+    if (!ctx->pool) return PYKV_ERR_NOMEM;
+
+    const struct policy_ops *ops = policy_find(p->policy ? p->policy : "full");
+    if (!ops) return PYKV_ERR_INVALID_ARG;
+    struct policy_config cfg = { p->budget, p->budget_frac, p->window, p->sink, p->policy_args };
+    PYKV_TRY(ops->init(&cfg, &ctx->policy));
+
+    PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx));
+    return alloc_scratch(ctx);
+}
+
+pykv_status pykv_context_init(pykv_model *model, const struct pykv_context_params *params, pykv_context **out) {
+    pykv_clear_error();
+    if (!out) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_context_init: out is NULL");
+    *out = NULL;
+    if (!model) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_context_init: model is NULL");
+    struct pykv_context_params p;
+    pykv_context_default_params(&p);
+    if (params) p = *params;
+    PYKV_TRY(validate_params(model, &p));
+    pykv_context *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+    ctx->model = model;
+    pykv_status st = context_setup(ctx, &p);
+    if (st != PYKV_OK) {
+        pykv_context_free(ctx);
+        return st;
+    }
+    *out = ctx;
+    return PYKV_OK;
+}
+
+void pykv_context_free(pykv_context *ctx) {
+    if (!ctx) return;
+    if (ctx->pool) threadpool_free(ctx->pool);
+    if (ctx->policy) ctx->policy->ops->free(ctx->policy);
+    kv_cache_free(&ctx->cache);
+    free_scratch(&ctx->buf);
+    free(ctx->logits);
+    free(ctx->chunk_start_n);
+    free(ctx);
+}
+
+pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
+    if (!ctx || n_threads < 1 || n_threads > 512)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "n_threads must be between 1 and 512, got %d", n_threads);
+    if (n_threads == threadpool_size(ctx->pool)) return PYKV_OK;
+    const struct hparams *hp = &ctx->model->hp;
+    struct threadpool *pool = threadpool_create(n_threads);
+    if (!pool) return PYKV_ERR_NOMEM;
+    size_t max_in = (size_t)(hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd);
+    if ((size_t)hp->n_head * hp->head_dim > max_in) max_in = (size_t)hp->n_head * hp->head_dim;
+    float *scores = calloc((size_t)n_threads * ctx->n_ctx, sizeof(float));
+    float *mm = calloc((size_t)n_threads * MATMUL_SCRATCH_FLOATS(max_in), sizeof(float));
+    if (!scores || !mm) {
+        free(scores); free(mm); threadpool_free(pool);
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory resizing the thread pool");
+    }
+    threadpool_free(ctx->pool);
+    free(ctx->buf.scores);
+    free(ctx->buf.matmul);
+    ctx->pool = pool;
+    ctx->buf.scores = scores;
+    ctx->buf.matmul = mm;
+    return PYKV_OK;
+}
+
+static pykv_status check_tokens(const pykv_context *ctx, const pykv_token *tokens, int32_t n) {
+    if (n < 0 || (n > 0 && !tokens)) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: invalid token array");
+    int32_t n_vocab = ctx->model->hp.n_vocab;
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
+            return pykv_error(PYKV_ERR_INVALID_ARG, "token %d at index %d is out of range (vocabulary has %d tokens)",
+                              tokens[i], i, n_vocab);
+    if ((int64_t)ctx->n_past + n > ctx->n_ctx)
+        return pykv_error(PYKV_ERR_CONTEXT_FULL,
+                          "%d tokens do not fit in the context: %d of n_ctx=%d are used, %d are free",
+                          n, ctx->n_past, ctx->n_ctx, ctx->n_ctx - ctx->n_past);
+    return PYKV_OK;
+}
+
+// Undo a chunk that failed half way: drop the entries it appended to every list.
+static void rollback_chunk(pykv_context *ctx) {
+    for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++)
+        kv_list_truncate(&ctx->cache, &ctx->cache.lists[i], ctx->chunk_start_n[i]);
+}
+
+static pykv_status run_hook(pykv_context *ctx, pykv_status (*hook)(struct kv_policy *, const struct policy_event *),
+                            int32_t n_prompt) {
+    if (!hook) return PYKV_OK;
+    struct policy_event ev = { &ctx->cache, -1, ctx->n_past, n_prompt };
+    return hook(ctx->policy, &ev);
+}
+
+pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
+    pykv_clear_error();
+    if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: ctx is NULL");
+    atomic_store(&ctx->cancel, 0);
+    PYKV_TRY(check_tokens(ctx, tokens, n_tokens));
+    if (n_tokens == 0) return PYKV_OK;
+
+    const struct policy_ops *ops = ctx->policy->ops;
+    const int is_prefill = n_tokens > 1;
+    double t0 = perf_now_ms();
+    for (int32_t done = 0; done < n_tokens;) {
+        int T = n_tokens - done < ctx->n_ubatch ? n_tokens - done : ctx->n_ubatch;
+        for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++) ctx->chunk_start_n[i] = ctx->cache.lists[i].n;
+        pykv_status st = forward_chunk(ctx, tokens + done, T, done + T == n_tokens);
+        if (st != PYKV_OK) {
+            rollback_chunk(ctx);
+            ctx->has_logits = 0;
+            return st;
+        }
+        ctx->n_past += T;
+        done += T;
+        if (is_prefill) PYKV_TRY(run_hook(ctx, ops->after_chunk, n_tokens));
+    }
+    PYKV_TRY(run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode, n_tokens));
+
+    double ms = perf_now_ms() - t0;
+    if (is_prefill) { ctx->timings.t_prefill_ms += ms; ctx->timings.n_prefill += n_tokens; }
+    else            { ctx->timings.t_decode_ms += ms;  ctx->timings.n_decode += n_tokens; }
+    return PYKV_OK;
+}
+
+const float *pykv_get_logits(pykv_context *ctx) { return ctx && ctx->has_logits ? ctx->logits : NULL; }
+
+int32_t pykv_n_past(const pykv_context *ctx) { return ctx ? ctx->n_past : 0; }
+
+int32_t pykv_n_ctx(const pykv_context *ctx) { return ctx ? ctx->n_ctx : 0; }
+
+void pykv_reset(pykv_context *ctx) {
+    if (!ctx) return;
+    kv_cache_clear(&ctx->cache);
+    ctx->n_past = 0;
+    ctx->has_logits = 0;
+}
+
+void pykv_cancel(pykv_context *ctx) {
+    if (ctx) atomic_store(&ctx->cancel, 1);
+}
+
+pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *s) {
+    if (!ctx || !s) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_kv_stats: NULL argument");
+    if (s->struct_size != sizeof(*s)) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_kv_stats.struct_size mismatch");
+    s->entries = kv_cache_entries(&ctx->cache);
+    s->bytes = ctx->cache.bytes;
+    s->peak_bytes = ctx->cache.peak_bytes;
+    s->evicted = ctx->cache.evicted;
+    s->merged = ctx->cache.merged;
+    s->n_layer = ctx->cache.n_layer;
+    s->n_head_kv = ctx->cache.n_head_kv;
+    s->policy = ctx->policy->ops->name;
+    return PYKV_OK;
+}
+
+int32_t pykv_kv_head_entries(const pykv_context *ctx, int32_t layer, int32_t head) {
+    if (!ctx || layer < 0 || layer >= ctx->cache.n_layer || head < 0 || head >= ctx->cache.n_head_kv) return -1;
+    return ctx->cache.lists[(size_t)layer * ctx->cache.n_head_kv + head].n;
+}
+
+void pykv_get_timings(const pykv_context *ctx, struct pykv_timings *t) {
+    if (!ctx || !t) return;
+    *t = ctx->timings;
+    t->struct_size = sizeof(*t);
+}
+
+void pykv_reset_timings(pykv_context *ctx) {
+    if (ctx) memset(&ctx->timings, 0, sizeof(ctx->timings));
+}

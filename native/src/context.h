@@ -1,0 +1,44 @@
+// context.h - a model instance in use: KV cache, policy, scratch buffers, threads, timings.
+#pragma once
+#include <stdatomic.h>
+#include <stdint.h>
+#include "kv-cache.h"
+#include "model.h"
+#include "policy.h"
+#include "threadpool.h"
+
+// Activation buffers for one chunk of up to n_ubatch tokens (allocated once at init; the
+// forward pass allocates nothing).
+struct scratch {
+    float *x;        // (n_ubatch, n_embd) residual stream
+    float *xb;       // (n_ubatch, n_embd) normed input / attention projection output
+    float *q;        // (n_ubatch, n_head * head_dim)
+    float *k;        // (n_ubatch, n_head_kv * head_dim)
+    float *v;        // (n_ubatch, n_head_kv * head_dim)
+    float *att;      // (n_ubatch, n_head * head_dim) attention output
+    float *gate;     // (n_ubatch, n_ff)
+    float *up;       // (n_ubatch, n_ff)
+    float *scores;   // (n_threads, n_ctx) attention weights of one query
+    float *matmul;   // (n_threads, MATMUL_SCRATCH_FLOATS(max input features))
+    float *rope_inv_freq;   // (n_rot / 2) base^(-2i/n_rot) / freq_factor
+};
+
+struct pykv_context {
+    pykv_model        *model;
+    int32_t            n_ctx;
+    int32_t            n_ubatch;
+    struct threadpool *pool;
+    struct kv_cache    cache;
+    struct kv_policy  *policy;
+    int32_t           *chunk_start_n;   // (n_layer * n_head_kv) list lengths before a chunk
+    struct scratch     buf;
+    int32_t            n_past;
+    float             *logits;          // (n_vocab)
+    int                has_logits;
+    atomic_int         cancel;
+    struct pykv_timings timings;
+};
+
+// Run tokens [0, T) at positions n_past.. through every layer, appending their K/V to the
+// cache; computes the logits of the last token when want_logits. T <= n_ubatch.
+pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, int want_logits);

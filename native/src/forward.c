@@ -1,0 +1,109 @@
+// forward.c - the forward pass of the llama architecture over one chunk of tokens.
+//
+// Reads top to bottom as the math (llama2.c style): embed, then per layer
+// { RMSNorm -> Q,K,V -> RoPE -> append K/V to each KV head's list -> attention over each
+// head's list -> output projection -> residual -> RMSNorm -> SwiGLU FFN -> residual },
+// final norm, classifier. Only the matrix multiplies and attention run on the pool.
+#include "context.h"
+#include "error.h"
+#include "ops.h"
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+struct attention_job {
+    pykv_context *ctx;
+    int           layer;
+    int           T;
+};
+
+// One task per (query head, token): softmax(q.K^T / sqrt(d)) V over the KV head's list,
+// causal by position (entries appended later in this chunk are skipped).
+static void attention_task(void *arg, int ith, int nth) {
+    const struct attention_job *job = arg;
+    pykv_context *ctx = job->ctx;
+    const struct hparams *hp = &ctx->model->hp;
+    const int hd = hp->head_dim, kv_mul = hp->n_head / hp->n_head_kv, T = job->T;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = ctx->buf.scores + (size_t)ith * ctx->n_ctx;
+    long i0, i1;
+    split_range((long)hp->n_head * T, ith, nth, &i0, &i1);
+    for (long i = i0; i < i1; i++) {
+        int h = (int)(i % hp->n_head), t = (int)(i / hp->n_head);
+        const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, h / kv_mul);
+        const float *q = ctx->buf.q + ((size_t)t * hp->n_head + h) * hd;
+        float *out = ctx->buf.att + ((size_t)t * hp->n_head + h) * hd;
+        int n = l->n - (T - 1 - t);   // this token and everything before it
+        for (int j = 0; j < n; j++) scores[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
+        softmax(scores, n);
+        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int j = 0; j < n; j++) axpy_f32(out, scores[j], l->v + (size_t)j * hd, hd);
+    }
+}
+
+static void append_kv(pykv_context *ctx, int layer, int T) {
+    const struct hparams *hp = &ctx->model->hp;
+    const int hd = hp->head_dim;
+    for (int g = 0; g < hp->n_head_kv; g++) {
+        struct kv_list *l = kv_cache_list(&ctx->cache, layer, g);
+        for (int t = 0; t < T; t++) {
+            size_t off = ((size_t)t * hp->n_head_kv + g) * hd;
+            kv_list_push(&ctx->cache, l, ctx->buf.k + off, ctx->buf.v + off, ctx->n_past + t);
+        }
+    }
+}
+
+pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, int want_logits) {
+    const pykv_model *m = ctx->model;
+    const struct hparams *hp = &m->hp;
+    struct scratch *b = &ctx->buf;
+    const int dim = hp->n_embd, hd = hp->head_dim;
+    const int q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+
+    for (int l = 0; l < hp->n_layer * hp->n_head_kv; l++)
+        PYKV_TRY(kv_list_reserve(&ctx->cache, &ctx->cache.lists[l], T));
+
+    for (int t = 0; t < T; t++) PYKV_TRY(tensor_get_row(&m->tok_embd, tokens[t], b->x + (size_t)t * dim));
+
+    for (int layer = 0; layer < hp->n_layer; layer++) {
+        const struct layer_weights *w = &m->layers[layer];
+        if (atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
+            return pykv_error(PYKV_ERR_CANCELLED, "cancelled");
+
+        // attention
+        for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->attn_norm, dim, hp->rms_eps);
+        matmul(ctx->pool, b->q, &w->wq, b->xb, T, b->matmul);
+        matmul(ctx->pool, b->k, &w->wk, b->xb, T, b->matmul);
+        matmul(ctx->pool, b->v, &w->wv, b->xb, T, b->matmul);
+        for (int t = 0; t < T; t++) {
+            rope(b->q + (size_t)t * q_dim, hp->n_head, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
+            rope(b->k + (size_t)t * kv_dim, hp->n_head_kv, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
+        }
+        append_kv(ctx, layer, T);
+        struct attention_job job = { ctx, layer, T };
+        threadpool_run(ctx->pool, attention_task, &job);
+        matmul(ctx->pool, b->xb, &w->wo, b->att, T, b->matmul);
+        for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
+
+        // feed-forward
+        for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->ffn_norm, dim, hp->rms_eps);
+        matmul(ctx->pool, b->gate, &w->w_gate, b->xb, T, b->matmul);
+        matmul(ctx->pool, b->up, &w->w_up, b->xb, T, b->matmul);
+        swiglu(b->gate, b->gate, b->up, T * hp->n_ff);
+        matmul(ctx->pool, b->xb, &w->w_down, b->gate, T, b->matmul);
+        for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
+
+        if (ctx->policy->ops->after_layer) {
+            struct policy_event ev = { &ctx->cache, layer, ctx->n_past + T, 0 };
+            PYKV_TRY(ctx->policy->ops->after_layer(ctx->policy, &ev));
+        }
+    }
+
+    if (want_logits) {
+        rmsnorm(b->xb, b->x + (size_t)(T - 1) * dim, m->output_norm, dim, hp->rms_eps);
+        matmul(ctx->pool, ctx->logits, &m->output, b->xb, 1, b->matmul);
+        ctx->has_logits = 1;
+    }
+    return PYKV_OK;
+}

@@ -1,0 +1,52 @@
+// kv-cache.h - the ragged KV cache: one list of entries per (layer, KV head).
+//
+// Each list owns its keys (post-RoPE), values and the original position of every entry,
+// and has its own length, so eviction policies can keep different numbers of entries per
+// head and per layer. Storage grows by doubling and shrinks when a policy compacts a list,
+// so the bytes reported are the bytes really allocated.
+#pragma once
+#include <stdint.h>
+#include "pykv.h"
+
+struct kv_list {
+    int32_t  n;     // entries in use
+    int32_t  cap;   // entries allocated
+    float   *k;     // (cap, head_dim)
+    float   *v;     // (cap, head_dim)
+    int32_t *pos;   // (cap) original sequence positions
+};
+
+struct kv_cache {
+    int32_t         n_layer;
+    int32_t         n_head_kv;
+    int32_t         head_dim;
+    int32_t         max_entries;   // per list (n_ctx)
+    struct kv_list *lists;         // (n_layer * n_head_kv)
+    int64_t         bytes;
+    int64_t         peak_bytes;
+    int64_t         evicted;
+    int64_t         merged;
+};
+
+pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries);
+void            kv_cache_free(struct kv_cache *c);
+void            kv_cache_clear(struct kv_cache *c);   // drops every entry and its memory
+
+static inline struct kv_list *kv_cache_list(struct kv_cache *c, int layer, int head) {
+    return &c->lists[(size_t)layer * c->n_head_kv + head];
+}
+
+// Make room for `extra` more entries in a list.
+pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra);
+
+// Append one entry (copies head_dim floats of k and v).
+void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos);
+
+// Keep only the entries whose indices are listed in keep (ascending, n_keep of them), and
+// give back the memory no longer needed. Counts the dropped entries as evicted.
+pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep);
+
+// Drop entries past n (rolls back a cancelled chunk); not counted as evicted.
+void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n);
+
+int64_t kv_cache_entries(const struct kv_cache *c);

@@ -1,0 +1,30 @@
+// ops.h - the neural-net building blocks of the forward pass (float32 activations).
+#pragma once
+#include <stdint.h>
+#include "model.h"
+#include "threadpool.h"
+
+// out[i] = x[i] / rms(x) * w[i], for one row of n.
+void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+
+// Rotate adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads by pos * inv_freq[i]
+// (i < n_rot/2); dims past n_rot are left alone. This is the "normal" RoPE of llama.cpp's
+// llama architecture. rope_inv_freq() fills inv_freq[i] = base^(-2i/n_rot) / factor[i].
+void rope_inv_freq(float *inv_freq, int n_rot, float base, const float *freq_factors);
+void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
+
+// In-place softmax over n values (the max is subtracted first).
+void softmax(float *x, int n);
+
+// out[i] = silu(gate[i]) * up[i]
+void swiglu(float *out, const float *gate, const float *up, int n);
+
+// Row `row` of a weight matrix as floats.
+pykv_status tensor_get_row(const struct tensor *t, int64_t row, float *out);
+
+// out[T][rows] = x[T][cols] @ W^T for a weight of ne = (cols, rows), split across the pool.
+// scratch: threadpool_size(pool) * MATMUL_SCRATCH_FLOATS(cols) floats.
+#define MATMUL_ROW_BLOCK 16
+#define MATMUL_SCRATCH_FLOATS(cols) ((size_t)MATMUL_ROW_BLOCK * (size_t)(cols))
+void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,
+            float *scratch);

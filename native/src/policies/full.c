@@ -1,0 +1,25 @@
+// full.c - the `full` policy: keeps every entry (the reference the others are judged by).
+#include "../error.h"
+#include "../policy.h"
+
+extern const struct policy_ops policy_full;
+
+#include <stdlib.h>
+
+static pykv_status full_init(const struct policy_config *cfg, struct kv_policy **out) {
+    (void)cfg;   // full ignores the budget (DESIGN.md item 5)
+    struct kv_policy *p = calloc(1, sizeof(*p));
+    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+    p->ops = &policy_full;
+    *out = p;
+    return PYKV_OK;
+}
+
+static void full_free(struct kv_policy *p) { free(p); }
+
+const struct policy_ops policy_full = {
+    .name = "full",
+    .description = "keep every entry: no eviction",
+    .init = full_init,
+    .free = full_free,
+};

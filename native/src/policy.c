@@ -1,0 +1,42 @@
+// policy.c - the registry of eviction policies, in the order users see them.
+#include "policy.h"
+#include "error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+extern const struct policy_ops policy_full;
+
+static const struct policy_ops *const registry[] = {
+    &policy_full,
+};
+
+#define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))
+
+int policy_registry_count(void) { return N_POLICIES; }
+
+const struct policy_ops *policy_registry_get(int i) { return (i >= 0 && i < N_POLICIES) ? registry[i] : NULL; }
+
+const struct policy_ops *policy_find(const char *name) {
+    for (int i = 0; i < N_POLICIES; i++)
+        if (strcmp(registry[i]->name, name) == 0) return registry[i];
+    char names[256] = "";
+    for (int i = 0; i < N_POLICIES; i++) {
+        if (i) strncat(names, ", ", sizeof(names) - strlen(names) - 1);
+        strncat(names, registry[i]->name, sizeof(names) - strlen(names) - 1);
+    }
+    pykv_error(PYKV_ERR_INVALID_ARG, "unknown KV policy '%s' (available: %s)", name, names);
+    return NULL;
+}
+
+int32_t pykv_policy_count(void) { return N_POLICIES; }
+
+const char *pykv_policy_name(int32_t i) {
+    const struct policy_ops *p = policy_registry_get(i);
+    return p ? p->name : NULL;
+}
+
+const char *pykv_policy_description(int32_t i) {
+    const struct policy_ops *p = policy_registry_get(i);
+    return p ? p->description : NULL;
+}

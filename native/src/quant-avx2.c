@@ -1,0 +1,331 @@
+// quant-avx2.c - AVX2/FMA/F16C dot products of a weight row with float activations.
+//
+// The library is built for baseline x86-64, so each function carries its own target
+// attribute and quant.c calls them only after checking the CPU. Decode is bound by memory
+// bandwidth: each kernel unpacks a block in registers, turns the quants into floats and
+// feeds them straight into FMAs with several accumulators; nothing goes back to memory.
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#include "quant-blocks.h"
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+
+static inline TGT float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline TGT float half(uint16_t h) { return _cvtsh_ss(h); }
+
+static inline TGT __m256 i8_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+
+// pshufb controls that spread bytes 0-7 (SPREAD_LO) or 8-15 (SPREAD_HI) of a 128-bit lane,
+// duplicated in both lanes, into eight zero-extended 32-bit lanes. On Zen this beats
+// vpmovzxbd ymm, xmm, which crosses lanes.
+#define B4(i) i, -1, -1, -1
+static const int8_t spread_lo[32] = { B4(0), B4(1), B4(2), B4(3), B4(4), B4(5), B4(6), B4(7) };
+static const int8_t spread_hi[32] = { B4(8), B4(9), B4(10), B4(11), B4(12), B4(13), B4(14), B4(15) };
+#undef B4
+
+// a += (q * d + m) * x[0..7] for eight quants in 32-bit lanes.
+// With m = -k*d this is exactly round((q - k) * d), the scalar dequant value.
+static inline TGT __m256 fma8(__m256i q, __m256 d, __m256 m, const float *x, __m256 a) {
+    return _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m), _mm256_loadu_ps(x), a);
+}
+
+// 16 bytes of packed nibbles (qs): the low nibbles are 16 quants for xl[0..15] with (dl, ml),
+// the high nibbles 16 quants for xh[0..15] with (dh, mh).
+static inline TGT void fma_nib16(const uint8_t *qs, __m256 dl, __m256 ml, const float *xl,
+                                 __m256 dh, __m256 mh, const float *xh,
+                                 __m256 *a0, __m256 *a1, __m256 *a2, __m256 *a3) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i s0 = _mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *)spread_lo));
+    const __m256i s1 = _mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *)spread_hi));
+    const __m256i nib = _mm256_set1_epi32(0x0F);
+    *a0 = fma8(_mm256_and_si256(s0, nib), dl, ml, xl, *a0);
+    *a1 = fma8(_mm256_and_si256(s1, nib), dl, ml, xl + 8, *a1);
+    *a2 = fma8(_mm256_srli_epi32(s0, 4), dh, mh, xh, *a2);   // lanes hold one byte: no mask needed
+    *a3 = fma8(_mm256_srli_epi32(s1, 4), dh, mh, xh + 8, *a3);
+}
+
+// 16 unsigned quants, one per byte of v (the same 16 bytes in both 128-bit lanes), for x[0..15].
+static inline TGT void fma16(__m256i v, __m256 d, __m256 m, const float *x, __m256 *a0, __m256 *a1) {
+    *a0 = fma8(_mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *)spread_lo)), d, m, x, *a0);
+    *a1 = fma8(_mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *)spread_hi)), d, m, x + 8, *a1);
+}
+
+// Both f16 fields of a block (d then m) as floats.
+static inline TGT __m128 half2(const uint16_t *p) {
+    uint32_t u;
+    __builtin_memcpy(&u, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+}
+
+// The 32 bits of qh as 32 bytes: byte j is 0x10 when bit j is set, else 0.
+static inline TGT __m256i qh_bytes(uint32_t qh) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+static inline TGT float sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+// ---- float rows ----
+
+static TGT float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i),      _mm256_loadu_ps(b + i),      s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8),  _mm256_loadu_ps(b + i + 8),  s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = sum4(s0, s1, s2, s3);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static TGT void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm256_storeu_ps(y + i,     _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),     _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i + 8, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8)));
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static TGT float vdot_f32(const void *row, const float *x, int64_t n) { return dot_f32_avx2(row, x, n); }
+
+static inline TGT __m256 f16x8(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
+static inline TGT __m256 bf16x8(const uint16_t *h) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+// F16 and BF16 rows differ only in how 8 halves become 8 floats.
+#define HALF_DOT(name, load8, one)                                                            \
+    static TGT float name(const void *row, const float *x, int64_t n) {                      \
+        const uint16_t *h = row;                                                             \
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                          \
+        int64_t i = 0;                                                                       \
+        for (; i + 32 <= n; i += 32) {                                                       \
+            s0 = _mm256_fmadd_ps(load8(h + i),      _mm256_loadu_ps(x + i),      s0);        \
+            s1 = _mm256_fmadd_ps(load8(h + i + 8),  _mm256_loadu_ps(x + i + 8),  s1);        \
+            s2 = _mm256_fmadd_ps(load8(h + i + 16), _mm256_loadu_ps(x + i + 16), s2);        \
+            s3 = _mm256_fmadd_ps(load8(h + i + 24), _mm256_loadu_ps(x + i + 24), s3);        \
+        }                                                                                    \
+        for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(h + i), _mm256_loadu_ps(x + i), s0); \
+        float s = sum4(s0, s1, s2, s3);                                                      \
+        for (; i < n; i++) s += one(h[i]) * x[i];                                            \
+        return s;                                                                            \
+    }
+HALF_DOT(vdot_f16, f16x8, half)
+HALF_DOT(vdot_bf16, bf16x8, bf16_to_fp32)
+
+// 32 unsigned quants in the bytes of q (in order) for x[0..31]: the first 16 with (d0, m0),
+// the last 16 with (d1, m1).
+static inline TGT void fma32(__m256i q, __m256 d0, __m256 m0, __m256 d1, __m256 m1, const float *x,
+                             __m256 *a0, __m256 *a1, __m256 *a2, __m256 *a3) {
+    fma16(_mm256_permute4x64_epi64(q, 0x44), d0, m0, x, a0, a1);
+    fma16(_mm256_permute4x64_epi64(q, 0xEE), d1, m1, x + 16, a2, a3);
+}
+
+// ---- 32-element blocks ----
+
+static TGT float vdot_q4_0(const void *row, const float *x, int64_t n) {
+    const block_q4_0 *b = row;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK4_0; i++, x += QK4_0) {
+        const __m256 d = _mm256_set1_ps(half(b[i].d));
+        const __m256 m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+        fma_nib16(b[i].qs, d, m, x, d, m, x + 16, &a0, &a1, &a2, &a3);
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+static TGT float vdot_q4_1(const void *row, const float *x, int64_t n) {
+    const block_q4_1 *b = row;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK4_1; i++, x += QK4_1) {
+        const __m128 dm = half2(&b[i].d);
+        const __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        fma_nib16(b[i].qs, d, m, x, d, m, x + 16, &a0, &a1, &a2, &a3);
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+// The 32 five-bit quants of a Q5 block, in order, one per byte.
+static inline TGT __m256i q5_quants(const uint8_t *qs, const uint8_t *qhp) {
+    uint32_t qh;
+    __builtin_memcpy(&qh, qhp, 4);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_or_si256(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), qh_bytes(qh));
+}
+
+static TGT float vdot_q5_0(const void *row, const float *x, int64_t n) {
+    const block_q5_0 *b = row;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK5_0; i++, x += QK5_0) {
+        const __m256 d = _mm256_set1_ps(half(b[i].d));
+        const __m256 m = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
+        fma32(q5_quants(b[i].qs, b[i].qh), d, m, d, m, x, &a0, &a1, &a2, &a3);
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+static TGT float vdot_q5_1(const void *row, const float *x, int64_t n) {
+    const block_q5_1 *b = row;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK5_1; i++, x += QK5_1) {
+        const __m128 dm = half2(&b[i].d);
+        const __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        fma32(q5_quants(b[i].qs, b[i].qh), d, m, d, m, x, &a0, &a1, &a2, &a3);
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+// sum(q * x) over one Q8_0 block, before the scale: two short FMA chains.
+static inline TGT __m256 q8_block(const int8_t *q, const float *x) {
+    __m256 t0 = _mm256_mul_ps(i8_ps(_mm_loadl_epi64((const __m128i *)q)), _mm256_loadu_ps(x));
+    __m256 t1 = _mm256_mul_ps(i8_ps(_mm_loadl_epi64((const __m128i *)(q + 8))), _mm256_loadu_ps(x + 8));
+    t0 = _mm256_fmadd_ps(i8_ps(_mm_loadl_epi64((const __m128i *)(q + 16))), _mm256_loadu_ps(x + 16), t0);
+    t1 = _mm256_fmadd_ps(i8_ps(_mm_loadl_epi64((const __m128i *)(q + 24))), _mm256_loadu_ps(x + 24), t1);
+    return _mm256_add_ps(t0, t1);
+}
+
+static TGT float vdot_q8_0(const void *row, const float *x, int64_t n) {
+    const block_q8_0 *b = row;
+    const int64_t nb = n / QK8_0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int64_t i = 0;
+    // Two blocks per step so the two scale-FMA chains overlap.
+    for (; i + 2 <= nb; i += 2, x += 2 * QK8_0) {
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(half(b[i].d)), q8_block(b[i].qs, x), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(half(b[i + 1].d)), q8_block(b[i + 1].qs, x + QK8_0), a1);
+    }
+    if (i < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(half(b[i].d)), q8_block(b[i].qs, x), a0);
+    return hsum(_mm256_add_ps(a0, a1));
+}
+
+// ---- K-quants (256-element super-blocks) ----
+
+// Scale and offset of sub-block j of a Q4_K/Q5_K block: x = q * d*scale - dmin*min.
+static inline TGT void k_sub(const uint8_t *scales, int j, float d, float dmin, __m256 *dv, __m256 *mv) {
+    uint8_t sc, mn;
+    k4_scale_min(j, scales, &sc, &mn);
+    *dv = _mm256_set1_ps(d * sc);
+    *mv = _mm256_set1_ps(-(dmin * mn));
+}
+
+// Q4_K chunk c of 64 = sub-block 2c (low nibbles of qs[32c..]) then 2c+1 (high nibbles).
+static TGT float vdot_q4_K(const void *row, const float *x, int64_t n) {
+    const block_q4_K *b = row;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = half(b[i].d), dmin = half(b[i].dmin);
+        for (int c = 0; c < 4; c++, x += 64) {
+            __m256 d1, m1, d2, m2;
+            k_sub(b[i].scales, 2 * c, d, dmin, &d1, &m1);
+            k_sub(b[i].scales, 2 * c + 1, d, dmin, &d2, &m2);
+            const uint8_t *q = b[i].qs + 32 * c;
+            fma_nib16(q, d1, m1, x, d2, m2, x + 32, &a0, &a1, &a2, &a3);
+            fma_nib16(q + 16, d1, m1, x + 16, d2, m2, x + 48, &a0, &a1, &a2, &a3);
+        }
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+// qh's bit `bit` of each byte as 0x10 or 0.
+static inline TGT __m256i bit_to_16(__m256i qh, int bit) {
+    const __m256i m = _mm256_set1_epi8((char)(1 << bit));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(0x10));
+}
+
+// Q5_K: as Q4_K plus a fifth bit, bit 2c of qh[l] for sub-block 2c and bit 2c+1 for 2c+1.
+static TGT float vdot_q5_K(const void *row, const float *x, int64_t n) {
+    const block_q5_K *b = row;
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = half(b[i].d), dmin = half(b[i].dmin);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b[i].qh);
+        for (int c = 0; c < 4; c++, x += 64) {
+            __m256 d1, m1, d2, m2;
+            k_sub(b[i].scales, 2 * c, d, dmin, &d1, &m1);
+            k_sub(b[i].scales, 2 * c + 1, d, dmin, &d2, &m2);
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, nib), bit_to_16(qh, 2 * c));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib), bit_to_16(qh, 2 * c + 1));
+            fma32(lo, d1, m1, d1, m1, x, &a0, &a1, &a2, &a3);
+            fma32(hi, d2, m2, d2, m2, x + 32, &a0, &a1, &a2, &a3);
+        }
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+// Q6_K run of 32 (see deq_q6_K): elements 0-15 use scale sc[0], 16-31 use sc[1]; q - 32.
+static inline TGT void q6_run(__m256i q, float d, const int8_t *sc, const float *x,
+                              __m256 *a0, __m256 *a1, __m256 *a2, __m256 *a3) {
+    const float d0 = d * sc[0], d1 = d * sc[1];
+    fma32(q, _mm256_set1_ps(d0), _mm256_set1_ps(-32.0f * d0), _mm256_set1_ps(d1), _mm256_set1_ps(-32.0f * d1),
+          x, a0, a1, a2, a3);
+}
+
+static TGT float vdot_q6_K(const void *row, const float *x, int64_t n) {
+    const block_q6_K *b = row;
+    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = half(b[i].d);
+        for (int h = 0; h < 2; h++, x += 128) {
+            const uint8_t *ql = b[i].ql + 64 * h;
+            const int8_t *sc = b[i].scales + 8 * h;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
+            // 16-bit shifts are fine: the masks drop the bits that cross a byte.
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, top));
+            const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), top));
+            q6_run(q1, d, sc + 0, x,      &a0, &a1, &a2, &a3);
+            q6_run(q2, d, sc + 2, x + 32, &a0, &a1, &a2, &a3);
+            q6_run(q3, d, sc + 4, x + 64, &a0, &a1, &a2, &a3);
+            q6_run(q4, d, sc + 6, x + 96, &a0, &a1, &a2, &a3);
+        }
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+const struct quant_kernels quant_avx2_kernels = {
+    .vec_dot = {
+        [PYKV_TYPE_F32]  = vdot_f32,
+        [PYKV_TYPE_F16]  = vdot_f16,
+        [PYKV_TYPE_BF16] = vdot_bf16,
+        [PYKV_TYPE_Q4_0] = vdot_q4_0,
+        [PYKV_TYPE_Q4_1] = vdot_q4_1,
+        [PYKV_TYPE_Q5_0] = vdot_q5_0,
+        [PYKV_TYPE_Q5_1] = vdot_q5_1,
+        [PYKV_TYPE_Q8_0] = vdot_q8_0,
+        [PYKV_TYPE_Q4_K] = vdot_q4_K,
+        [PYKV_TYPE_Q5_K] = vdot_q5_K,
+        [PYKV_TYPE_Q6_K] = vdot_q6_K,
+    },
+    .dot_f32  = dot_f32_avx2,
+    .axpy_f32 = axpy_f32_avx2,
+};
+#endif

@@ -1,0 +1,74 @@
+// quant-blocks.h - the GGUF block layouts (bit for bit ggml's block_* structs) and the kernel
+// tables that quant.c dispatches between. Private to the quant*.c files and their tests.
+#pragma once
+#include <stdint.h>
+
+#include "quant.h"
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define QK8_0 32
+#define QK_K  256
+#define K_SCALE_SIZE 12
+
+// f16 fields are raw IEEE half bits. Every struct has 2-byte alignment, so a row must start
+// on an even address (GGUF data is 32-aligned; pykv_dequantize bounces odd buffers).
+typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;          // x = (q - 8) * d
+typedef struct { uint16_t d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;       // x = q * d + m
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
+typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;
+// Q4_K/Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit min packed in `scales`.
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t  scales[K_SCALE_SIZE];
+    uint8_t  qs[QK_K / 2];
+} block_q4_K;
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t  scales[K_SCALE_SIZE];
+    uint8_t  qh[QK_K / 8];
+    uint8_t  qs[QK_K / 2];
+} block_q5_K;
+// Q6_K: 16 sub-blocks of 16, each with an int8 scale; 4 low bits in ql, 2 high bits in qh.
+typedef struct {
+    uint8_t  ql[QK_K / 2];
+    uint8_t  qh[QK_K / 4];
+    int8_t   scales[QK_K / 16];
+    uint16_t d;
+} block_q6_K;
+
+_Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
+_Static_assert(sizeof(block_q4_1) == 20, "q4_1 layout");
+_Static_assert(sizeof(block_q5_0) == 22, "q5_0 layout");
+_Static_assert(sizeof(block_q5_1) == 24, "q5_1 layout");
+_Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
+_Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
+_Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
+_Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block (ggml get_scale_min_k4):
+// bytes 0-3 hold scales 0-3 (low 6 bits), bytes 4-7 mins 0-3; sub-blocks 4-7 take their low
+// 4 bits from bytes 8-11 and their top 2 bits from the spare top bits of bytes 0-7.
+static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m  = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m  = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// One set of kernels, indexed by pykv_type (NULL where a type has none).
+#define QUANT_N_TYPES 31
+struct quant_kernels {
+    vec_dot_fn vec_dot[QUANT_N_TYPES];
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void  (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+};
+
+extern const struct quant_kernels quant_scalar_kernels;   // quant-scalar.c
+extern const struct quant_kernels quant_avx2_kernels;     // quant-avx2.c (x86 only)

@@ -1,0 +1,103 @@
+// quant.c - fp16/bf16 conversion, run-time choice of the SIMD kernels, pykv_dequantize.
+#include "quant.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "error.h"
+#include "quant-blocks.h"
+#include "types.h"
+
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float    bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+    if (exp == 0x1F) return bits_f32(sign | 0x7F800000u | mant << 13);   // inf, nan (payload kept)
+    if (exp == 0) {                                                        // zero, subnormal: mant * 2^-24
+        const float v = (float)mant * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | (exp + 112) << 23 | mant << 13);               // rebias 15 -> 127
+}
+
+uint16_t fp32_to_fp16(float f) {
+    const uint32_t x = f32_bits(f);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t a = x & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return sign | 0x7E00 | (uint16_t)((a >> 13) & 0x3FF);   // nan stays quiet nan
+    if (a >= 0x477FF000u) return sign | 0x7C00;        // >= 65520 rounds to inf (and inf itself)
+    if (a < 0x38800000u) {
+        // Below the smallest normal half (2^-14): adding 0.5 lines the value up so the float
+        // add rounds it (nearest even) to a multiple of 2^-24, which is the half's encoding.
+        const float s = bits_f32(a) + 0.5f;
+        return sign | (uint16_t)(f32_bits(s) - f32_bits(0.5f));
+    }
+    // Normal: rebias the exponent and round the 13 dropped bits to nearest even; a carry out of
+    // the mantissa correctly bumps the exponent.
+    const uint32_t odd = (a >> 13) & 1;
+    a += ((uint32_t)(15 - 127) << 23) + 0xFFFu + odd;
+    return sign | (uint16_t)(a >> 13);
+}
+
+float bf16_to_fp32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+// ---- dispatch ----
+
+// Chosen once when the library loads (single-threaded), then only read: dot_f32 and axpy_f32
+// run in the hottest loops, so they must not pay for a pthread_once on every call.
+static const struct quant_kernels *active = &quant_scalar_kernels;
+static const char *active_name = "scalar";
+
+__attribute__((constructor)) static void dispatch_init(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        active = &quant_avx2_kernels;
+        active_name = "avx2 fma f16c";
+    }
+#endif
+}
+
+static const struct quant_kernels *kernels(void) { return active; }
+
+const char *quant_simd_name(void) { return active_name; }
+
+vec_dot_fn vec_dot_for(int32_t type) {
+    if (type < 0 || type >= QUANT_N_TYPES || !type_traits_of(type)) return NULL;
+    vec_dot_fn f = kernels()->vec_dot[type];
+    return f ? f : quant_scalar_kernels.vec_dot[type];
+}
+
+vec_dot_fn vec_dot_scalar_for(int32_t type) {
+    if (type < 0 || type >= QUANT_N_TYPES || !type_traits_of(type)) return NULL;
+    return quant_scalar_kernels.vec_dot[type];
+}
+
+float dot_f32(const float *a, const float *b, int64_t n) { return kernels()->dot_f32(a, b, n); }
+
+void axpy_f32(float *y, float a, const float *x, int64_t n) { kernels()->axpy_f32(y, a, x, n); }
+
+// ---- public API ----
+
+pykv_status pykv_dequantize(int32_t type, const void *src, int64_t n, float *dst) {
+    const struct type_traits *t = type_traits_of(type);
+    if (!t) return pykv_error(PYKV_ERR_UNSUPPORTED, "pykv_dequantize: unknown tensor type %d", (int)type);
+    if (n < 0 || n % t->block_size != 0)
+        return pykv_error(PYKV_ERR_INVALID_ARG,
+                          "pykv_dequantize: n=%lld is not a multiple of the %s block size %d",
+                          (long long)n, t->name, (int)t->block_size);
+    if (n == 0) return PYKV_OK;
+    if (!src || !dst) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_dequantize: NULL %s pointer", src ? "dst" : "src");
+    if (((uintptr_t)src & 1) == 0 || t->block_bytes == 4 * t->block_size)
+        return dequant_row(type, src, dst, n);
+    // The block structs hold uint16_t fields: copy an odd-aligned source through a buffer.
+    uint16_t buf[sizeof(block_q6_K) / 2 + 1];
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n; i += t->block_size, p += t->block_bytes) {
+        memcpy(buf, p, (size_t)t->block_bytes);
+        PYKV_TRY(dequant_row(type, buf, dst + i, t->block_size));
+    }
+    return PYKV_OK;
+}

@@ -1,0 +1,289 @@
+// sampler.c - the public sampling API: llama.cpp's default chain
+//   repeat penalty -> (temperature <= 0: greedy) | top-k -> top-p -> min-p -> temperature
+//   -> softmax -> a seeded draw.
+// Filters see the logits before temperature, as in llama.cpp's default sampler order.
+#include "sampler.h"
+
+#include "error.h"
+#include "pykv.h"
+#include "rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pykv_sampler {
+    struct pykv_sampler_params params;
+    struct pykv_rng rng;
+
+    // Accepted tokens the repeat penalty looks at: a ring of the last repeat_last_n
+    // (repeat_last_n == -1: every accepted token, in a growing array).
+    pykv_token *history;
+    int32_t     history_cap;
+    int32_t     history_len;   // valid entries
+    int32_t     history_head;  // next write position when used as a ring
+
+    // Scratch sized to the vocabulary of the last call.
+    struct sampler_cand *cand;
+    uint32_t            *mark;      // per-token stamp: penalise each distinct token once
+    uint32_t             mark_epoch;
+    int32_t              n_scratch;
+};
+
+void pykv_sampler_default_params(struct pykv_sampler_params *params) {
+    if (!params) return;
+    memset(params, 0, sizeof(*params));
+    params->struct_size    = sizeof(*params);
+    params->temperature    = 0.8f;
+    params->top_k          = 40;
+    params->top_p          = 0.95f;
+    params->min_p          = 0.05f;
+    params->repeat_penalty = 1.0f;
+    params->repeat_last_n  = 64;
+    params->seed           = (uint32_t)PYKV_DEFAULT_SEED;
+}
+
+static pykv_status validate_params(const struct pykv_sampler_params *p) {
+    if (p->struct_size != sizeof(*p)) {
+        return pykv_error(PYKV_ERR_INVALID_ARG,
+                          "sampler params: struct_size is %zu, expected %zu "
+                          "(fill the struct with pykv_sampler_default_params first)",
+                          p->struct_size, sizeof(*p));
+    }
+    // temperature <= 0 means greedy (llama.cpp treats a negative temperature the same way).
+    if (isnan(p->temperature) || isinf(p->temperature)) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: temperature must be a finite number, got %g",
+                          (double)p->temperature);
+    }
+    if (p->top_k < 0) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: top_k must be >= 0 (0 = off), got %d",
+                          (int)p->top_k);
+    }
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: top_p must be in (0, 1] (1 = off), got %g",
+                          (double)p->top_p);
+    }
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: min_p must be in [0, 1] (0 = off), got %g",
+                          (double)p->min_p);
+    }
+    if (!(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty)) {
+        return pykv_error(PYKV_ERR_INVALID_ARG,
+                          "sampler params: repeat_penalty must be a finite number > 0 (1 = off), got %g",
+                          (double)p->repeat_penalty);
+    }
+    if (p->repeat_last_n < -1) {
+        return pykv_error(PYKV_ERR_INVALID_ARG,
+                          "sampler params: repeat_last_n must be >= -1 (0 = off, -1 = all tokens), got %d",
+                          (int)p->repeat_last_n);
+    }
+    return PYKV_OK;
+}
+
+pykv_status pykv_sampler_init(const struct pykv_sampler_params *params, pykv_sampler **out) {
+    if (!out) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_init: out is NULL");
+    *out = NULL;
+    if (!params) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_init: params is NULL");
+    PYKV_TRY(validate_params(params));
+
+    pykv_sampler *s = calloc(1, sizeof(*s));
+    if (!s) return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_init: out of memory");
+    s->params = *params;
+    if (params->repeat_last_n > 0) {
+        s->history_cap = params->repeat_last_n;
+        s->history = malloc((size_t)s->history_cap * sizeof(*s->history));
+        if (!s->history) {
+            free(s);
+            return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_init: out of memory for %d history tokens",
+                              (int)params->repeat_last_n);
+        }
+    }
+    pykv_sampler_reset(s);
+    *out = s;
+    return PYKV_OK;
+}
+
+void pykv_sampler_free(pykv_sampler *smpl) {
+    if (!smpl) return;
+    free(smpl->history);
+    free(smpl->cand);
+    free(smpl->mark);
+    free(smpl);
+}
+
+void pykv_sampler_reset(pykv_sampler *smpl) {
+    if (!smpl) return;
+    smpl->history_len = 0;
+    smpl->history_head = 0;
+    uint64_t seed = smpl->params.seed == (uint32_t)PYKV_DEFAULT_SEED ? rng_entropy_seed()
+                                                                     : (uint64_t)smpl->params.seed;
+    rng_seed(&smpl->rng, seed);
+}
+
+void pykv_sampler_accept(pykv_sampler *smpl, pykv_token token) {
+    if (!smpl || token < 0) return;
+    int32_t last_n = smpl->params.repeat_last_n;
+    if (last_n == 0) return;
+    if (last_n > 0) {
+        smpl->history[smpl->history_head] = token;
+        smpl->history_head = (smpl->history_head + 1) % smpl->history_cap;
+        if (smpl->history_len < smpl->history_cap) smpl->history_len++;
+        return;
+    }
+    // -1: keep everything; grow by doubling. Out of memory just stops recording.
+    if (smpl->history_len == smpl->history_cap) {
+        int32_t cap = smpl->history_cap ? smpl->history_cap * 2 : 256;
+        pykv_token *h = realloc(smpl->history, (size_t)cap * sizeof(*h));
+        if (!h) return;
+        smpl->history = h;
+        smpl->history_cap = cap;
+    }
+    smpl->history[smpl->history_len++] = token;
+}
+
+static pykv_status ensure_scratch(pykv_sampler *s, int32_t n_vocab) {
+    if (s->n_scratch == n_vocab) return PYKV_OK;
+    free(s->cand);
+    free(s->mark);
+    s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
+    s->mark = calloc((size_t)n_vocab, sizeof(*s->mark));
+    s->mark_epoch = 0;
+    if (!s->cand || !s->mark) {
+        free(s->cand);
+        free(s->mark);
+        s->cand = NULL;
+        s->mark = NULL;
+        s->n_scratch = 0;
+        return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_sample: out of memory for %d candidates", (int)n_vocab);
+    }
+    s->n_scratch = n_vocab;
+    return PYKV_OK;
+}
+
+// llama.cpp's repeat penalty: each distinct recent token once; a positive logit is divided
+// by the penalty, a negative (or zero) one multiplied, so the token always becomes less likely.
+static void apply_repeat_penalty(pykv_sampler *s, int32_t n_vocab) {
+    float penalty = s->params.repeat_penalty;
+    if (penalty == 1.0f || s->history_len == 0) return;
+    if (++s->mark_epoch == 0) {  // stamp wrapped: clear and start over
+        memset(s->mark, 0, (size_t)n_vocab * sizeof(*s->mark));
+        s->mark_epoch = 1;
+    }
+    for (int32_t i = 0; i < s->history_len; i++) {
+        pykv_token t = s->history[i];
+        if (t < 0 || t >= n_vocab || s->mark[t] == s->mark_epoch) continue;
+        s->mark[t] = s->mark_epoch;
+        float l = s->cand[t].logit;
+        s->cand[t].logit = l <= 0.0f ? l * penalty : l / penalty;
+    }
+}
+
+static pykv_token argmax(const struct sampler_cand *c, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++) {
+        if (sampler_cand_before(&c[i], &c[best])) best = i;
+    }
+    return c[best].id;
+}
+
+// Keep the smallest rank-ordered prefix whose probability mass reaches top_p. Sorts only as
+// much of the candidates as needed, growing the sorted prefix geometrically.
+static int32_t apply_top_p(struct sampler_cand *c, int32_t n, int32_t n_sorted, float top_p) {
+    float max_logit = c[0].logit;  // the maximum when sorted; otherwise scan
+    if (n_sorted == 0) {
+        for (int32_t i = 1; i < n; i++) if (c[i].logit > max_logit) max_logit = c[i].logit;
+    }
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) total += exp((double)c[i].logit - (double)max_logit);
+    double target = (double)top_p * total;
+
+    double cum = 0.0;
+    int32_t i = 0;
+    while (i < n) {
+        if (i == n_sorted) {
+            int32_t grow = n_sorted < 64 ? 64 : n_sorted * 3;  // sorted prefix: 64, 256, 1024, ...
+            if (grow > n - n_sorted) grow = n - n_sorted;
+            sampler_select_top(c + n_sorted, n - n_sorted, grow);
+            n_sorted += grow;
+        }
+        cum += exp((double)c[i].logit - (double)max_logit);
+        i++;
+        if (cum >= target) break;
+    }
+    return i;
+}
+
+// Keep candidates with p >= min_p * p_max, i.e. logit >= max_logit + log(min_p); order kept.
+static int32_t apply_min_p(struct sampler_cand *c, int32_t n, float min_p) {
+    float max_logit = c[0].logit;
+    for (int32_t i = 1; i < n; i++) if (c[i].logit > max_logit) max_logit = c[i].logit;
+    float threshold = max_logit + logf(min_p);
+    int32_t kept = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (c[i].logit >= threshold) c[kept++] = c[i];
+    }
+    return kept;  // >= 1: the maximum always passes
+}
+
+// Softmax of logit / temperature over c[0..n), then one draw.
+static pykv_token draw(pykv_sampler *s, const struct sampler_cand *c, int32_t n) {
+    double inv_t = 1.0 / (double)s->params.temperature;
+    double max_logit = c[0].logit;
+    for (int32_t i = 1; i < n; i++) if (c[i].logit > max_logit) max_logit = c[i].logit;
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) total += exp(((double)c[i].logit - max_logit) * inv_t);
+    double u = rng_next_double(&s->rng) * total;
+    double cum = 0.0;
+    int32_t last_nonzero = 0;
+    for (int32_t i = 0; i < n; i++) {
+        double w = exp(((double)c[i].logit - max_logit) * inv_t);
+        if (w > 0.0) last_nonzero = i;
+        cum += w;
+        if (u < cum) return c[i].id;
+    }
+    return c[last_nonzero].id;  // rounding put u at the very top of the range
+}
+
+pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t n_vocab, pykv_token *out) {
+    if (!smpl) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: sampler is NULL");
+    if (!out) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: out is NULL");
+    *out = -1;
+    if (!logits) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: logits is NULL");
+    if (n_vocab <= 0) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: n_vocab must be > 0, got %d", (int)n_vocab);
+    }
+    PYKV_TRY(ensure_scratch(smpl, n_vocab));
+
+    struct sampler_cand *c = smpl->cand;
+    int any_finite = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        float l = logits[i];
+        if (isnan(l) || (isinf(l) && l > 0)) {
+            return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: logit of token %d is %g",
+                              (int)i, (double)l);
+        }
+        any_finite |= !isinf(l);
+        c[i].logit = l;
+        c[i].id = i;
+    }
+    if (!any_finite) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: every logit is -inf");
+    }
+    apply_repeat_penalty(smpl, n_vocab);
+
+    const struct pykv_sampler_params *p = &smpl->params;
+    if (p->temperature <= 0.0f) {
+        *out = argmax(c, n_vocab);
+        return PYKV_OK;
+    }
+
+    int32_t n = n_vocab, n_sorted = 0;
+    if (p->top_k > 0 && p->top_k < n) {
+        sampler_select_top(c, n, p->top_k);
+        n = n_sorted = p->top_k;
+    }
+    if (p->top_p < 1.0f) n = apply_top_p(c, n, n_sorted, p->top_p);
+    if (p->min_p > 0.0f) n = apply_min_p(c, n, p->min_p);
+    *out = draw(smpl, c, n);
+    return PYKV_OK;
+}

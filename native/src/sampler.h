@@ -1,0 +1,18 @@
+// sampler.h - candidate ordering helpers behind the sampler (exposed for the C unit tests).
+#pragma once
+#include <stdint.h>
+
+// One candidate token: its (possibly penalised) logit and id.
+struct sampler_cand {
+    float   logit;
+    int32_t id;
+};
+
+// Candidate a ranks before b: higher logit first, lower id on ties (a strict total order).
+static inline int sampler_cand_before(const struct sampler_cand *a, const struct sampler_cand *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+// Move the k best of c[0..n) to c[0..k), in rank order; the rest end in c[k..n) unordered.
+// O(n + k log k) on average (quickselect, then a sort of the k).
+void sampler_select_top(struct sampler_cand *c, int32_t n, int32_t k);

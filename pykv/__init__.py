@@ -1,0 +1,22 @@
+"""pykv: a llama.cpp-style GGUF inference runtime with KV-cache eviction policies."""
+from ._ffi import ffi, lib
+from .errors import (BackendError, ContextOverflowError, InvalidArgumentError, ModelLoadError,
+                     PykvError)
+from .llama import GenerationChunk, GenerationResult, Llama
+
+__version__ = "0.1.0"
+
+
+def system_info() -> str:
+    """CPU features and kernels the native library uses."""
+    return ffi.string(lib.pykv_system_info()).decode()
+
+
+def list_policies() -> list:
+    """The KV eviction policies, read from the C registry."""
+    return [ffi.string(lib.pykv_policy_name(i)).decode() for i in range(lib.pykv_policy_count())]
+
+
+__all__ = ["Llama", "GenerationChunk", "GenerationResult", "PykvError", "ModelLoadError",
+           "ContextOverflowError", "InvalidArgumentError", "BackendError", "system_info",
+           "list_policies", "__version__"]

@@ -1,0 +1,198 @@
+"""``pykv generate``: stream a completion to stdout, timings (llama.cpp perf style) to stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .cli import EXIT_INTERRUPTED, EXIT_OK, UsageError, resolve_model_arg
+
+
+def read_prompt(args) -> str:
+    if args.prompt is not None and args.file is not None:
+        raise UsageError("give the prompt with -p or -f, not both")
+    if args.file is not None:
+        if args.file == "-":
+            return sys.stdin.read()
+        return Path(args.file).read_text(encoding="utf-8")
+    if args.prompt is not None:
+        return args.prompt
+    raise UsageError("no prompt: give -p TEXT or -f FILE")
+
+
+def parse_policy_args(items) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--policy-arg expects K=V, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def check_model_flags(args) -> None:
+    """Range checks that need no model, so mistakes are reported before a slow load."""
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"-t/--threads must be at least 1, got {args.threads}")
+    if args.ctx_size < 0:
+        raise UsageError(f"-c/--ctx-size must be >= 0 (0 = the model's), got {args.ctx_size}")
+    if args.batch_size < 1:
+        raise UsageError(f"-b/--batch-size must be at least 1, got {args.batch_size}")
+    if args.ubatch_size is not None and args.ubatch_size < 1:
+        raise UsageError(f"-ub/--ubatch-size must be at least 1, got {args.ubatch_size}")
+    for flag, value in (("--window", args.window), ("--sink", args.sink)):
+        if value is not None and value < 0:
+            raise UsageError(f"{flag} must be >= 0, got {value}")
+
+
+def load_model(args, path):
+    from . import Llama
+    return Llama(str(path), n_ctx=args.ctx_size, n_threads=args.threads, n_batch=args.batch_size,
+                 n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
+                 use_mmap=not args.no_mmap, policy=args.policy, budget=args.budget,
+                 window=args.window, sink=args.sink,
+                 policy_kwargs=parse_policy_args(args.policy_arg) or None)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def run_generate(args) -> int:
+    from .pull import default_model_path, pull
+
+    prompt = read_prompt(args)
+    check_model_flags(args)
+    parse_policy_args(args.policy_arg)
+    model = resolve_model_arg(args)
+    path = pull(model) if model else default_model_path()
+
+    t0 = time.perf_counter()
+    llm = load_model(args, path)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    try:
+        return _generate(args, llm, prompt, path, load_ms)
+    finally:
+        llm.close()
+
+
+def _generate(args, llm, prompt, path, load_ms) -> int:
+    streaming = not (args.no_stream or args.json)
+    show_prompt = not args.no_display_prompt and not args.json
+    try:
+        sys.stdout.reconfigure(errors="replace")
+    except (AttributeError, ValueError):
+        pass
+
+    kwargs = dict(max_tokens=args.n_predict if args.n_predict > 0 else None,
+                  temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                  repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                  seed=args.seed if args.seed >= 0 else None, stop=args.stop or None,
+                  ignore_eos=args.ignore_eos)
+
+    if show_prompt and streaming:
+        _write(prompt)
+    interrupted = False
+    steps = None
+    t_start = time.perf_counter()
+    try:
+        if args.n_predict == 0:
+            result = _prefill_only(llm, prompt)
+        elif streaming:
+            steps = llm.generate(prompt, stream=True, **kwargs)
+            for chunk in steps:
+                _write(chunk.text)
+            result = llm.last_result
+        else:
+            result = llm.generate(prompt, stream=False, **kwargs)
+    except KeyboardInterrupt:
+        interrupted = True
+        if steps is not None:
+            steps.close()  # the generator records what it had as llm.last_result
+        result = getattr(llm, "last_result", None)
+    total_ms = (time.perf_counter() - t_start) * 1e3
+
+    if result is None:
+        print("\npykv: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.json:
+        print(json.dumps(_json_result(result, path, load_ms, total_ms), ensure_ascii=False))
+    elif streaming:
+        if (prompt + result.text) and not (prompt + result.text).endswith("\n"):
+            _write("\n")
+    else:
+        _write((prompt if show_prompt else "") + result.text + "\n")
+
+    print_perf(result, load_ms, total_ms)
+    if args.kv_stats or args.verbose:
+        print_kv_stats(result.kv_stats)
+    if interrupted:
+        print("pykv: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+class _PrefillResult:
+    """What -n 0 reports: the prompt was evaluated, nothing generated."""
+
+    def __init__(self, llm, n_prompt):
+        self.text, self.tokens, self.finish_reason = "", [], "length"
+        self.prompt_tokens = n_prompt
+        self.timings = llm.timings()
+        self.kv_stats = llm.kv_stats()
+
+
+def _prefill_only(llm, prompt):
+    tokens = llm.tokenize(prompt, add_bos=True, special=True)
+    llm.reset()
+    llm.eval(tokens)
+    return _PrefillResult(llm, len(tokens))
+
+
+def _json_result(result, path, load_ms, total_ms) -> dict:
+    return {
+        "model": str(path),
+        "text": result.text,
+        "tokens": list(result.tokens),
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": getattr(result, "prompt_tokens", None),
+        "timings": dict(result.timings, load_ms=load_ms, total_ms=total_ms),
+        "kv_stats": result.kv_stats,
+    }
+
+
+def _rate_line(label, ms, n, unit):
+    per_token = ms / n if n else 0.0
+    per_second = n / ms * 1e3 if ms > 0 else 0.0
+    return (f"pykv: {label:>16} = {ms:10.2f} ms / {n:5d} {unit:6} "
+            f"({per_token:8.2f} ms per token, {per_second:8.2f} tokens per second)")
+
+
+def print_perf(result, load_ms, total_ms) -> None:
+    t = result.timings or {}
+    p_n, p_ms = int(t.get("prompt_n", 0)), float(t.get("prompt_ms", 0.0))
+    d_n, d_ms = int(t.get("predicted_n", 0)), float(t.get("predicted_ms", 0.0))
+    err = sys.stderr
+    print(f"pykv: {'load time':>16} = {load_ms:10.2f} ms", file=err)
+    print(_rate_line("prompt eval time", p_ms, p_n, "tokens"), file=err)
+    print(_rate_line("eval time", d_ms, d_n, "runs"), file=err)
+    print(f"pykv: {'total time':>16} = {total_ms:10.2f} ms / {p_n + d_n:5d} tokens", file=err)
+    print(f"pykv: prefill {t.get('prompt_per_second', 0.0):.2f} tok/s, "
+          f"decode {t.get('predicted_per_second', 0.0):.2f} tok/s, "
+          f"{len(result.tokens)} tokens generated (finish: {result.finish_reason})", file=err)
+    err.flush()
+
+
+def print_kv_stats(stats) -> None:
+    if not stats:
+        return
+    per_head = stats.get("entries_per_head") or []
+    flat = [n for layer in per_head for n in layer]
+    shape = f" over {len(per_head)} layers x {len(per_head[0])} KV heads" if per_head and per_head[0] else ""
+    spread = f", per head min {min(flat)} / max {max(flat)}" if flat else ""
+    print(f"pykv: kv cache: policy {stats.get('policy')}, {stats.get('entries')} entries{shape}{spread}, "
+          f"{stats.get('bytes', 0) / 2**20:.2f} MiB now, {stats.get('peak_bytes', 0) / 2**20:.2f} MiB peak, "
+          f"{stats.get('evicted', 0)} evicted, {stats.get('merged', 0)} merged", file=sys.stderr)

@@ -1,0 +1,114 @@
+"""The cffi ABI-mode binding: declarations from the marked region of the installed pykv.h,
+functions from the installed libpykv.so (DESIGN.md item 8)."""
+import os
+import re
+import sys
+from pathlib import Path
+
+from cffi import FFI
+
+from . import errors
+
+_LIB_NAMES = ("libpykv.so", "libpykv.dylib", "pykv.dll")
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _candidate_dirs():
+    """Where the built library may be: this package, an installed copy of it further down
+    sys.path (when the source tree shadows the installed package), a local CMake build."""
+    yield _PACKAGE_DIR / "lib"
+    for entry in sys.path:
+        if entry:
+            yield Path(entry) / "pykv" / "lib"
+    yield _PACKAGE_DIR.parent / "build"
+
+
+def _find_library():
+    env = os.environ.get("PYKV_LIBRARY")
+    if env:
+        return Path(env)
+    for directory in _candidate_dirs():
+        for name in _LIB_NAMES:
+            if (directory / name).is_file():
+                return directory / name
+    raise ImportError(
+        "pykv: the native library libpykv was not found; install the package with "
+        "`pip install .` (it builds libpykv with CMake) or set PYKV_LIBRARY")
+
+
+def _find_header(library):
+    env = os.environ.get("PYKV_HEADER")
+    for path in (Path(env) if env else None,
+                 library.parent.parent / "include" / "pykv.h",
+                 _PACKAGE_DIR / "include" / "pykv.h",
+                 _PACKAGE_DIR.parent / "native" / "include" / "pykv.h"):
+        if path is not None and path.is_file():
+            return path
+    raise ImportError(f"pykv: pykv.h was not found next to {library}")
+
+
+def _cdef_source(header_text):
+    match = re.search(r"/\* --- cffi begin --- \*/(.*)/\* --- cffi end --- \*/", header_text, re.S)
+    if not match:
+        raise ImportError("pykv: pykv.h has no cffi region")
+    return match.group(1).replace("PYKV_API ", "")
+
+
+LIBRARY_PATH = _find_library()
+HEADER_PATH = _find_header(LIBRARY_PATH)
+
+ffi = FFI()
+ffi.cdef(_cdef_source(HEADER_PATH.read_text()))
+lib = ffi.dlopen(str(LIBRARY_PATH))
+
+if lib.pykv_abi_version() != lib.PYKV_ABI_VERSION:
+    raise ImportError(f"pykv: {LIBRARY_PATH} has ABI {lib.pykv_abi_version()}, "
+                      f"{HEADER_PATH} declares {lib.PYKV_ABI_VERSION}")
+
+_STATUS_ERRORS = {
+    lib.PYKV_ERR_INVALID_ARG: errors.InvalidArgumentError,
+    lib.PYKV_ERR_IO: errors.ModelLoadError,
+    lib.PYKV_ERR_FORMAT: errors.ModelLoadError,
+    lib.PYKV_ERR_UNSUPPORTED: errors.ModelLoadError,
+    lib.PYKV_ERR_NOMEM: errors.BackendError,
+    lib.PYKV_ERR_CONTEXT_FULL: errors.ContextOverflowError,
+    lib.PYKV_ERR_CANCELLED: errors.GenerationCancelled,
+    lib.PYKV_ERR_INTERNAL: errors.BackendError,
+}
+
+
+def last_error():
+    return ffi.string(lib.pykv_last_error()).decode("utf-8", "replace")
+
+
+def check(status, what=None):
+    """Raise the exception for a failed pykv_status, with the C library's message."""
+    if status == lib.PYKV_OK:
+        return
+    message = last_error() or f"pykv error {status}"
+    if what:
+        message = f"{what}: {message}"
+    raise _STATUS_ERRORS.get(status, errors.BackendError)(message, status)
+
+
+def new_params(ctype, default_fn=None):
+    """A params struct with struct_size set, filled by its *_default_params function."""
+    params = ffi.new(ctype + " *")
+    params.struct_size = ffi.sizeof(ctype)
+    if default_fn is not None:
+        default_fn(params)
+    return params
+
+
+def call_string(fn, *args, initial=256):
+    """Call a (..., buf, cap, *n_out) function, growing the buffer when it says so."""
+    cap = initial
+    n_out = ffi.new("int32_t *")
+    while True:
+        buf = ffi.new("char[]", cap)
+        status = fn(*args, buf, cap, n_out)
+        if status == lib.PYKV_ERR_BUFFER_TOO_SMALL and n_out[0] > cap:
+            cap = n_out[0]
+            continue
+        check(status)
+        return ffi.unpack(buf, n_out[0])

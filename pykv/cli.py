@@ -1,0 +1,207 @@
+"""The ``pykv`` command: ``pykv generate|info|pull ...`` (llama.cpp flag spellings).
+
+Exit codes: 0 ok, 1 usage error, 2 model or IO error, 3 runtime error, 130 interrupted.
+Errors print one line ``pykv: error: <message>`` on stderr (``-v`` adds the traceback).
+The subcommands live in _cli_generate.py, _cli_info.py and here (pull); this file builds the
+parser and turns exceptions into exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_RUNTIME, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class UsageError(Exception):
+    """A bad command line (exit 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line and exit status 1 (argparse uses 2)."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _add_model_flags(p):
+    g = p.add_argument_group("model and context")
+    g.add_argument("model_pos", nargs="?", metavar="MODEL",
+                   help="GGUF path, model name (smollm2) or hf://owner/repo/file.gguf "
+                        "(default: smollm2, fetched on first use)")
+    g.add_argument("-m", "--model", help="same as MODEL")
+    g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
+                   help="context size in tokens (default 4096; 0 = the model's training context)")
+    g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="threads (default: number of physical cores)")
+    g.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
+                   help="prefill chunk in tokens (default 512)")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
+                   help="physical prefill chunk; overrides -b when given")
+    g.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
+
+    k = p.add_argument_group("KV cache policy")
+    k.add_argument("--policy", default="full", help="eviction policy (default full; see 'pykv info --policies')")
+    k.add_argument("--budget", default=None,
+                   help="entries kept per (layer, KV head) on average, or a share of the prompt like 3%%")
+    k.add_argument("--window", type=int, default=None, metavar="N", help="recent tokens always kept")
+    k.add_argument("--sink", type=int, default=None, metavar="N", help="first tokens always kept")
+    k.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
+                   help="a policy-specific option (repeatable)")
+    k.add_argument("--kv-stats", action="store_true", help="print KV cache statistics on stderr at the end")
+
+
+def _add_generate(sub):
+    p = sub.add_parser("generate", help="generate text from a prompt",
+                       description="Generate text after a prompt; tokens stream to stdout, "
+                                   "timings go to stderr.")
+    _add_model_flags(p)
+    g = p.add_argument_group("prompt and length")
+    g.add_argument("-p", "--prompt", help="the prompt text")
+    g.add_argument("-f", "--file", help="read the prompt from a file ('-' = stdin)")
+    g.add_argument("-n", "--n-predict", type=int, default=128, metavar="N",
+                   help="tokens to generate (default 128; -1 = until end of generation or a full "
+                        "context; 0 = evaluate the prompt only)")
+    g.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+
+    s = p.add_argument_group("sampling")
+    s.add_argument("--temp", type=float, default=0.8, help="temperature (default 0.8; 0 = greedy)")
+    s.add_argument("--top-k", type=int, default=40, help="top-k (default 40; 0 = off)")
+    s.add_argument("--top-p", type=float, default=0.95, help="top-p (default 0.95; 1 = off)")
+    s.add_argument("--min-p", type=float, default=0.05, help="min-p (default 0.05; 0 = off)")
+    s.add_argument("--repeat-penalty", type=float, default=1.0, help="repeat penalty (default 1.0 = off)")
+    s.add_argument("--repeat-last-n", type=int, default=64,
+                   help="tokens the repeat penalty looks back over (default 64; -1 = all)")
+    s.add_argument("-s", "--seed", type=int, default=-1, help="sampling seed (default -1 = random)")
+
+    c = p.add_argument_group("generation control and output")
+    c.add_argument("--stop", "-r", "--reverse-prompt", action="append", default=[], metavar="STR",
+                   help="stop when this text appears (repeatable)")
+    c.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+    c.add_argument("--no-stream", action="store_true", help="print the text once, at the end")
+    c.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, timings) at the end")
+    c.add_argument("-v", "--verbose", action="store_true", help="log from the runtime; tracebacks on errors")
+    p.set_defaults(run="generate")
+
+
+def _add_info(sub):
+    p = sub.add_parser("info", help="show a model's metadata, tensors and KV memory estimate",
+                       description="Show a GGUF model's header, metadata, hyperparameters, tensors, "
+                                   "chat template and KV cache memory estimates.")
+    p.add_argument("model_pos", nargs="?", metavar="MODEL",
+                   help="GGUF path, model name or hf:// address (default: smollm2)")
+    p.add_argument("-m", "--model", help="same as MODEL")
+    p.add_argument("--system", action="store_true", help="print the native library's system info")
+    p.add_argument("--policies", action="store_true", help="list the KV eviction policies")
+    p.add_argument("--json", action="store_true", help="print the model information as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+    p.set_defaults(run="info")
+
+
+def _add_pull(sub):
+    p = sub.add_parser("pull", help="download a model into the cache",
+                       description="Fetch a model into the pykv cache and print its path.")
+    p.add_argument("name", metavar="NAME", help="a model name (smollm2, smollm2-135m) or hf://owner/repo/file.gguf")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+    p.set_defaults(run="pull")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pykv", description="pykv: a llama.cpp-style GGUF runtime with KV-cache "
+                                              "eviction policies.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_generate(sub)
+    _add_info(sub)
+    _add_pull(sub)
+    return parser
+
+
+def resolve_model_arg(args) -> str | None:
+    """The model from MODEL or -m (not both); None when neither was given."""
+    if args.model_pos and args.model and args.model_pos != args.model:
+        raise UsageError(f"two models given: {args.model_pos!r} and -m {args.model!r}")
+    return args.model or args.model_pos
+
+
+def _run_pull(args) -> int:
+    from .pull import pull
+    print(pull(args.name, quiet=args.quiet))
+    return EXIT_OK
+
+
+def _dispatch(args) -> int:
+    if args.run == "generate":
+        from ._cli_generate import run_generate
+        return run_generate(args)
+    if args.run == "info":
+        from ._cli_info import run_info
+        return run_info(args)
+    return _run_pull(args)
+
+
+def _exit_code_for(exc: BaseException) -> int:
+    """Map an exception to the documented exit code."""
+    try:
+        from . import errors
+    except Exception:  # noqa: BLE001 - the package itself failed to import
+        errors = None
+    from .pull import PullError
+
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE
+    if errors is not None:
+        if isinstance(exc, errors.InvalidArgumentError):
+            return EXIT_USAGE
+        if isinstance(exc, errors.ModelLoadError):
+            return EXIT_MODEL
+        if isinstance(exc, errors.PykvError):
+            return EXIT_RUNTIME
+    if isinstance(exc, (PullError, OSError, ValueError)):
+        return EXIT_MODEL  # files, downloads, unknown model names
+    return EXIT_RUNTIME
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, ImportError) and "libpykv" not in text:
+        text = f"cannot load pykv: {text}"
+    return " ".join(text.split("\n"))  # one line
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``pykv`` command; returns the exit code (also raised as SystemExit
+    when run as a script)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "-v" in argv or "--verbose" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        if args.version:
+            from importlib.metadata import PackageNotFoundError, version
+            try:
+                print(f"pykv {version('pykv')}")
+            except PackageNotFoundError:
+                print("pykv (not installed)")
+            return EXIT_OK
+        if not args.command:
+            raise UsageError("a command is required: generate, info or pull (see 'pykv --help')")
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("\npykv: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader went away (pykv ... | head); stop quietly like other Unix tools
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line and an exit code
+        if verbose:
+            traceback.print_exc()
+        print(f"pykv: error: {_error_text(exc)}", file=sys.stderr)
+        return _exit_code_for(exc)

@@ -1,0 +1,445 @@
+"""The Llama class: load a GGUF model, tokenize, evaluate and generate (llama-cpp-python style).
+
+The token loop runs in Python (DESIGN.md item 8): eval() appends tokens to the context, the
+C library computes logits, a C sampler picks the next token, and so on.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import errors
+from ._ffi import call_string, check, ffi, lib, new_params
+from ._textstream import TextStream
+
+Prompt = Union[str, bytes, Sequence[int]]
+
+
+@dataclass
+class GenerationChunk:
+    """One streamed step: the text that became safe to show and the token that produced it."""
+    text: str
+    token: int
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: List[int]
+    finish_reason: str                     # "stop" (EOG or stop string), "length", "cancelled"
+    prompt_tokens: int = 0
+    timings: dict = field(default_factory=dict)
+    kv_stats: dict = field(default_factory=dict)
+
+
+def _parse_budget(budget):
+    """budget=256 (entries per layer and KV head) or "3%" / 0.03 (a fraction of the prompt)."""
+    if budget is None:
+        return 0, 0.0
+    if isinstance(budget, str):
+        text = budget.strip()
+        try:
+            if text.endswith("%"):
+                frac = float(text[:-1]) / 100.0
+                if not 0.0 < frac <= 1.0:
+                    raise ValueError
+                return 0, frac
+            budget = int(text)
+        except ValueError:
+            raise errors.InvalidArgumentError(
+                f"invalid budget {budget!r}: give a number of entries (256) or a percentage ('3%')") from None
+    if isinstance(budget, float) and not budget.is_integer():
+        if not 0.0 < budget < 1.0:
+            raise errors.InvalidArgumentError(f"invalid budget {budget!r}: a fraction must be in (0, 1)")
+        return 0, float(budget)
+    if int(budget) <= 0:
+        raise errors.InvalidArgumentError(f"invalid budget {budget!r}: it must be positive")
+    return int(budget), 0.0
+
+
+def _resolve_model_path(model_path) -> str:
+    path = os.fspath(model_path)
+    if os.path.exists(path):
+        return path
+    if path.startswith("hf://") or "/" not in path and not path.endswith(".gguf"):
+        from .pull import pull   # a model name such as "smollm2"
+        return str(pull(path))
+    raise errors.ModelLoadError(f"model file '{path}' does not exist")
+
+
+class Llama:
+    """A GGUF model with one context (KV cache) for evaluation and generation."""
+
+    def __init__(self, model_path, *, n_ctx: int = 4096, n_threads: Optional[int] = None,
+                 n_batch: int = 512, n_ubatch: Optional[int] = None, seed: int = -1,
+                 verbose: bool = False, vocab_only: bool = False, use_mmap: bool = True,
+                 policy: str = "full", budget=None, window: Optional[int] = None,
+                 sink: Optional[int] = None, policy_kwargs: Optional[dict] = None):
+        self._model = None
+        self._ctx = None
+        lib.pykv_log_set_level(3 if verbose else 0)
+        self.model_path = _resolve_model_path(model_path)
+        self.verbose = verbose
+        self._seed = seed
+        self._rng = random.Random(None if seed is None or seed < 0 else seed)
+
+        mparams = new_params("struct pykv_model_params", lib.pykv_model_default_params)
+        mparams.use_mmap = int(bool(use_mmap))
+        mparams.vocab_only = int(bool(vocab_only))
+        out = ffi.new("pykv_model **")
+        check(lib.pykv_model_load(self.model_path.encode(), mparams, out))
+        self._model = out[0]
+        self._info = self._read_info()
+        self.n_vocab = self._info["n_vocab"]
+        self.input_ids: List[int] = []   # the tokens evaluated in the context, in order
+
+        if vocab_only:
+            return
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise errors.InvalidArgumentError(f"{name} must be a non-negative integer, got {value!r}")
+        if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
+            raise errors.InvalidArgumentError(f"n_threads must be a positive integer, got {n_threads!r}")
+        budget_n, budget_frac = _parse_budget(budget)
+        self._policy_args_c = ffi.new("char[]", ",".join(f"{k}={v}" for k, v in (policy_kwargs or {}).items()).encode())
+        self._policy_c = ffi.new("char[]", (policy or "full").encode())
+        cparams = new_params("struct pykv_context_params", lib.pykv_context_default_params)
+        cparams.n_ctx = n_ctx
+        cparams.n_ubatch = n_ubatch if n_ubatch is not None else n_batch
+        cparams.n_threads = n_threads or 0
+        cparams.policy = self._policy_c
+        cparams.budget = budget_n
+        cparams.budget_frac = budget_frac
+        cparams.window = -1 if window is None else window
+        cparams.sink = -1 if sink is None else sink
+        cparams.policy_args = self._policy_args_c if policy_kwargs else ffi.NULL
+        cout = ffi.new("pykv_context **")
+        status = lib.pykv_context_init(self._model, cparams, cout)
+        if status != lib.PYKV_OK:
+            self.close()
+            check(status)
+        self._ctx = cout[0]
+
+    # ---- lifetime ----
+
+    def close(self) -> None:
+        """Free the context and the model now (also done by `with` and on garbage collection)."""
+        if self._ctx is not None:
+            lib.pykv_context_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            lib.pykv_model_free(self._model)
+            self._model = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _need_model(self):
+        if self._model is None:
+            raise errors.InvalidArgumentError("this Llama is closed")
+        return self._model
+
+    def _need_ctx(self):
+        if self._ctx is None:
+            raise errors.InvalidArgumentError(
+                "this Llama is closed" if self._model is None else "the model was loaded with vocab_only=True")
+        return self._ctx
+
+    # ---- model facts ----
+
+    def _read_info(self) -> dict:
+        info = new_params("struct pykv_model_info")
+        check(lib.pykv_model_get_info(self._model, info))
+        names = ("n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim",
+                 "n_ff", "rope_freq_base", "rms_eps", "tied_output", "n_params", "n_bytes",
+                 "gguf_version", "vocab_only")
+        return {name: getattr(info, name) for name in names}
+
+    @property
+    def model_info(self) -> dict:
+        return dict(self._info)
+
+    @property
+    def metadata(self) -> dict:
+        model = self._need_model()
+        result = {}
+        for i in range(lib.pykv_model_meta_count(model)):
+            key = call_string(lib.pykv_model_meta_key, model, i).decode("utf-8", "replace")
+            result[key] = call_string(lib.pykv_model_meta_value, model, i).decode("utf-8", "replace")
+        return result
+
+    @property
+    def tensors(self) -> List[dict]:
+        model = self._need_model()
+        info = new_params("struct pykv_tensor_info")
+        rows = []
+        for i in range(lib.pykv_model_tensor_count(model)):
+            check(lib.pykv_model_tensor_info(model, i, info))
+            type_name = lib.pykv_type_name(info.type)
+            rows.append({
+                "name": ffi.string(info.name).decode("utf-8", "replace"),
+                "type": ffi.string(type_name).decode() if type_name != ffi.NULL else str(info.type),
+                "shape": [info.ne[d] for d in range(info.n_dims)],
+                "n_bytes": info.n_bytes,
+            })
+        return rows
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        model = self._need_model()
+        try:
+            return call_string(lib.pykv_model_meta_string, model, b"tokenizer.chat_template").decode("utf-8", "replace")
+        except errors.InvalidArgumentError:
+            return None
+
+    def token_bos(self) -> int:
+        return lib.pykv_vocab_bos(self._need_model())
+
+    def token_eos(self) -> int:
+        return lib.pykv_vocab_eos(self._need_model())
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lib.pykv_vocab_is_eog(self._need_model(), token))
+
+    # ---- tokenizer ----
+
+    def tokenize(self, text: Union[str, bytes], add_bos: bool = True, special: bool = False) -> List[int]:
+        """Token ids of text. add_bos adds the model's BOS/EOS as its metadata asks;
+        special parses special-token text such as "<|im_start|>" into those tokens."""
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cap = len(data) + 8
+        tokens = ffi.new("pykv_token[]", cap)
+        n_out = ffi.new("int32_t *")
+        status = lib.pykv_tokenize(self._need_model(), data, len(data), int(add_bos), int(special), tokens, cap, n_out)
+        if status == lib.PYKV_ERR_BUFFER_TOO_SMALL:
+            cap = n_out[0]
+            tokens = ffi.new("pykv_token[]", cap)
+            status = lib.pykv_tokenize(self._model, data, len(data), int(add_bos), int(special), tokens, cap, n_out)
+        check(status)
+        return list(ffi.unpack(tokens, n_out[0]))
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        arr = ffi.new("pykv_token[]", list(tokens))
+        return call_string(lib.pykv_detokenize, self._need_model(), arr, len(tokens), int(special),
+                           initial=16 * len(tokens) + 16)
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        return call_string(lib.pykv_token_to_piece, self._need_model(), token, int(special), initial=64)
+
+    # ---- low-level loop ----
+
+    @property
+    def n_ctx(self) -> int:
+        return lib.pykv_n_ctx(self._need_ctx())
+
+    @property
+    def n_past(self) -> int:
+        return lib.pykv_n_past(self._need_ctx())
+
+    n_tokens = n_past
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Append tokens to the context. Several tokens are a prefill (run in chunks of
+        n_batch); one token is a decode step."""
+        tokens = list(tokens)
+        ctx = self._need_ctx()
+        if not tokens:
+            return
+        arr = ffi.new("pykv_token[]", tokens)
+        before = lib.pykv_n_past(ctx)
+        status = lib.pykv_decode(ctx, arr, len(tokens))
+        self.input_ids.extend(tokens[:lib.pykv_n_past(ctx) - before])
+        check(status)
+
+    def logits(self) -> np.ndarray:
+        """Logits of the last evaluated token, float32 (n_vocab,), a copy."""
+        ptr = lib.pykv_get_logits(self._need_ctx())
+        if ptr == ffi.NULL:
+            raise errors.InvalidArgumentError("no logits yet: eval() some tokens first")
+        return np.frombuffer(ffi.buffer(ptr, 4 * self.n_vocab), dtype=np.float32).copy()
+
+    def reset(self) -> None:
+        """Clear the context: every token and the KV cache's memory."""
+        lib.pykv_reset(self._need_ctx())
+        self.input_ids = []
+
+    def cancel(self) -> None:
+        """Ask a running eval() (in another thread) to stop at the next layer."""
+        if self._ctx is not None:
+            lib.pykv_cancel(self._ctx)
+
+    def set_threads(self, n_threads: int) -> None:
+        check(lib.pykv_context_set_threads(self._need_ctx(), n_threads))
+
+    def kv_stats(self) -> dict:
+        ctx = self._need_ctx()
+        stats = new_params("struct pykv_kv_stats")
+        check(lib.pykv_kv_stats(ctx, stats))
+        return {
+            "entries": stats.entries,
+            "entries_per_head": [[lib.pykv_kv_head_entries(ctx, layer, head) for head in range(stats.n_head_kv)]
+                                 for layer in range(stats.n_layer)],
+            "bytes": stats.bytes,
+            "peak_bytes": stats.peak_bytes,
+            "evicted": stats.evicted,
+            "merged": stats.merged,
+            "policy": ffi.string(stats.policy).decode(),
+        }
+
+    def timings(self) -> dict:
+        t = new_params("struct pykv_timings")
+        lib.pykv_get_timings(self._need_ctx(), t)
+        return {
+            "prompt_n": t.n_prefill,
+            "prompt_ms": t.t_prefill_ms,
+            "prompt_per_second": t.n_prefill / t.t_prefill_ms * 1e3 if t.t_prefill_ms > 0 else 0.0,
+            "predicted_n": t.n_decode,
+            "predicted_ms": t.t_decode_ms,
+            "predicted_per_second": t.n_decode / t.t_decode_ms * 1e3 if t.t_decode_ms > 0 else 0.0,
+        }
+
+    # ---- generation ----
+
+    def _make_sampler(self, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed):
+        params = new_params("struct pykv_sampler_params", lib.pykv_sampler_default_params)
+        params.temperature = temperature
+        params.top_k = top_k
+        params.top_p = top_p
+        params.min_p = min_p
+        params.repeat_penalty = repeat_penalty
+        params.repeat_last_n = repeat_last_n
+        if seed is None or seed < 0:
+            seed = self._rng.getrandbits(32) if self._seed is not None and self._seed >= 0 else lib.PYKV_DEFAULT_SEED
+        params.seed = seed & 0xFFFFFFFF
+        out = ffi.new("pykv_sampler **")
+        check(lib.pykv_sampler_init(params, out))
+        return ffi.gc(out[0], lib.pykv_sampler_free)
+
+    def _prompt_tokens(self, prompt: Prompt) -> List[int]:
+        if isinstance(prompt, (str, bytes)):
+            return self.tokenize(prompt, add_bos=True, special=True)
+        tokens = [int(t) for t in prompt]
+        if not tokens:
+            raise errors.InvalidArgumentError("the prompt is empty")
+        return tokens
+
+    def generate(self, prompt: Prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
+                 ignore_eos: bool = False, stream: bool = False):
+        """Generate text after prompt (text or token ids) from a fresh context.
+
+        max_tokens <= 0 or None generates until an end-of-generation token or a full context.
+        Returns a GenerationResult, or with stream=True an iterator of GenerationChunk whose
+        final result is left in self.last_result."""
+        self._need_ctx()
+        if isinstance(stop, str):
+            stop = [stop]
+        tokens = self._prompt_tokens(prompt)
+        if len(tokens) > self.n_ctx:
+            raise errors.ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={self.n_ctx}")
+        sampler = self._make_sampler(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+        steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos)
+        if stream:
+            return steps
+        for _ in steps:
+            pass
+        return self.last_result
+
+    def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos) -> Iterator[GenerationChunk]:
+        self.reset()
+        lib.pykv_reset_timings(self._ctx)
+        text = TextStream(stop)
+        generated: List[int] = []
+        finish_reason = "length"
+        limit = max_tokens if max_tokens and max_tokens > 0 else None
+        try:
+            self.eval(prompt_tokens)
+            for t in prompt_tokens:
+                lib.pykv_sampler_accept(sampler, t)
+            while limit is None or len(generated) < limit:
+                token_out = ffi.new("pykv_token *")
+                check(lib.pykv_sampler_sample(sampler, lib.pykv_get_logits(self._ctx), self.n_vocab, token_out))
+                token = token_out[0]
+                if not ignore_eos and self.is_eog(token):
+                    finish_reason = "stop"
+                    break
+                lib.pykv_sampler_accept(sampler, token)
+                generated.append(token)
+                piece = text.push(self.token_to_piece(token))
+                if text.stopped_by is not None:
+                    finish_reason = "stop"
+                    if piece:
+                        yield GenerationChunk(piece, token)
+                    break
+                if piece:
+                    yield GenerationChunk(piece, token)
+                if limit is not None and len(generated) >= limit:
+                    break
+                if self.n_past >= self.n_ctx:
+                    break   # the context is full: finish_reason stays "length"
+                self.eval([token])
+        except (KeyboardInterrupt, errors.GenerationCancelled, GeneratorExit):
+            finish_reason = "cancelled"
+            self._finish(text, generated, prompt_tokens, finish_reason)
+            raise
+        tail = text.flush()
+        if tail:
+            yield GenerationChunk(tail, generated[-1] if generated else -1)
+        self._finish(text, generated, prompt_tokens, finish_reason)
+
+    def _finish(self, text, generated, prompt_tokens, finish_reason):
+        self.last_result = GenerationResult(text=text.text, tokens=list(generated), finish_reason=finish_reason,
+                                            prompt_tokens=len(prompt_tokens), timings=self.timings(),
+                                            kv_stats=self.kv_stats())
+
+    # ---- llama-cpp-python compatible completion ----
+
+    def create_completion(self, prompt: Prompt, max_tokens: int = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                          repeat_penalty: float = 1.0, seed: Optional[int] = None,
+                          stop: Union[None, str, Sequence[str]] = None, stream: bool = False):
+        """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True)."""
+        completion_id = f"cmpl-{os.urandom(8).hex()}"
+        created = int(time.time())
+        model = Path(self.model_path).name
+        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                      repeat_penalty=repeat_penalty, seed=seed, stop=stop)
+
+        def shape(text, finish_reason, usage=None):
+            body = {"id": completion_id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
+            if usage is not None:
+                body["usage"] = usage
+            return body
+
+        def usage(result):
+            return {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
+                    "total_tokens": result.prompt_tokens + len(result.tokens)}
+
+        if stream:
+            def chunks():
+                for chunk in self.generate(prompt, stream=True, **kwargs):
+                    yield shape(chunk.text, None)
+                yield shape("", self.last_result.finish_reason)
+            return chunks()
+        result = self.generate(prompt, **kwargs)
+        return shape(result.text, result.finish_reason, usage(result))
+
+    __call__ = create_completion

@@ -1,0 +1,52 @@
+// test_kv_cache.c - ragged per-head lists: append, retain (compaction), byte accounting.
+#include "check.h"
+#include "kv-cache.h"
+
+#include <string.h>
+
+static void fill(float *x, int n, float v) { for (int i = 0; i < n; i++) x[i] = v + (float)i; }
+
+int main(void) {
+    struct kv_cache c;
+    const int hd = 8;
+    CHECK(kv_cache_init(&c, 2, 3, hd, 1000) == PYKV_OK);
+    CHECK(c.bytes == 0 && kv_cache_entries(&c) == 0);
+
+    float k[8], v[8];
+    struct kv_list *l = kv_cache_list(&c, 1, 2);
+    CHECK(kv_list_reserve(&c, l, 100) == PYKV_OK);
+    for (int i = 0; i < 100; i++) {
+        fill(k, hd, (float)i);
+        fill(v, hd, (float)-i);
+        kv_list_push(&c, l, k, v, i);
+    }
+    const int64_t per_entry = 2 * hd * 4 + 4;
+    CHECK(l->n == 100 && kv_cache_entries(&c) == 100);
+    CHECK(c.bytes == (int64_t)l->cap * per_entry && c.peak_bytes == c.bytes);
+
+    // keep every 10th entry: data and positions move down in order
+    int32_t keep[10];
+    for (int i = 0; i < 10; i++) keep[i] = i * 10;
+    int64_t before = c.bytes;
+    CHECK(kv_list_retain(&c, l, keep, 10) == PYKV_OK);
+    CHECK(l->n == 10 && c.evicted == 90);
+    CHECK(c.bytes < before && c.bytes == (int64_t)l->cap * per_entry);   // memory returned
+    CHECK(c.peak_bytes == before);
+    for (int i = 0; i < 10; i++) {
+        CHECK(l->pos[i] == i * 10);
+        CHECK(l->k[(size_t)i * hd + 3] == (float)(i * 10 + 3));
+        CHECK(l->v[(size_t)i * hd + 1] == (float)(-(i * 10) + 1));
+    }
+    int32_t bad[2] = { 5, 3 };
+    CHECK(kv_list_retain(&c, l, bad, 2) == PYKV_ERR_INTERNAL);   // not ascending
+
+    // the limit per list is enforced
+    CHECK(kv_list_reserve(&c, l, 991) == PYKV_ERR_CONTEXT_FULL);
+    kv_list_truncate(&c, l, 4);
+    CHECK(l->n == 4);
+
+    kv_cache_clear(&c);
+    CHECK(c.bytes == 0 && kv_cache_entries(&c) == 0 && c.evicted == 0);
+    kv_cache_free(&c);
+    return check_report("test_kv_cache");
+}

@@ -1,0 +1,179 @@
+"""Independent NumPy float64 reference forward pass for Llama-architecture GGUF files.
+
+This module never imports pykv.  It reads a GGUF file with the ``gguf`` package,
+dequantizes every tensor with ``gguf.quants.dequantize`` and runs the textbook
+Llama forward pass in float64:
+
+    x = token_embd[tokens]
+    per layer:
+        h = rmsnorm(x) * attn_norm
+        q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T
+        q, k = rope(q), rope(k)          # adjacent pairs (x[2i], x[2i+1])
+        a = softmax(q k^T / sqrt(d) + causal mask) v   (GQA: q head h uses kv head h // rep)
+        x = x + a @ Wo.T
+        h = rmsnorm(x) * ffn_norm
+        x = x + (silu(h @ Wg.T) * (h @ Wu.T)) @ Wd.T
+    logits = rmsnorm(x) * output_norm @ W_out.T   (W_out = output.weight or token_embd)
+
+RoPE convention: llama.cpp's converter permutes attn_q / attn_k rows so that, on the
+GGUF tensors, rotation acts on ADJACENT pairs with theta_i = base^(-2i / n_rot)
+(llama.cpp "normal" rope).  Dimensions >= n_rot are left unrotated.
+
+Shapes: a GGUF tensor with ggml shape ne = [n_in, n_out] reads as a NumPy array of
+shape (n_out, n_in), so a linear layer is ``y = x @ W.T``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+
+@dataclass
+class HParams:
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    n_ff: int
+    rope_base: float
+    rms_eps: float
+
+
+@dataclass
+class RefModel:
+    hp: HParams
+    tensors: dict = field(repr=False)
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def w(self, name: str) -> np.ndarray:
+        return self.tensors[name]
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def load(path: str | os.PathLike) -> RefModel:
+    """Read and dequantize a GGUF file into float64 arrays (cached by path + mtime)."""
+    st = os.stat(path)
+    return _load_cached(os.fspath(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _load_cached(path: str, _mtime: int, _size: int) -> RefModel:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    r = GGUFReader(path)
+    arch = _field(r, "general.architecture")
+    tensors = {}
+    for t in r.tensors:
+        arr = dequantize(np.asarray(t.data), t.tensor_type)
+        # ggml ne = [ne0, ne1, ...]; NumPy shape is reversed (row-major).
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+        tensors[t.name] = np.asarray(arr, dtype=np.float64).reshape(shape)
+
+    n_embd = int(_field(r, f"{arch}.embedding_length"))
+    n_head = int(_field(r, f"{arch}.attention.head_count"))
+    n_head_kv = int(_field(r, f"{arch}.attention.head_count_kv", n_head))
+    head_dim = int(_field(r, f"{arch}.attention.key_length", n_embd // n_head))
+    n_vocab = tensors["token_embd.weight"].shape[0]
+    hp = HParams(
+        arch=arch,
+        n_vocab=n_vocab,
+        n_embd=n_embd,
+        n_layer=int(_field(r, f"{arch}.block_count")),
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_rot=int(_field(r, f"{arch}.rope.dimension_count", head_dim)),
+        n_ff=int(_field(r, f"{arch}.feed_forward_length")),
+        rope_base=float(_field(r, f"{arch}.rope.freq_base", 10000.0)),
+        rms_eps=float(_field(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+    )
+    return RefModel(hp=hp, tensors=tensors)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + eps) * w
+
+
+def rope_adjacent(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+    """Rotate adjacent pairs. x: (T, H, D); pos: (T,)."""
+    out = x.copy()
+    i = np.arange(n_rot // 2, dtype=np.float64)
+    inv_freq = base ** (-2.0 * i / n_rot)              # (n_rot/2,)
+    ang = pos.astype(np.float64)[:, None] * inv_freq    # (T, n_rot/2)
+    cos = np.cos(ang)[:, None, :]
+    sin = np.sin(ang)[:, None, :]
+    x0 = x[..., 0:n_rot:2]
+    x1 = x[..., 1:n_rot:2]
+    out[..., 0:n_rot:2] = x0 * cos - x1 * sin
+    out[..., 1:n_rot:2] = x0 * sin + x1 * cos
+    return out
+
+
+def _softmax(s: np.ndarray) -> np.ndarray:
+    s = s - np.max(s, axis=-1, keepdims=True)
+    e = np.exp(s)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def attention(q, k, v, n_rep: int) -> np.ndarray:
+    """Causal GQA attention. q: (T, Hq, D); k, v: (T, Hkv, D). Returns (T, Hq, D)."""
+    T, Hq, D = q.shape
+    scale = 1.0 / np.sqrt(D)
+    mask = np.triu(np.full((T, T), -np.inf), k=1)
+    out = np.empty_like(q)
+    for h in range(Hq):
+        kh = h // n_rep
+        s = (q[:, h, :] @ k[:, kh, :].T) * scale + mask
+        out[:, h, :] = _softmax(s) @ v[:, kh, :]
+    return out
+
+
+def forward(model, tokens) -> np.ndarray:
+    """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context."""
+    if not isinstance(model, RefModel):
+        model = load(model)
+    hp = model.hp
+    tokens = np.asarray(tokens, dtype=np.int64)
+    T = len(tokens)
+    pos = np.arange(T)
+    n_rep = hp.n_head // hp.n_head_kv
+
+    x = model.w("token_embd.weight")[tokens]
+    for il in range(hp.n_layer):
+        p = f"blk.{il}."
+        h = rms_norm(x, model.w(p + "attn_norm.weight"), hp.rms_eps)
+        q = (h @ model.w(p + "attn_q.weight").T).reshape(T, hp.n_head, hp.head_dim)
+        k = (h @ model.w(p + "attn_k.weight").T).reshape(T, hp.n_head_kv, hp.head_dim)
+        v = (h @ model.w(p + "attn_v.weight").T).reshape(T, hp.n_head_kv, hp.head_dim)
+        q = rope_adjacent(q, pos, hp.n_rot, hp.rope_base)
+        k = rope_adjacent(k, pos, hp.n_rot, hp.rope_base)
+        a = attention(q, k, v, n_rep).reshape(T, hp.n_head * hp.head_dim)
+        x = x + a @ model.w(p + "attn_output.weight").T
+
+        h = rms_norm(x, model.w(p + "ffn_norm.weight"), hp.rms_eps)
+        g = h @ model.w(p + "ffn_gate.weight").T
+        u = h @ model.w(p + "ffn_up.weight").T
+        silu = g / (1.0 + np.exp(-g))
+        x = x + (silu * u) @ model.w(p + "ffn_down.weight").T
+
+    x = rms_norm(x, model.w("output_norm.weight"), hp.rms_eps)
+    w_out = model.w("output.weight") if model.has("output.weight") else model.w("token_embd.weight")
+    return x @ w_out.T

@@ -1,0 +1,206 @@
+"""The pykv command: `python -m pykv ...` in a subprocess on the real SmolLM2 model, plus
+in-process main() calls for usage errors. Exit codes: 0 ok, 1 usage, 2 model/IO, 3 runtime,
+130 interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pykv.cli import main
+
+PROMPT = "The capital of France is"
+TIMEOUT = 300
+
+
+def run_cli(*args, stdin=None):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    return subprocess.run([sys.executable, "-m", "pykv", *map(str, args)], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=env, input=stdin)
+
+
+def error_lines(stderr: str):
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------- usage errors (no model)
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("generate", "info", "pull"):
+        assert command in out
+
+
+def test_generate_help_lists_llama_cpp_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--prompt", "--n-predict", "--ctx-size", "--threads", "--temp", "--top-k",
+                 "--top-p", "--min-p", "--repeat-penalty", "--seed", "--policy", "--budget",
+                 "--ubatch-size", "--json", "--no-stream", "--kv-stats"):
+        assert flag in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--bogus-flag"],
+    ["generate", "-p", "x", "-n", "many"],
+    ["frobnicate"],
+    [],
+    ["generate", "-p", "x", "-f", "y.txt"],
+    ["generate", "-p", "x", "--policy-arg", "novalue"],
+    ["generate", "-p", "x", "-t", "0"],
+])
+def test_usage_errors_exit_1(argv, capsys):
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(error_lines(err)) == 1, err
+    assert err.startswith("pykv: error: ")
+
+
+def test_bad_flag_in_subprocess():
+    r = run_cli("generate", "--no-such-flag")
+    assert r.returncode == 1
+    lines = error_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith("pykv: error: ")
+
+
+def test_missing_model_exit_2(tmp_path):
+    r = run_cli("generate", tmp_path / "missing.gguf", "-p", "hi")
+    assert r.returncode == 2
+    lines = error_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith("pykv: error: ") and "missing.gguf" in lines[0]
+    assert r.stdout == ""
+
+
+def test_corrupt_model_exit_2(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    r = run_cli("info", bad)
+    assert r.returncode == 2, r.stderr
+    lines = error_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith("pykv: error: ")
+
+
+def test_unknown_model_name_exit_2():
+    r = run_cli("pull", "no-such-model-name")
+    assert r.returncode == 2
+    lines = error_lines(r.stderr)
+    assert len(lines) == 1 and "smollm2" in lines[0]
+
+
+def test_info_system_and_policies():
+    r = run_cli("info", "--system", "--policies")
+    assert r.returncode == 0, r.stderr
+    assert "policies:" in r.stdout and "full" in r.stdout
+    assert r.stdout.strip().splitlines()[0]  # system info is not empty
+
+
+# ---------------------------------------------------------------- the real model
+
+@pytest.mark.model
+def test_pull_prints_path(smollm2_path):
+    r = run_cli("pull", smollm2_path)
+    assert r.returncode == 0
+    assert r.stdout.strip() == str(smollm2_path)
+
+
+@pytest.mark.model
+def test_generate_greedy_streams_text_and_timings(smollm2_path):
+    r = run_cli("generate", smollm2_path, "-p", PROMPT, "-n", 8, "--temp", 0, "-t", 2)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(PROMPT)
+    assert len(r.stdout.strip()) > len(PROMPT)
+    assert "tokens per second" in r.stderr and "tok/s" in r.stderr
+    assert "prompt eval time" in r.stderr and "eval time" in r.stderr
+    # greedy is deterministic, and -m is the same as the positional MODEL
+    again = run_cli("generate", "-m", smollm2_path, "-p", PROMPT, "-n", 8, "--temp", 0, "-t", 2)
+    assert again.returncode == 0 and again.stdout == r.stdout
+
+
+@pytest.mark.model
+def test_generate_json_matches_python_api(smollm2_path):
+    r = run_cli("generate", smollm2_path, "-p", PROMPT, "-n", 6, "--temp", 0, "--json", "-t", 2)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert 1 <= len(data["tokens"]) <= 6
+    assert data["finish_reason"] in ("length", "stop")
+    for key in ("prompt_n", "prompt_ms", "predicted_n", "predicted_per_second"):
+        assert key in data["timings"]
+    assert data["kv_stats"]["policy"] == "full"
+
+    from pykv import Llama
+    with Llama(str(smollm2_path), n_ctx=512, n_threads=2) as llm:
+        res = llm.generate(PROMPT, max_tokens=6, temperature=0.0, stream=False)
+    assert res.tokens == data["tokens"]
+    assert res.text == data["text"]
+
+
+@pytest.mark.model
+def test_generate_no_stream_and_stop(smollm2_path, tmp_path):
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(PROMPT, encoding="utf-8")
+    r = run_cli("generate", smollm2_path, "-f", prompt_file, "-n", 8, "--temp", 0, "--no-stream",
+                "--no-display-prompt", "--kv-stats", "-s", 1)
+    assert r.returncode == 0, r.stderr
+    assert not r.stdout.startswith(PROMPT)
+    assert "kv cache: policy full" in r.stderr
+
+
+@pytest.mark.model
+def test_sampler_value_error_exit_1(smollm2_path):
+    r = run_cli("generate", smollm2_path, "-p", PROMPT, "-n", 2, "--top-p", 2)
+    assert r.returncode == 1, r.stderr
+    lines = error_lines(r.stderr)
+    assert lines[-1].startswith("pykv: error: ") and "top_p" in lines[-1]
+
+
+@pytest.mark.model
+def test_info_prints_tensor_table(smollm2_path):
+    r = run_cli("info", smollm2_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "general.architecture" in out and "llama" in out
+    assert "tensors (" in out and "token_embd.weight" in out and "blk.0.attn_q.weight" in out
+    assert "q4_1" in out
+    assert "chat template:" in out and "im_start" in out
+    # SmolLM2-135M: 30 layers x 3 KV heads x head_dim 64 x (K, V) x float32
+    assert f"{30 * 3 * 64 * 2 * 4:,} bytes per token" in out
+    assert "budget" in out
+
+
+@pytest.mark.model
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT delivery")
+def test_ctrl_c_stops_cleanly(smollm2_path):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "pykv", "generate", str(smollm2_path), "-p", PROMPT,
+                             "-n", "-1", "--ignore-eos", "-c", "2048", "-t", "2", "-s", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        got = b""
+        deadline = time.monotonic() + TIMEOUT
+        while len(got) < len(PROMPT) + 20 and time.monotonic() < deadline:
+            chunk = os.read(proc.stdout.fileno(), 256)
+            if not chunk:
+                break
+            got += chunk
+        assert len(got) > len(PROMPT), "no tokens streamed before the interrupt"
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err.decode(errors="replace")
+    err = err.decode(errors="replace")
+    assert "interrupted" in err and "Traceback" not in err
+    assert "tokens per second" in err  # timings of what was generated
+    assert (got + rest).decode(errors="replace").startswith(PROMPT)

@@ -1,0 +1,241 @@
+"""The C sampler (pykv_sampler_*) against a NumPy implementation of the same chain.
+
+Each filter is checked by drawing many tokens with a fixed seed and comparing the empirical
+frequencies to the probabilities NumPy computes. The seeds are fixed, so the test is
+deterministic; the tolerance is five standard deviations of a binomial frequency.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pykv._ffi import ffi, lib
+
+N_DRAWS = 20000
+
+
+# ---------------------------------------------------------------- NumPy reference chain
+
+def ref_probs(logits, *, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+              repeat_penalty=1.0, history=()):
+    """Probabilities of every token after llama.cpp's default chain (temperature > 0)."""
+    x = np.asarray(logits, dtype=np.float64).copy()
+    for t in set(int(t) for t in history):
+        if 0 <= t < len(x) and repeat_penalty != 1.0:
+            x[t] = x[t] * repeat_penalty if x[t] <= 0 else x[t] / repeat_penalty
+    # rank order: higher logit first, lower id on ties
+    order = np.lexsort((np.arange(len(x)), -x))
+    keep = np.zeros(len(x), dtype=bool)
+    kept = order if top_k <= 0 else order[:top_k]
+    if top_p < 1.0:
+        p = np.exp(x[kept] - x[kept].max())
+        p /= p.sum()
+        n = int(np.searchsorted(np.cumsum(p), top_p - 1e-12) + 1)
+        kept = kept[:n]
+    if min_p > 0.0:
+        kept = kept[x[kept] >= x[kept].max() + np.log(min_p)]
+    keep[kept] = True
+    z = np.where(keep, (x - x[keep].max()) / temperature, -np.inf)
+    probs = np.exp(z)
+    return probs / probs.sum()
+
+
+# ---------------------------------------------------------------- helpers over the C API
+
+def check(status):
+    if status != lib.PYKV_OK:
+        raise AssertionError(ffi.string(lib.pykv_last_error()).decode())
+
+
+def make_sampler(**kw):
+    params = ffi.new("struct pykv_sampler_params *")
+    lib.pykv_sampler_default_params(params)
+    for key, value in kw.items():
+        setattr(params, key, value)
+    out = ffi.new("pykv_sampler **")
+    check(lib.pykv_sampler_init(params, out))
+    return ffi.gc(out[0], lib.pykv_sampler_free)
+
+
+def init_status(**kw):
+    params = ffi.new("struct pykv_sampler_params *")
+    lib.pykv_sampler_default_params(params)
+    for key, value in kw.items():
+        setattr(params, key, value)
+    out = ffi.new("pykv_sampler **")
+    status = lib.pykv_sampler_init(params, out)
+    if status == lib.PYKV_OK:
+        lib.pykv_sampler_free(out[0])
+    return status, ffi.string(lib.pykv_last_error()).decode()
+
+
+def sample(smpl, logits):
+    arr = np.ascontiguousarray(logits, dtype=np.float32)
+    tok = ffi.new("pykv_token *")
+    check(lib.pykv_sampler_sample(smpl, ffi.from_buffer("float[]", arr), len(arr), tok))
+    return tok[0]
+
+
+def empirical(smpl, logits, n=N_DRAWS):
+    arr = np.ascontiguousarray(logits, dtype=np.float32)
+    buf = ffi.from_buffer("float[]", arr)
+    tok = ffi.new("pykv_token *")
+    counts = np.zeros(len(arr), dtype=np.int64)
+    for _ in range(n):
+        check(lib.pykv_sampler_sample(smpl, buf, len(arr), tok))
+        counts[tok[0]] += 1
+    return counts / n
+
+
+def assert_matches(freq, probs, n=N_DRAWS):
+    never = probs == 0
+    assert not freq[never].any(), f"filtered-out tokens drawn: {np.nonzero(freq * never)[0]}"
+    tol = 5 * np.sqrt(probs * (1 - probs) / n) + 1e-3
+    bad = np.abs(freq - probs) > tol
+    assert not bad.any(), f"freq {freq[bad]} vs probs {probs[bad]} at {np.nonzero(bad)[0]}"
+
+
+# ---------------------------------------------------------------- tests
+
+LOGITS = np.array([2.0, 1.7, 1.1, 0.9, 0.5, 0.3, -0.2, -0.6, -1.0, -2.5, 1.5, 0.0],
+                  dtype=np.float32)
+
+CONFIGS = {
+    "temperature only": dict(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0),
+    "hot temperature": dict(temperature=2.5, top_k=0, top_p=1.0, min_p=0.0),
+    "top_k": dict(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0),
+    "top_p": dict(temperature=1.0, top_k=0, top_p=0.7, min_p=0.0),
+    "min_p": dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3),
+    "defaults": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    "all filters": dict(temperature=1.3, top_k=6, top_p=0.85, min_p=0.2),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_distribution_matches_numpy(name):
+    cfg = CONFIGS[name]
+    probs = ref_probs(LOGITS, **cfg)
+    if name != "temperature only" and name != "hot temperature":
+        assert (probs == 0).any(), "the filter should remove something in this case"
+    freq = empirical(make_sampler(seed=1234, **cfg), LOGITS)
+    assert_matches(freq, probs)
+
+
+def test_repeat_penalty_distribution():
+    cfg = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.8,
+               repeat_last_n=4)
+    history = [3, 0, 7, 0, 11, 9]  # only the last 4 count: 7, 0, 11, 9
+    smpl = make_sampler(seed=99, **cfg)
+    for t in history:
+        lib.pykv_sampler_accept(smpl, t)
+    ref_cfg = {k: v for k, v in cfg.items() if k != "repeat_last_n"}
+    probs = ref_probs(LOGITS, history=history[-4:], **ref_cfg)
+    assert not np.allclose(probs, ref_probs(LOGITS, **{**ref_cfg, "repeat_penalty": 1.0}))
+    assert_matches(empirical(smpl, LOGITS), probs)
+
+
+def test_large_vocab_top_k_distribution():
+    rng = np.random.default_rng(5)
+    logits = rng.normal(0, 2.0, 49152).astype(np.float32)
+    cfg = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02)
+    probs = ref_probs(logits, **cfg)
+    freq = empirical(make_sampler(seed=7, **cfg), logits, n=5000)
+    assert_matches(freq, probs, n=5000)
+
+
+def test_top_p_without_top_k_on_large_vocab():
+    # top_p alone must look past the first sorted block (the sampler grows it as needed).
+    rng = np.random.default_rng(6)
+    logits = rng.normal(0, 0.3, 49152).astype(np.float32)
+    cfg = dict(temperature=1.0, top_k=0, top_p=0.05, min_p=0.0)
+    probs = ref_probs(logits, **cfg)
+    n_kept = int((probs > 0).sum())
+    assert n_kept > 256
+    smpl = make_sampler(seed=8, **cfg)
+    allowed = set(np.nonzero(probs)[0].tolist())
+    drawn = [sample(smpl, logits) for _ in range(500)]
+    assert set(drawn) <= allowed
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0])
+def test_greedy_is_argmax(temperature):
+    rng = np.random.default_rng(0)
+    smpl = make_sampler(temperature=temperature, seed=1)
+    for _ in range(20):
+        logits = rng.normal(0, 3, 49152).astype(np.float32)
+        assert sample(smpl, logits) == int(np.argmax(logits))
+    ties = np.zeros(100, dtype=np.float32)
+    ties[[17, 42, 80]] = 5.0
+    assert sample(smpl, ties) == 17
+
+
+def test_greedy_with_repeat_penalty():
+    smpl = make_sampler(temperature=0.0, repeat_penalty=1.5, repeat_last_n=8)
+    logits = np.array([1.4, 2.0, -1.0, 1.2], dtype=np.float32)
+    assert sample(smpl, logits) == 1
+    lib.pykv_sampler_accept(smpl, 1)  # 2.0 / 1.5 = 1.33 < 1.4
+    assert sample(smpl, logits) == 0
+    lib.pykv_sampler_reset(smpl)
+    assert sample(smpl, logits) == 1
+
+
+def test_same_seed_same_sequence():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 2, 49152).astype(np.float32)
+
+    def run(seed):
+        smpl = make_sampler(seed=seed, repeat_penalty=1.1)
+        out = []
+        for _ in range(50):
+            t = sample(smpl, logits)
+            lib.pykv_sampler_accept(smpl, t)
+            out.append(t)
+        return out
+
+    assert run(42) == run(42)
+    assert run(42) != run(43)
+    # the random seed (PYKV_DEFAULT_SEED) still samples valid tokens
+    smpl = make_sampler(seed=lib.PYKV_DEFAULT_SEED)
+    assert 0 <= sample(smpl, logits) < len(logits)
+
+
+def test_logits_not_modified():
+    logits = LOGITS.copy()
+    smpl = make_sampler(seed=3, repeat_penalty=2.0)
+    lib.pykv_sampler_accept(smpl, 0)
+    sample(smpl, logits)
+    np.testing.assert_array_equal(logits, LOGITS)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("top_p", 0.0, "top_p"),
+    ("top_p", 1.01, "top_p"),
+    ("top_p", float("nan"), "top_p"),
+    ("min_p", -0.01, "min_p"),
+    ("min_p", 1.5, "min_p"),
+    ("min_p", float("nan"), "min_p"),
+    ("temperature", float("nan"), "temperature"),
+    ("top_k", -3, "top_k"),
+    ("repeat_penalty", 0.0, "repeat_penalty"),
+    ("repeat_last_n", -2, "repeat_last_n"),
+])
+def test_invalid_params(field, value, needle):
+    status, message = init_status(**{field: value})
+    assert status == lib.PYKV_ERR_INVALID_ARG
+    assert needle in message
+
+
+def test_invalid_sample_arguments():
+    smpl = make_sampler(seed=1)
+    tok = ffi.new("pykv_token *")
+    arr = np.zeros(4, dtype=np.float32)
+    assert lib.pykv_sampler_sample(smpl, ffi.NULL, 4, tok) == lib.PYKV_ERR_INVALID_ARG
+    assert "logits" in ffi.string(lib.pykv_last_error()).decode()
+    assert lib.pykv_sampler_sample(smpl, ffi.from_buffer("float[]", arr), 0, tok) == \
+        lib.PYKV_ERR_INVALID_ARG
+    assert "n_vocab" in ffi.string(lib.pykv_last_error()).decode()
+    arr[2] = np.nan
+    assert lib.pykv_sampler_sample(smpl, ffi.from_buffer("float[]", arr), 4, tok) == \
+        lib.PYKV_ERR_INVALID_ARG
+    assert "token 2" in ffi.string(lib.pykv_last_error()).decode()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: install pykv with its test extras, build and
+# run the C unit tests under AddressSanitizer + UndefinedBehaviorSanitizer, fetch the
+# SmolLM2 model once, then run pytest. Exits nonzero on any failure.
+#
+#   bash tests/run.sh            # everything
+#   PYTHON=python3.12 bash tests/run.sh
+#   bash tests/run.sh -k sampler # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+ASAN_BUILD=build/ctest-asan   # not build/ itself: pykv/_ffi.py may load a library from there
+
+echo "==> installing pykv with its test extras"
+"$PYTHON" -m pip install --disable-pip-version-check '.[test]'
+
+echo "==> C unit tests (ASan + UBSan)"
+if ! command -v cmake >/dev/null 2>&1; then
+    "$PYTHON" -m pip install --disable-pip-version-check cmake
+fi
+cmake -S . -B "$ASAN_BUILD" -DPYKV_BUILD_TESTS=ON -DPYKV_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$ASAN_BUILD" -j "$JOBS"
+(cd "$ASAN_BUILD" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --output-on-failure -j "$JOBS")
+
+echo "==> fetching the SmolLM2 model (once; cached afterwards)"
+"$PYTHON" -m pykv pull smollm2
+
+echo "==> pytest"
+"$PYTHON" -m pytest tests/python -ra "$@"
