@@ -55,7 +55,8 @@ TRUNCATED = (r"truncat|end of (the )?file|eof|too (small|short)|past the end|bey
              r"out of (range|bounds)|exceed|more than the file|file can hold|file size")
 
 # (layout anchor, byte delta): cut inside the header, the KVs, the tensor infos, the data
-TRUNCATION_POINTS = [("start", 4), ("kv_start", 0), ("kv_start", 37), ("tensor_info_start", 10),
+TRUNCATION_POINTS = [("start", 4), ("kv_start", 0), ("kv_start", 37), ("tensor_info_start", -3000),
+                     ("tensor_info_start", -1), ("tensor_info_start", 10),
                      ("data_start", 0), ("data_start", 1000), ("data_end", -1)]
 
 
