@@ -301,6 +301,17 @@ class Llama:
             "policy": ffi.string(stats.policy).decode(),
         }
 
+    def kv_positions(self, layer: int, head: int) -> List[int]:
+        """Original positions of the entries resident in (layer, KV head), in cache order."""
+        ctx = self._need_ctx()
+        n = lib.pykv_kv_head_entries(ctx, layer, head)
+        if n < 0:
+            raise errors.InvalidArgumentError(f"no KV list for layer {layer}, head {head}")
+        out = ffi.new("pykv_pos[]", max(n, 1))
+        n_out = ffi.new("int32_t *")
+        check(lib.pykv_kv_head_positions(ctx, layer, head, out, n, n_out))
+        return list(ffi.unpack(out, n_out[0]))
+
     def timings(self) -> dict:
         t = new_params("struct pykv_timings")
         lib.pykv_get_timings(self._need_ctx(), t)

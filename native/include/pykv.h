@@ -220,6 +220,9 @@ struct pykv_kv_stats {
 PYKV_API pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *stats);
 /* Resident entries of (layer, KV head). */
 PYKV_API int32_t     pykv_kv_head_entries(const pykv_context *ctx, int32_t layer, int32_t head);
+/* The original positions of the entries of (layer, KV head), in cache order. */
+PYKV_API pykv_status pykv_kv_head_positions(const pykv_context *ctx, int32_t layer, int32_t head,
+                                            pykv_pos *out, int32_t cap, int32_t *n_out);
 
 struct pykv_timings {
     size_t  struct_size;

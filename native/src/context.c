@@ -89,8 +89,11 @@ static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_pa
 
     const struct policy_ops *ops = policy_find(p->policy ? p->policy : "full");
     if (!ops) return PYKV_ERR_INVALID_ARG;
-    struct policy_config cfg = { p->budget, p->budget_frac, p->window, p->sink, p->policy_args };
+    if (p->policy_args && !(ctx->policy_args = strdup(p->policy_args)))
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+    struct policy_config cfg = { p->budget, p->budget_frac, p->window, p->sink, ctx->policy_args };
     PYKV_TRY(ops->init(&cfg, &ctx->policy));
+    ctx->policy->cfg = cfg;
 
     PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx));
     return alloc_scratch(ctx);
@@ -125,6 +128,7 @@ void pykv_context_free(pykv_context *ctx) {
     free_scratch(&ctx->buf);
     free(ctx->logits);
     free(ctx->chunk_start_n);
+    free(ctx->policy_args);
     free(ctx);
 }
 
@@ -172,11 +176,24 @@ static void rollback_chunk(pykv_context *ctx) {
         kv_list_truncate(&ctx->cache, &ctx->cache.lists[i], ctx->chunk_start_n[i]);
 }
 
-static pykv_status run_hook(pykv_context *ctx, pykv_status (*hook)(struct kv_policy *, const struct policy_event *),
-                            int32_t n_prompt) {
+static pykv_status run_hook(pykv_context *ctx, pykv_status (*hook)(struct kv_policy *, const struct policy_event *)) {
     if (!hook) return PYKV_OK;
-    struct policy_event ev = { &ctx->cache, -1, ctx->n_past, n_prompt };
+    struct policy_event ev = ctx->event;
+    ev.n_past = ctx->n_past;
     return hook(ctx->policy, &ev);
+}
+
+// The size of the next chunk: n_ubatch, except that the policy's observation window must
+// arrive in one (the last) chunk, so the chunk before it is cut short when needed.
+static int next_chunk_size(const pykv_context *ctx, int32_t remaining) {
+    int T = remaining < ctx->n_ubatch ? remaining : ctx->n_ubatch;
+    const struct policy_ops *ops = ctx->policy->ops;
+    if (T < remaining && ops->last_chunk_min) {
+        int32_t need = ops->last_chunk_min(ctx->policy);
+        if (need > ctx->n_ubatch) need = ctx->n_ubatch;
+        if (remaining - T < need) T = remaining - need;
+    }
+    return T;
 }
 
 pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
@@ -189,8 +206,11 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
     const struct policy_ops *ops = ctx->policy->ops;
     const int is_prefill = n_tokens > 1;
     double t0 = perf_now_ms();
+    ctx->event = (struct policy_event){ .cache = &ctx->cache, .hp = &ctx->model->hp, .pool = ctx->pool,
+                                        .layer = -1, .n_prompt = n_tokens };
     for (int32_t done = 0; done < n_tokens;) {
-        int T = n_tokens - done < ctx->n_ubatch ? n_tokens - done : ctx->n_ubatch;
+        int T = next_chunk_size(ctx, n_tokens - done);
+        ctx->event.is_last_chunk = done + T == n_tokens;
         for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++) ctx->chunk_start_n[i] = ctx->cache.lists[i].n;
         pykv_status st = forward_chunk(ctx, tokens + done, T, done + T == n_tokens);
         if (st != PYKV_OK) {
@@ -200,9 +220,9 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
         }
         ctx->n_past += T;
         done += T;
-        if (is_prefill) PYKV_TRY(run_hook(ctx, ops->after_chunk, n_tokens));
+        if (is_prefill) PYKV_TRY(run_hook(ctx, ops->after_chunk));
     }
-    PYKV_TRY(run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode, n_tokens));
+    PYKV_TRY(run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode));
 
     double ms = perf_now_ms() - t0;
     if (is_prefill) { ctx->timings.t_prefill_ms += ms; ctx->timings.n_prefill += n_tokens; }
@@ -244,6 +264,16 @@ pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *s) {
 int32_t pykv_kv_head_entries(const pykv_context *ctx, int32_t layer, int32_t head) {
     if (!ctx || layer < 0 || layer >= ctx->cache.n_layer || head < 0 || head >= ctx->cache.n_head_kv) return -1;
     return ctx->cache.lists[(size_t)layer * ctx->cache.n_head_kv + head].n;
+}
+
+pykv_status pykv_kv_head_positions(const pykv_context *ctx, int32_t layer, int32_t head, pykv_pos *out,
+                                   int32_t cap, int32_t *n_out) {
+    int32_t n = pykv_kv_head_entries(ctx, layer, head);
+    if (n < 0 || !n_out) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_kv_head_positions: no list (%d, %d)", layer, head);
+    *n_out = n;
+    if (!out || cap < n) return PYKV_ERR_BUFFER_TOO_SMALL;
+    memcpy(out, ctx->cache.lists[(size_t)layer * ctx->cache.n_head_kv + head].pos, (size_t)n * sizeof(pykv_pos));
+    return PYKV_OK;
 }
 
 void pykv_get_timings(const pykv_context *ctx, struct pykv_timings *t) {

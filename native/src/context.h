@@ -35,6 +35,8 @@ struct pykv_context {
     int32_t            n_past;
     float             *logits;          // (n_vocab)
     int                has_logits;
+    struct policy_event event;          // what the policy hooks see of the current call
+    char              *policy_args;     // the context's own copy of params->policy_args
     atomic_int         cancel;
     struct pykv_timings timings;
 };

@@ -95,7 +95,11 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
 
         if (ctx->policy->ops->after_layer) {
-            struct policy_event ev = { &ctx->cache, layer, ctx->n_past + T, 0 };
+            struct policy_event ev = ctx->event;
+            ev.layer = layer;
+            ev.n_past = ctx->n_past + T;
+            ev.q = b->q;
+            ev.T = T;
             PYKV_TRY(ctx->policy->ops->after_layer(ctx->policy, &ev));
         }
     }

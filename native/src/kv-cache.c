@@ -70,8 +70,10 @@ pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra
     if (need > c->max_entries)
         return pykv_error(PYKV_ERR_CONTEXT_FULL, "KV cache list full: %lld entries needed, %d allowed",
                           (long long)need, c->max_entries);
-    int64_t cap = l->cap ? (int64_t)l->cap * 2 : KV_MIN_CAP;
+    // Grow by an eighth (amortised O(1) appends) so the slack stays small next to a budget.
+    int64_t cap = l->cap + l->cap / 8;
     if (cap < need) cap = need;
+    if (cap < KV_MIN_CAP) cap = KV_MIN_CAP;
     if (cap > c->max_entries) cap = c->max_entries;
     return list_resize(c, l, (int32_t)cap);
 }
@@ -97,12 +99,9 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
     }
     c->evicted += l->n - n_keep;
     l->n = n_keep;
-    // Give memory back once a list uses less than half of it.
-    if (l->cap > KV_MIN_CAP && n_keep < l->cap / 2) {
-        int32_t cap = n_keep > KV_MIN_CAP ? n_keep : KV_MIN_CAP;
-        return list_resize(c, l, cap);
-    }
-    return PYKV_OK;
+    // Give the memory of the dropped entries back now: the bytes reported are the bytes held.
+    int32_t cap = n_keep > KV_MIN_CAP ? n_keep : KV_MIN_CAP;
+    return cap < l->cap ? list_resize(c, l, cap) : PYKV_OK;
 }
 
 void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n) {

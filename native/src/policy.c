@@ -2,6 +2,8 @@
 #include "policy.h"
 #include "error.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,4 +41,10 @@ const char *pykv_policy_name(int32_t i) {
 const char *pykv_policy_description(int32_t i) {
     const struct policy_ops *p = policy_registry_get(i);
     return p ? p->description : NULL;
+}
+
+int32_t policy_budget(const struct policy_config *cfg, int32_t n_prompt) {
+    int64_t b = cfg->budget > 0 ? cfg->budget : (int64_t)ceil((double)cfg->budget_frac * n_prompt);
+    if (b < 1) b = 1;
+    return b > INT32_MAX ? INT32_MAX : (int32_t)b;
 }

@@ -20,11 +20,21 @@ struct policy_config {
     const char *args;          // "k=v,k=v" or NULL
 };
 
+struct hparams;
+struct threadpool;
+
 struct policy_event {
-    struct kv_cache *cache;
-    int32_t          layer;       // after_layer only
-    int32_t          n_past;      // tokens in the sequence so far, this chunk included
-    int32_t          n_prompt;    // tokens of the current multi-token call
+    struct kv_cache      *cache;
+    const struct hparams *hp;
+    struct threadpool    *pool;          // for parallel scoring (threadpool_run)
+    int32_t               layer;         // after_layer only; -1 otherwise
+    int32_t               n_past;        // tokens in the sequence, this chunk included
+    int32_t               n_prompt;      // tokens of the current pykv_decode() call (1 = decode step)
+    int32_t               is_last_chunk; // this chunk ends the current pykv_decode() call
+    // after_layer only: this chunk's queries, post-RoPE, (T, n_head, head_dim); the chunk's
+    // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
+    const float          *q;
+    int32_t               T;
 };
 
 struct kv_policy;
@@ -38,11 +48,19 @@ struct policy_ops {
     pykv_status (*after_chunk)(struct kv_policy *p, const struct policy_event *ev);
     pykv_status (*after_prefill)(struct kv_policy *p, const struct policy_event *ev);
     pykv_status (*after_decode)(struct kv_policy *p, const struct policy_event *ev);
+    // Tokens the last prefill chunk must hold (the observation window), or NULL for none:
+    // the context shortens the chunk before it so the window's queries arrive together.
+    int32_t     (*last_chunk_min)(const struct kv_policy *p);
 };
 
-// Every policy state starts with its ops.
+// The budget in entries per (layer, KV head) for a prompt of n_prompt tokens: cfg->budget,
+// or ceil(cfg->budget_frac * n_prompt); at least 1.
+int32_t policy_budget(const struct policy_config *cfg, int32_t n_prompt);
+
+// Every policy state starts with its ops and configuration.
 struct kv_policy {
     const struct policy_ops *ops;
+    struct policy_config     cfg;
 };
 
 // The registry; NULL when name is unknown (pykv_last_error lists the names).
