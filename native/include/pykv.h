@@ -194,6 +194,11 @@ PYKV_API pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threa
  * A call with several tokens is a prefill, one with a single token a decode step. On error
  * the tokens of completed chunks stay in the cache (pykv_n_past tells how many). */
 PYKV_API pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens);
+/* The task probe for policies that score during chunked prefill (TAKE): its tokens are
+ * run after every prefill chunk but the last, to score the cache, and never kept. Applies
+ * to the following pykv_decode calls; n_tokens = 0 goes back to the default (the last
+ * tokens of each call). Policies without a probe ignore it. */
+PYKV_API pykv_status pykv_set_probe(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens);
 /* Logits of the last token evaluated (n_vocab floats), owned by ctx, valid until the next
  * decode or reset; NULL before the first decode. */
 PYKV_API const float *pykv_get_logits(pykv_context *ctx);

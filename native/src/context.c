@@ -50,9 +50,12 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->scores = alloc_floats(nt * (size_t)ctx->n_ctx, &failed);
     b->matmul = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(max_in), &failed);
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
+    if (ctx->policy->ops->wants_attention_sums)
+        b->attn_colsum = alloc_floats((size_t)hp->n_head * (size_t)ctx->n_ctx, &failed);
     ctx->logits = alloc_floats((size_t)hp->n_vocab, &failed);
     ctx->chunk_start_n = calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(int32_t));
-    if (failed || !ctx->chunk_start_n)
+    ctx->chunk_tokens = calloc((size_t)ctx->n_ubatch, sizeof(pykv_token));
+    if (failed || !ctx->chunk_start_n || !ctx->chunk_tokens)
         return pykv_error(PYKV_ERR_NOMEM, "out of memory allocating activation buffers for n_ubatch=%d", ctx->n_ubatch);
     rope_inv_freq(b->rope_inv_freq, hp->n_rot, hp->rope_freq_base, ctx->model->rope_freqs);
     return PYKV_OK;
@@ -60,7 +63,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
 
 static void free_scratch(struct scratch *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->gate); free(b->up); free(b->scores); free(b->matmul); free(b->rope_inv_freq);
+    free(b->gate); free(b->up); free(b->scores); free(b->matmul); free(b->rope_inv_freq); free(b->attn_colsum);
 }
 
 static pykv_status validate_params(const pykv_model *m, const struct pykv_context_params *p) {
@@ -95,7 +98,8 @@ static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_pa
     PYKV_TRY(ops->init(&cfg, &ctx->policy));
     ctx->policy->cfg = cfg;
 
-    PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx));
+    // Lists may briefly hold a chunk's probe tokens on top of n_ctx entries.
+    PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx + ctx->n_ubatch));
     return alloc_scratch(ctx);
 }
 
@@ -129,6 +133,8 @@ void pykv_context_free(pykv_context *ctx) {
     free(ctx->logits);
     free(ctx->chunk_start_n);
     free(ctx->policy_args);
+    free(ctx->probe);
+    free(ctx->chunk_tokens);
     free(ctx);
 }
 
@@ -183,10 +189,12 @@ static pykv_status run_hook(pykv_context *ctx, pykv_status (*hook)(struct kv_pol
     return hook(ctx->policy, &ev);
 }
 
-// The size of the next chunk: n_ubatch, except that the policy's observation window must
-// arrive in one (the last) chunk, so the chunk before it is cut short when needed.
-static int next_chunk_size(const pykv_context *ctx, int32_t remaining) {
+// The size of the next chunk: n_ubatch less room for the probe, except that the policy's
+// observation window must arrive in one (the last) chunk, so the chunk before it is cut
+// short when needed.
+static int next_chunk_size(const pykv_context *ctx, int32_t remaining, int32_t n_probe) {
     int T = remaining < ctx->n_ubatch ? remaining : ctx->n_ubatch;
+    if (T < remaining && T > ctx->n_ubatch - n_probe) T = ctx->n_ubatch - n_probe;
     const struct policy_ops *ops = ctx->policy->ops;
     if (T < remaining && ops->last_chunk_min) {
         int32_t need = ops->last_chunk_min(ctx->policy);
@@ -194,6 +202,41 @@ static int next_chunk_size(const pykv_context *ctx, int32_t remaining) {
         if (remaining - T < need) T = remaining - need;
     }
     return T;
+}
+
+// The probe appended to the chunks of this call: the context's, or the call's last tokens.
+static pykv_status choose_probe(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens,
+                                const pykv_token **probe, int32_t *n_probe) {
+    const struct policy_ops *ops = ctx->policy->ops;
+    *probe = NULL;
+    *n_probe = 0;
+    if (n_tokens <= ctx->n_ubatch || !ops->probe_len) return PYKV_OK;   // one chunk: its tail is the probe
+    int32_t n = ctx->probe ? ctx->n_probe_set : ops->probe_len(ctx->policy, n_tokens);
+    if (n <= 0) return PYKV_OK;
+    if (n >= ctx->n_ubatch / 2)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "the probe (%d tokens) must be shorter than half the prefill chunk "
+                          "(n_ubatch=%d)", n, ctx->n_ubatch);
+    *probe = ctx->probe ? ctx->probe : tokens + n_tokens - n;
+    *n_probe = n;
+    return PYKV_OK;
+}
+
+pykv_status pykv_set_probe(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
+    if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_set_probe: ctx is NULL");
+    if (n_tokens < 0 || (n_tokens > 0 && !tokens)) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_set_probe: invalid token array");
+    for (int32_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= ctx->model->hp.n_vocab)
+            return pykv_error(PYKV_ERR_INVALID_ARG, "probe token %d at index %d is out of range", tokens[i], i);
+    pykv_token *copy = NULL;
+    if (n_tokens > 0) {
+        copy = malloc((size_t)n_tokens * sizeof(pykv_token));
+        if (!copy) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+        memcpy(copy, tokens, (size_t)n_tokens * sizeof(pykv_token));
+    }
+    free(ctx->probe);
+    ctx->probe = copy;
+    ctx->n_probe_set = n_tokens;
+    return PYKV_OK;
 }
 
 pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
@@ -205,14 +248,20 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
 
     const struct policy_ops *ops = ctx->policy->ops;
     const int is_prefill = n_tokens > 1;
+    const pykv_token *probe;
+    int32_t n_probe;
+    PYKV_TRY(choose_probe(ctx, tokens, n_tokens, &probe, &n_probe));
     double t0 = perf_now_ms();
     ctx->event = (struct policy_event){ .cache = &ctx->cache, .hp = &ctx->model->hp, .pool = ctx->pool,
                                         .layer = -1, .n_prompt = n_tokens };
     for (int32_t done = 0; done < n_tokens;) {
-        int T = next_chunk_size(ctx, n_tokens - done);
-        ctx->event.is_last_chunk = done + T == n_tokens;
+        int T = next_chunk_size(ctx, n_tokens - done, n_probe);
+        int last = done + T == n_tokens, p = last ? 0 : n_probe;
+        ctx->event.is_last_chunk = last;
+        memcpy(ctx->chunk_tokens, tokens + done, (size_t)T * sizeof(pykv_token));
+        if (p) memcpy(ctx->chunk_tokens + T, probe, (size_t)p * sizeof(pykv_token));
         for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++) ctx->chunk_start_n[i] = ctx->cache.lists[i].n;
-        pykv_status st = forward_chunk(ctx, tokens + done, T, done + T == n_tokens);
+        pykv_status st = forward_chunk(ctx, ctx->chunk_tokens, T + p, p, last);
         if (st != PYKV_OK) {
             rollback_chunk(ctx);
             ctx->has_logits = 0;
@@ -239,6 +288,7 @@ int32_t pykv_n_ctx(const pykv_context *ctx) { return ctx ? ctx->n_ctx : 0; }
 void pykv_reset(pykv_context *ctx) {
     if (!ctx) return;
     kv_cache_clear(&ctx->cache);
+    if (ctx->policy->ops->reset) ctx->policy->ops->reset(ctx->policy);
     ctx->n_past = 0;
     ctx->has_logits = 0;
 }

@@ -21,6 +21,7 @@ struct scratch {
     float *scores;   // (n_threads, n_ctx) attention weights of one query
     float *matmul;   // (n_threads, MATMUL_SCRATCH_FLOATS(max input features))
     float *rope_inv_freq;   // (n_rot / 2) base^(-2i/n_rot) / freq_factor
+    float *attn_colsum;     // (n_head, n_ctx) attention received per entry, when the policy asks
 };
 
 struct pykv_context {
@@ -37,10 +38,15 @@ struct pykv_context {
     int                has_logits;
     struct policy_event event;          // what the policy hooks see of the current call
     char              *policy_args;     // the context's own copy of params->policy_args
+    pykv_token        *probe;           // task probe set by pykv_set_probe, or NULL
+    int32_t            n_probe_set;
+    pykv_token        *chunk_tokens;    // (n_ubatch) a chunk followed by its probe
     atomic_int         cancel;
     struct pykv_timings timings;
 };
 
 // Run tokens [0, T) at positions n_past.. through every layer, appending their K/V to the
 // cache; computes the logits of the last token when want_logits. T <= n_ubatch.
-pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, int want_logits);
+// The last n_probe of the T tokens are probe tokens (see policy.h): processed, scored by
+// the policy, then dropped from the cache; n_past does not count them.
+pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, int n_probe, int want_logits);

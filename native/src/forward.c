@@ -18,27 +18,52 @@ struct attention_job {
     int           T;
 };
 
-// One task per (query head, token): softmax(q.K^T / sqrt(d)) V over the KV head's list,
-// causal by position (entries appended later in this chunk are skipped).
+// softmax(q.K^T / sqrt(d)) V of query head h at chunk token t over its KV head's list,
+// causal by position (entries appended later in this chunk are skipped). The weights are
+// left in scores; their count is returned.
+static int attend(pykv_context *ctx, int layer, int T, int h, int t, float *scores) {
+    const struct hparams *hp = &ctx->model->hp;
+    const int hd = hp->head_dim;
+    const struct kv_list *l = kv_cache_list(&ctx->cache, layer, h / (hp->n_head / hp->n_head_kv));
+    const float *q = ctx->buf.q + ((size_t)t * hp->n_head + h) * hd;
+    float *out = ctx->buf.att + ((size_t)t * hp->n_head + h) * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    int n = l->n - (T - 1 - t);   // this token and everything before it
+    for (int j = 0; j < n; j++) scores[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
+    softmax(scores, n);
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int j = 0; j < n; j++) axpy_f32(out, scores[j], l->v + (size_t)j * hd, hd);
+    return n;
+}
+
+// One item per (query head, token), split evenly across the pool.
 static void attention_task(void *arg, int ith, int nth) {
     const struct attention_job *job = arg;
-    pykv_context *ctx = job->ctx;
-    const struct hparams *hp = &ctx->model->hp;
-    const int hd = hp->head_dim, kv_mul = hp->n_head / hp->n_head_kv, T = job->T;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *scores = ctx->buf.scores + (size_t)ith * ctx->n_ctx;
+    const int n_head = job->ctx->model->hp.n_head;
+    float *scores = job->ctx->buf.scores + (size_t)ith * job->ctx->n_ctx;
     long i0, i1;
-    split_range((long)hp->n_head * T, ith, nth, &i0, &i1);
-    for (long i = i0; i < i1; i++) {
-        int h = (int)(i % hp->n_head), t = (int)(i / hp->n_head);
-        const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, h / kv_mul);
-        const float *q = ctx->buf.q + ((size_t)t * hp->n_head + h) * hd;
-        float *out = ctx->buf.att + ((size_t)t * hp->n_head + h) * hd;
-        int n = l->n - (T - 1 - t);   // this token and everything before it
-        for (int j = 0; j < n; j++) scores[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
-        softmax(scores, n);
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < n; j++) axpy_f32(out, scores[j], l->v + (size_t)j * hd, hd);
+    split_range((long)n_head * job->T, ith, nth, &i0, &i1);
+    for (long i = i0; i < i1; i++) attend(job->ctx, job->layer, job->T, (int)(i % n_head), (int)(i / n_head), scores);
+}
+
+// For policies that score by accumulated attention (H2O): one item per query head, whose
+// tokens run in order, summing the attention each entry receives into colsum[h][j]. The
+// sums then do not depend on how the heads are spread over threads.
+static void attention_colsum_task(void *arg, int ith, int nth) {
+    const struct attention_job *job = arg;
+    pykv_context *ctx = job->ctx;
+    float *scores = ctx->buf.scores + (size_t)ith * ctx->n_ctx;
+    long h0, h1;
+    split_range(ctx->model->hp.n_head, ith, nth, &h0, &h1);
+    for (long h = h0; h < h1; h++) {
+        float *colsum = ctx->buf.attn_colsum + (size_t)h * ctx->n_ctx;
+        const struct hparams *hp = &ctx->model->hp;
+        int n_list = kv_cache_list(&ctx->cache, job->layer, (int)h / (hp->n_head / hp->n_head_kv))->n;
+        memset(colsum, 0, (size_t)n_list * sizeof(float));
+        for (int t = 0; t < job->T; t++) {
+            int n = attend(ctx, job->layer, job->T, (int)h, t, scores);
+            for (int j = 0; j < n; j++) colsum[j] += scores[j];
+        }
     }
 }
 
@@ -54,7 +79,7 @@ static void append_kv(pykv_context *ctx, int layer, int T) {
     }
 }
 
-pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, int want_logits) {
+pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, int n_probe, int want_logits) {
     const pykv_model *m = ctx->model;
     const struct hparams *hp = &m->hp;
     struct scratch *b = &ctx->buf;
@@ -82,7 +107,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         }
         append_kv(ctx, layer, T);
         struct attention_job job = { ctx, layer, T };
-        threadpool_run(ctx->pool, attention_task, &job);
+        threadpool_run(ctx->pool, b->attn_colsum ? attention_colsum_task : attention_task, &job);
         matmul(ctx->pool, b->xb, &w->wo, b->att, T, b->matmul);
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
 
@@ -97,11 +122,17 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         if (ctx->policy->ops->after_layer) {
             struct policy_event ev = ctx->event;
             ev.layer = layer;
-            ev.n_past = ctx->n_past + T;
+            ev.n_past = ctx->n_past + T - n_probe;
+            ev.n_probe = n_probe;
+            ev.rope_inv_freq = b->rope_inv_freq;
             ev.q = b->q;
             ev.T = T;
+            ev.attn_colsum = b->attn_colsum;
+            ev.attn_colsum_stride = ctx->n_ctx;
             PYKV_TRY(ctx->policy->ops->after_layer(ctx->policy, &ev));
         }
+        for (int g = 0; n_probe && g < hp->n_head_kv; g++)
+            kv_list_truncate(&ctx->cache, kv_cache_list(&ctx->cache, layer, g), kv_cache_list(&ctx->cache, layer, g)->n - n_probe);
     }
 
     if (want_logits) {

@@ -8,9 +8,21 @@
 #include <string.h>
 
 extern const struct policy_ops policy_full;
+extern const struct policy_ops policy_streamingllm;
+extern const struct policy_ops policy_h2o;
+extern const struct policy_ops policy_snapkv;
+extern const struct policy_ops policy_pyramidkv;
+extern const struct policy_ops policy_adakv;
+extern const struct policy_ops policy_cake;
 
 static const struct policy_ops *const registry[] = {
     &policy_full,
+    &policy_streamingllm,
+    &policy_h2o,
+    &policy_snapkv,
+    &policy_pyramidkv,
+    &policy_adakv,
+    &policy_cake,
 };
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))

@@ -35,6 +35,18 @@ struct policy_event {
     // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
     const float          *q;
     int32_t               T;
+    // after_layer, for policies with wants_attention_sums: the attention each entry of the
+    // layer's lists received from this chunk's queries, per query head: row h (stride
+    // attn_colsum_stride) holds one value per entry of KV head h / (n_head / n_head_kv).
+    const float          *attn_colsum;
+    int32_t               attn_colsum_stride;
+    // Probe tokens (policies with probe_len, e.g. TAKE): the last n_probe of the chunk's T
+    // tokens are the task probe, at the positions right after the chunk. Their queries are
+    // the last n_probe rows of q; their K/V are the last n_probe entries of every list of the
+    // layer: a policy must leave them there, and the forward pass drops them after
+    // after_layer. n_past counts the chunk's real tokens only.
+    int32_t               n_probe;
+    const float          *rope_inv_freq;   // (n_rot / 2): undo or redo RoPE on queries
 };
 
 struct kv_policy;
@@ -51,6 +63,14 @@ struct policy_ops {
     // Tokens the last prefill chunk must hold (the observation window), or NULL for none:
     // the context shortens the chunk before it so the window's queries arrive together.
     int32_t     (*last_chunk_min)(const struct kv_policy *p);
+    // Probe tokens to append to every chunk but the last of a prefill of n_tokens (0: none).
+    // They are the context's probe (pykv_set_probe) or else the call's last tokens.
+    int32_t     (*probe_len)(const struct kv_policy *p, int32_t n_tokens);
+    // The cache was cleared (pykv_reset): forget per-entry state. NULL if there is none.
+    void        (*reset)(struct kv_policy *p);
+    // Nonzero: the forward pass sums each entry's attention for after_layer (costs a pass
+    // over the weights it already computes, and splits attention by head).
+    int           wants_attention_sums;
 };
 
 // The budget in entries per (layer, KV head) for a prompt of n_prompt tokens: cfg->budget,
