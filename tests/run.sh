@@ -25,6 +25,15 @@ cmake --build "$ASAN_BUILD" -j "$JOBS"
 (cd "$ASAN_BUILD" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --output-on-failure -j "$JOBS")
 
+echo "==> the native code behind the Python API (forward pass, policies) under ASan + UBSan"
+# The sanitized libpykv is loaded into Python with the sanitizer runtimes preloaded; the
+# tiny-model suites exercise the loader, forward pass, KV cache and every policy.
+SAN_PRELOAD="$(${CC:-cc} -print-file-name=libasan.so):$(${CC:-cc} -print-file-name=libubsan.so)"
+LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    PYKV_LIBRARY="$PWD/$ASAN_BUILD/libpykv.so" \
+    "$PYTHON" -m pytest -q -p no:cacheprovider tests/python/test_bad_input.py tests/python/test_forward_tiny.py \
+    tests/python/test_dequant.py tests/python/test_sampler.py $(ls tests/python/test_polic*.py)
+
 echo "==> fetching the SmolLM2 model (once; cached afterwards)"
 "$PYTHON" -m pykv pull smollm2
 

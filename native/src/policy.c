@@ -14,6 +14,7 @@ extern const struct policy_ops policy_snapkv;
 extern const struct policy_ops policy_pyramidkv;
 extern const struct policy_ops policy_adakv;
 extern const struct policy_ops policy_cake;
+extern const struct policy_ops policy_lava;
 
 static const struct policy_ops *const registry[] = {
     &policy_full,
@@ -23,6 +24,7 @@ static const struct policy_ops *const registry[] = {
     &policy_pyramidkv,
     &policy_adakv,
     &policy_cake,
+    &policy_lava,
 };
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))
@@ -56,7 +58,9 @@ const char *pykv_policy_description(int32_t i) {
 }
 
 int32_t policy_budget(const struct policy_config *cfg, int32_t n_prompt) {
-    int64_t b = cfg->budget > 0 ? cfg->budget : (int64_t)ceil((double)cfg->budget_frac * n_prompt);
+    // The fraction arrives as a float (0.1f is 0.100000001): a tiny allowance keeps
+    // 10% of 200 at 20 rather than 21.
+    int64_t b = cfg->budget > 0 ? cfg->budget : (int64_t)ceil((double)cfg->budget_frac * n_prompt - 1e-4);
     if (b < 1) b = 1;
     return b > INT32_MAX ? INT32_MAX : (int32_t)b;
 }

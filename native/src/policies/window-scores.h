@@ -39,8 +39,8 @@ struct ws_stats {
     int32_t  n_head_kv, group;
     int32_t *n_cand;
     int64_t *offset;
-    int64_t  total;    // sum of n_cand (the pooled per-KV-head layout: offset_kv)
-    int64_t *offset_kv; // start of KV head g in a (sum n_cand) per-KV-head array
+    int64_t  total;      // sum of n_cand
+    int64_t *offset_kv;  // start of KV head g in a per-KV-head array of `total` scores
     float   *mean;
     float   *var;      // NULL unless asked for (unbiased, 0 when rows == 1)
 };
