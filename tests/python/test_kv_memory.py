@@ -1,0 +1,52 @@
+"""Eviction really frees memory: after an 8K-token prompt with budget 256, the KV bytes
+pykv reports (its real allocation) are within a few percent of the budget's size,
+256 x layers x KV heads x head_dim x 2 (K and V) x 4 bytes (float32 cache), for every
+policy in the registry. The only overhead allowed is the 4-byte original position kept per
+entry (4 / (2 * head_dim * 4) = 1.6% at head_dim 32), checked exactly.
+
+A tiny random-weight model keeps the 8K prefill to seconds; the bookkeeping is the same as
+for a real model (the SmolLM2 totals are checked in test_policies.py)."""
+import numpy as np
+import pytest
+
+from pykv import Llama, list_policies
+
+N_PROMPT, BUDGET = 8192, 256
+VARIANT = "mistral_f16_h4kv1"   # 3 layers, 1 KV head, head_dim 32
+
+
+@pytest.fixture(scope="module")
+def long_model(tiny_model):
+    return str(tiny_model(VARIANT))
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return [int(t) for t in np.random.default_rng(5).integers(3, 250, size=N_PROMPT)]
+
+
+@pytest.mark.parametrize("policy", [p for p in list_policies() if p != "full"])
+def test_budget_256_after_8k_prompt(long_model, prompt, policy):
+    with Llama(long_model, n_ctx=N_PROMPT + 64, n_batch=512, policy=policy, budget=BUDGET) as llm:
+        info = llm.model_info
+        llm.eval(prompt)
+        stats = llm.kv_stats()
+    lists = info["n_layer"] * info["n_head_kv"]
+    budget_bytes = BUDGET * lists * info["head_dim"] * 2 * 4
+    assert stats["entries"] <= BUDGET * lists
+    assert stats["entries"] >= 0.9 * BUDGET * lists, "a policy should use most of its budget"
+    assert stats["bytes"] == stats["entries"] * (2 * info["head_dim"] * 4 + 4)   # the real allocation
+    assert stats["bytes"] <= 1.02 * budget_bytes
+    assert stats["evicted"] == N_PROMPT * lists - stats["entries"]
+
+
+def test_full_cache_holds_every_entry(long_model, prompt):
+    with Llama(long_model, n_ctx=N_PROMPT + 64, n_batch=512, policy="full") as llm:
+        info = llm.model_info
+        llm.eval(prompt)
+        stats = llm.kv_stats()
+    per_entry = 2 * info["head_dim"] * 4 + 4
+    lists = info["n_layer"] * info["n_head_kv"]
+    assert stats["entries"] == N_PROMPT * lists and stats["evicted"] == 0
+    # lists grow by an eighth at a time: the slack stays below 1/8 of the entries
+    assert N_PROMPT * lists * per_entry <= stats["bytes"] <= 1.125 * N_PROMPT * lists * per_entry
