@@ -107,6 +107,8 @@ class Llama:
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
             raise errors.InvalidArgumentError(f"n_threads must be a positive integer, got {n_threads!r}")
         budget_n, budget_frac = _parse_budget(budget)
+        policy_kwargs = dict(policy_kwargs or {})
+        probe = policy_kwargs.pop("probe", None)   # TAKE's task probe: set_probe, not a k=v arg
         self._policy_args_c = ffi.new("char[]", ",".join(f"{k}={v}" for k, v in (policy_kwargs or {}).items()).encode())
         self._policy_c = ffi.new("char[]", (policy or "full").encode())
         cparams = new_params("struct pykv_context_params", lib.pykv_context_default_params)
@@ -125,6 +127,12 @@ class Llama:
             self.close()
             check(status)
         self._ctx = cout[0]
+        if probe is not None:
+            try:
+                self.set_probe(probe)
+            except Exception:
+                self.close()
+                raise
 
     # ---- lifetime ----
 
@@ -265,6 +273,20 @@ class Llama:
         status = lib.pykv_decode(ctx, arr, len(tokens))
         self.input_ids.extend(tokens[:lib.pykv_n_past(ctx) - before])
         check(status)
+
+    def set_probe(self, probe) -> None:
+        """The task probe of chunked-prefill policies (TAKE) for the following eval() calls:
+        text (tokenized without BOS, special tokens parsed) or token ids; None or empty
+        goes back to the default (the last tokens of each prefill)."""
+        if probe is None:
+            tokens = []
+        elif isinstance(probe, (str, bytes)):
+            tokens = self.tokenize(probe, add_bos=False, special=True)
+        else:
+            tokens = [int(t) for t in probe]
+        arr = ffi.new("pykv_token[]", max(len(tokens), 1))
+        arr[0:len(tokens)] = tokens
+        check(lib.pykv_set_probe(self._need_ctx(), arr, len(tokens)))
 
     def logits(self) -> np.ndarray:
         """Logits of the last evaluated token, float32 (n_vocab,), a copy."""

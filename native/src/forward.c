@@ -4,6 +4,7 @@
 // { RMSNorm -> Q,K,V -> RoPE -> append K/V to each KV head's list -> attention over each
 // head's list -> output projection -> residual -> RMSNorm -> SwiGLU FFN -> residual },
 // final norm, classifier. Only the matrix multiplies and attention run on the pool.
+#include "attention.h"
 #include "context.h"
 #include "error.h"
 #include "ops.h"
@@ -23,16 +24,10 @@ struct attention_job {
 // left in scores; their count is returned.
 static int attend(pykv_context *ctx, int layer, int T, int h, int t, float *scores) {
     const struct hparams *hp = &ctx->model->hp;
-    const int hd = hp->head_dim;
     const struct kv_list *l = kv_cache_list(&ctx->cache, layer, h / (hp->n_head / hp->n_head_kv));
-    const float *q = ctx->buf.q + ((size_t)t * hp->n_head + h) * hd;
-    float *out = ctx->buf.att + ((size_t)t * hp->n_head + h) * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const size_t row = ((size_t)t * hp->n_head + h) * hp->head_dim;
     int n = l->n - (T - 1 - t);   // this token and everything before it
-    for (int j = 0; j < n; j++) scores[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
-    softmax(scores, n);
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int j = 0; j < n; j++) axpy_f32(out, scores[j], l->v + (size_t)j * hd, hd);
+    attention_head(ctx->buf.q + row, l, n, hp->head_dim, scores, ctx->buf.att + row);
     return n;
 }
 

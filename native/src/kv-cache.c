@@ -7,30 +7,58 @@
 
 #define KV_MIN_CAP 16
 
-static int64_t list_bytes(const struct kv_cache *c, int32_t cap) {
-    return (int64_t)cap * ((int64_t)2 * c->head_dim * (int64_t)sizeof(float) + (int64_t)sizeof(int32_t));
+// Bytes per allocated entry: key, value, position, and the merge bookkeeping if enabled.
+static int64_t entry_bytes(const struct kv_cache *c, const struct kv_list *l) {
+    int64_t b = (int64_t)2 * c->head_dim * (int64_t)sizeof(float) + (int64_t)sizeof(int32_t);
+    if (l->n_members) b += (int64_t)sizeof(int32_t) + (int64_t)sizeof(float *);
+    return b;
+}
+
+static void account(struct kv_cache *c, int64_t delta) {
+    c->bytes += delta;
+    if (c->bytes > c->peak_bytes) c->peak_bytes = c->bytes;
+}
+
+static void free_members(struct kv_cache *c, struct kv_list *l, int32_t j) {
+    if (!l->n_members || !l->member_norm[j]) return;
+    account(c, -(int64_t)l->n_members[j] * (int64_t)sizeof(float));
+    free(l->member_norm[j]);
+    l->member_norm[j] = NULL;
+    l->n_members[j] = 1;
 }
 
 static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
     if (cap == l->cap) return PYKV_OK;
     if (cap == 0) {
-        free(l->k); free(l->v); free(l->pos);
+        for (int32_t j = 0; j < l->n; j++) free_members(c, l, j);
+        free(l->k); free(l->v); free(l->pos); free(l->n_members); free(l->member_norm);
         l->k = l->v = NULL;
         l->pos = NULL;
-    } else {
-        size_t row = (size_t)c->head_dim * sizeof(float);
-        float *k = realloc(l->k, (size_t)cap * row);
-        if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
-        l->k = k;
-        float *v = realloc(l->v, (size_t)cap * row);
-        if (!v) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
-        l->v = v;
-        int32_t *pos = realloc(l->pos, (size_t)cap * sizeof(int32_t));
-        if (!pos) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
-        l->pos = pos;
+        account(c, -(int64_t)l->cap * entry_bytes(c, l));
+        l->n_members = NULL;
+        l->member_norm = NULL;
+        l->cap = 0;
+        return PYKV_OK;
     }
-    c->bytes += list_bytes(c, cap) - list_bytes(c, l->cap);
-    if (c->bytes > c->peak_bytes) c->peak_bytes = c->bytes;
+    size_t row = (size_t)c->head_dim * sizeof(float);
+    float *k = realloc(l->k, (size_t)cap * row);
+    if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
+    l->k = k;
+    float *v = realloc(l->v, (size_t)cap * row);
+    if (!v) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
+    l->v = v;
+    int32_t *pos = realloc(l->pos, (size_t)cap * sizeof(int32_t));
+    if (!pos) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
+    l->pos = pos;
+    if (l->n_members) {
+        int32_t *nm = realloc(l->n_members, (size_t)cap * sizeof(int32_t));
+        if (!nm) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache");
+        l->n_members = nm;
+        float **mn = realloc(l->member_norm, (size_t)cap * sizeof(float *));
+        if (!mn) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache");
+        l->member_norm = mn;
+    }
+    account(c, (int64_t)(cap - l->cap) * entry_bytes(c, l));
     l->cap = cap;
     return PYKV_OK;
 }
@@ -83,7 +111,44 @@ void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const f
     memcpy(l->k + (size_t)l->n * row, k, row * sizeof(float));
     memcpy(l->v + (size_t)l->n * row, v, row * sizeof(float));
     l->pos[l->n] = pos;
+    if (l->n_members) {
+        l->n_members[l->n] = 1;
+        l->member_norm[l->n] = NULL;
+    }
     l->n++;
+}
+
+pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l) {
+    if (l->n_members) return PYKV_OK;
+    int32_t cap = l->cap ? l->cap : 1;
+    l->n_members = malloc((size_t)cap * sizeof(int32_t));
+    l->member_norm = calloc((size_t)cap, sizeof(float *));
+    if (!l->n_members || !l->member_norm) {
+        free(l->n_members); free(l->member_norm);
+        l->n_members = NULL;
+        l->member_norm = NULL;
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+    }
+    for (int32_t j = 0; j < cap; j++) l->n_members[j] = 1;
+    account(c, (int64_t)l->cap * (int64_t)(sizeof(int32_t) + sizeof(float *)));
+    return PYKV_OK;
+}
+
+pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j, const float *norms, int32_t n) {
+    if (!l->n_members || j < 0 || j >= l->n || n < 1)
+        return pykv_error(PYKV_ERR_INTERNAL, "kv_list_set_members: bad entry %d or count %d", j, n);
+    int32_t before = l->n_members[j];
+    free_members(c, l, j);
+    if (n > 1) {
+        float *copy = malloc((size_t)n * sizeof(float));
+        if (!copy) return pykv_error(PYKV_ERR_NOMEM, "out of memory merging KV entries");
+        memcpy(copy, norms, (size_t)n * sizeof(float));
+        l->member_norm[j] = copy;
+        l->n_members[j] = n;
+        account(c, (int64_t)n * (int64_t)sizeof(float));
+    }
+    if (n > before) c->merged += n - before;
+    return PYKV_OK;
 }
 
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
@@ -93,10 +158,20 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
         if (i < j || i >= l->n || (j > 0 && i <= keep[j - 1]))
             return pykv_error(PYKV_ERR_INTERNAL, "kv_list_retain: keep indices must be ascending and in range");
         if (i == j) continue;
+        if (l->n_members) {
+            // entries j..i-1 not kept so far are dropped: free their members first
+            for (int32_t d = (j > 0 ? keep[j - 1] + 1 : 0); d < i; d++) free_members(c, l, d);
+            l->n_members[j] = l->n_members[i];
+            l->member_norm[j] = l->member_norm[i];
+            l->n_members[i] = 1;
+            l->member_norm[i] = NULL;
+        }
         memcpy(l->k + (size_t)j * row, l->k + (size_t)i * row, row * sizeof(float));
         memcpy(l->v + (size_t)j * row, l->v + (size_t)i * row, row * sizeof(float));
         l->pos[j] = l->pos[i];
     }
+    if (l->n_members)
+        for (int32_t d = n_keep ? keep[n_keep - 1] + 1 : 0; d < l->n; d++) free_members(c, l, d);
     c->evicted += l->n - n_keep;
     l->n = n_keep;
     // Give the memory of the dropped entries back now: the bytes reported are the bytes held.
@@ -105,6 +180,7 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
 }
 
 void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n) {
+    for (int32_t j = n; j < l->n; j++) free_members(c, l, j);
     if (n < l->n) l->n = n;
 }
 

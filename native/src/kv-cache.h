@@ -14,6 +14,12 @@ struct kv_list {
     float   *k;     // (cap, head_dim)
     float   *v;     // (cap, head_dim)
     int32_t *pos;   // (cap) original sequence positions
+    // Merged entries (EMS): NULL until a merging policy calls kv_list_enable_members. Entry
+    // j then stands for n_members[j] tokens; when that is more than one, its key is a unit
+    // direction and member_norm[j] holds each member's key norm: attention expands the entry
+    // into one logit per member, norm * (q . key) / sqrt(d), all sharing its value.
+    int32_t *n_members;     // (cap)
+    float  **member_norm;   // (cap) NULL for single-token entries
 };
 
 struct kv_cache {
@@ -45,6 +51,13 @@ void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const f
 // Keep only the entries whose indices are listed in keep (ascending, n_keep of them), and
 // give back the memory no longer needed. Counts the dropped entries as evicted.
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep);
+
+// Turn on merged-entry bookkeeping for a list (every existing entry is a single token).
+pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l);
+
+// Make entry j stand for n tokens with these key norms (copied); n == 1 makes it a plain
+// entry again (its key must then be the token's own key). Counts new members as merged.
+pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j, const float *norms, int32_t n);
 
 // Drop entries past n (rolls back a cancelled chunk); not counted as evicted.
 void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n);

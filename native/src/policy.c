@@ -15,6 +15,7 @@ extern const struct policy_ops policy_pyramidkv;
 extern const struct policy_ops policy_adakv;
 extern const struct policy_ops policy_cake;
 extern const struct policy_ops policy_lava;
+extern const struct policy_ops policy_take;
 
 static const struct policy_ops *const registry[] = {
     &policy_full,
@@ -25,6 +26,7 @@ static const struct policy_ops *const registry[] = {
     &policy_adakv,
     &policy_cake,
     &policy_lava,
+    &policy_take,
 };
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))

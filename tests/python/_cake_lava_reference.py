@@ -31,6 +31,8 @@ def load(path):
     arch = _field(r, "general.architecture")
     t = {}
     for ten in r.tensors:
+        if ten.name == "output.weight":
+            continue                                  # logits are not needed
         arr = dequantize(np.asarray(ten.data), ten.tensor_type)
         shape = tuple(int(n) for n in reversed(ten.shape.tolist()))
         t[ten.name] = np.asarray(arr, dtype=np.float64).reshape(shape)
@@ -155,19 +157,28 @@ def water_fill(weights, caps, total):
         return x
 
 
+def largest_remainder(x, b, left, room):
+    """Give ``left`` units one each to the largest fractional parts of x among entries still
+    at floor(x) with room (fractions within 1e-9 tie -> lower index), like the C code."""
+    while left > 0:
+        best, best_f = -1, -1.0
+        for i in range(len(x)):
+            f = x[i] - math.floor(x[i])
+            if b[i] == math.floor(x[i]) and room(i) and f > best_f + 1e-9:
+                best, best_f = i, f
+        if best < 0:
+            break
+        b[best] += 1
+        left -= 1
+    return b
+
+
 def final_ints(x, caps, total):
-    """floor + largest remainder (ties -> lower index): integers summing to min(total, sum caps)."""
+    """floor + largest remainder: integers summing to min(total, sum caps)."""
     caps = np.asarray(caps, dtype=np.int64)
     b = np.minimum(np.floor(x).astype(np.int64), caps)
     left = min(int(total), int(caps.sum())) - int(b.sum())
-    frac = x - np.floor(x)
-    for l in sorted(range(len(x)), key=lambda i: (-frac[i], i)):
-        if left <= 0:
-            break
-        if b[l] < caps[l]:
-            b[l] += 1
-            left -= 1
-    return b
+    return largest_remainder(x, b, left, lambda i: b[i] < caps[i])
 
 
 # ---- CAKE ---------------------------------------------------------------------------
@@ -224,15 +235,10 @@ def lava_layer(q, k, v, W, kernel=7):
 
 def lava_head_budgets(labels_prefix, Hkv, K, n_orig, alpha):
     c = np.bincount(labels_prefix, minlength=Hkv)
-    x = (1 - alpha) * c + alpha * K / Hkv
+    share = alpha * K / Hkv
+    x = (1 - alpha) * c + share
     b = np.floor(x).astype(np.int64)
-    left = K - int(b.sum())
-    frac = x - np.floor(x)
-    for h in sorted(range(Hkv), key=lambda i: (-frac[i], i)):
-        if left <= 0:
-            break
-        b[h] += 1
-        left -= 1
+    b = largest_remainder(x, b, K - int(b.sum()), lambda i: True)
     excess = 0
     for h in range(Hkv):
         if b[h] > n_orig:
@@ -274,3 +280,18 @@ def lava_select(qkv, B, W=32, alpha=0.2, cascade=True, kernel=7):
     keep = [[np.concatenate([top_indices(scores[l][h], kept[l][h]), np.arange(n, N)]) for h in range(Hkv)]
             for l in range(L)]
     return dict(layer_K=K, kept=kept, entropy=np.array(es), scores=scores, keep=keep, n_cand=n)
+
+
+def cake_decode_scores(q, keys, W, kernel=5):
+    """CAKE decode rule (ALGORITHMS.md 2.6 (v), position order): q (Hq, D) of the new token,
+    keys[h] (n_h, D) = KV head h's list (new token last). Returns per KV head the scores of
+    its first n_h - W entries: attention row of each query head -> avg pool -> GQA mean."""
+    Hq, D = q.shape
+    Hkv = len(keys)
+    rep = Hq // Hkv
+    out = []
+    for h in range(Hkv):
+        n = keys[h].shape[0] - W
+        rows = [pool1d(_softmax(keys[h] @ q[hq] / np.sqrt(D))[:n], kernel, "avg") for hq in range(h * rep, (h + 1) * rep)]
+        out.append(np.mean(rows, axis=0))
+    return out

@@ -29,6 +29,10 @@ def protected(policy: str, n: int, budget: int) -> set:
     """Positions a policy must keep after a one-shot prompt of n tokens (defaults)."""
     if policy == "streamingllm":
         return set(range(SINK)) | set(range(n - (budget - SINK), n))
+    if policy == "h2o":
+        return set(range(n - budget // 2, n))   # the recent half of the budget
+    if policy == "take":
+        return set()                            # TAKE protects no window (ALGORITHMS.md 2.9)
     return set(range(n - W, n))   # window policies (default W = 32)
 
 

@@ -64,7 +64,7 @@ pykv_status cake_share(int n, const double *logw, const int64_t *cap, int64_t to
             double best_f = -1.0;
             for (int l = 0; l < n; l++) {
                 const double f = x[l] - floor(x[l]);
-                if (out[l] == (int64_t)floor(x[l]) && out[l] < cap[l] && f > best_f) { best = l; best_f = f; }
+                if (out[l] == (int64_t)floor(x[l]) && out[l] < cap[l] && f > best_f + 1e-9) { best = l; best_f = f; }
             }
             if (best < 0) {   // rounding left units nobody can take by fraction: lowest layer with room
                 for (int l = 0; l < n && best < 0; l++) if (out[l] < cap[l]) best = l;

@@ -9,7 +9,7 @@
 // Weights are given as logarithms (-inf = weight 0); if every weight is 0 the split is
 // equal. Integer budgets:
 //   CAKE_SHARE_FINAL: floor(x_l), then the leftover units one each to the largest
-//                     fractional parts (ties -> lower layer): the sum is exact;
+//                     fractional parts (within 1e-9 = tie -> lower layer): the sum is exact;
 //   CAKE_SHARE_BOUND: min(cap_l, floor(x_l (1 + 1e-9)) + 1), an upper bound of the FINAL
 //                     budget of the same layer computed later with more layers.
 #pragma once

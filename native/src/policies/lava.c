@@ -10,7 +10,8 @@
 //   cascade=1: K_l = share of T = (B - W) L Hkv entries by e over layers 0..m, for every
 //   l <= m (cascade=0: once, at m = L - 1); c_h = entries of head h in the first K_l of
 //   layer l's ranking; b_h = (1 - alpha) c_h + alpha K_l / Hkv, floored, leftover units to
-//   the largest fractions (ties -> lower head), so sum b_h = K_l; capped at the head's
+//   the largest fractions (fractions within 1e-9 are ties -> lower head: equal counts
+//   give mathematically equal fractions), so sum b_h = K_l; capped at the head's
 //   candidates with the excess to heads with room (lowest head first); each head keeps
 //   its top min(b_h, current) entries by its stored s, plus the window.
 // Choices ([decide] / [ours]):
@@ -184,8 +185,8 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
     const double norm = st.total >= 2 ? log((double)st.total) : 1.0;
     *log_e = ent > 0.0 ? log(ent / norm) : -INFINITY;
     qsort(r, (size_t)st.total, sizeof(*r), by_score_desc);
-    for (int64_t i = 0, h = 0; i < st.total; i++) {   // flat index -> head
-        h = 0;
+    for (int64_t i = 0; i < st.total; i++) {   // flat index -> head
+        int h = 0;
         while (h + 1 < hkv && r[i].i >= st.offset_kv[h + 1]) h++;
         ll->rank[i] = (uint16_t)h;
     }
@@ -203,18 +204,18 @@ nomem:
 static void head_budgets(const struct lava_layer *ll, int hkv, int64_t K, double alpha, int64_t *c, int64_t *b) {
     memset(c, 0, (size_t)hkv * sizeof(int64_t));
     for (int64_t i = 0; i < K; i++) c[ll->rank[i]]++;
-    const double share = (double)K / hkv;
+    const double share = alpha * (double)K / hkv;
     int64_t left = K;
     for (int h = 0; h < hkv; h++) {
-        b[h] = (int64_t)floor((1.0 - alpha) * (double)c[h] + alpha * share);
+        b[h] = (int64_t)floor((1.0 - alpha) * (double)c[h] + share);
         left -= b[h];
     }
     while (left > 0) {
         int best = -1;
         double best_f = -1.0;
         for (int h = 0; h < hkv; h++) {
-            const double x = (1.0 - alpha) * (double)c[h] + alpha * share, f = x - floor(x);
-            if (b[h] == (int64_t)floor(x) && f > best_f) { best = h; best_f = f; }
+            const double x = (1.0 - alpha) * (double)c[h] + share, f = x - floor(x);
+            if (b[h] == (int64_t)floor(x) && f > best_f + 1e-9) { best = h; best_f = f; }
         }
         if (best < 0) break;
         b[best]++;

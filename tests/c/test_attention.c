@@ -1,0 +1,78 @@
+// test_attention.c - attention over merged entries (EMS) equals attention over the same
+// tokens written out one by one: member i of a merged entry has key norm_i * unit_key and
+// the entry's value. Also: compaction moves member lists with their entries and the byte
+// count follows every allocation.
+#include "attention.h"
+#include "check.h"
+#include "kv-cache.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define D 16
+
+static float frand(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
+
+static void unit(float *x) {
+    double s = 0;
+    for (int i = 0; i < D; i++) s += (double)x[i] * x[i];
+    for (int i = 0; i < D; i++) x[i] /= (float)sqrt(s);
+}
+
+int main(void) {
+    srand(7);
+    struct kv_cache merged, expanded;
+    CHECK(kv_cache_init(&merged, 1, 1, D, 64) == PYKV_OK);
+    CHECK(kv_cache_init(&expanded, 1, 1, D, 64) == PYKV_OK);
+    struct kv_list *lm = kv_cache_list(&merged, 0, 0), *le = kv_cache_list(&expanded, 0, 0);
+    CHECK(kv_list_reserve(&merged, lm, 6) == PYKV_OK && kv_list_reserve(&expanded, le, 20) == PYKV_OK);
+    CHECK(kv_list_enable_members(&merged, lm) == PYKV_OK);
+
+    // six entries; entries 1 and 4 stand for 3 and 5 tokens
+    const int members[6] = { 1, 3, 1, 1, 5, 1 };
+    int pos = 0;
+    for (int j = 0; j < 6; j++) {
+        float k[D], v[D], norms[5];
+        for (int i = 0; i < D; i++) { k[i] = frand(); v[i] = frand(); }
+        if (members[j] > 1) unit(k);
+        kv_list_push(&merged, lm, k, v, j);
+        for (int m = 0; m < members[j]; m++) {
+            float km[D];
+            norms[m] = members[j] > 1 ? 0.5f + 2.0f * (float)rand() / (float)RAND_MAX : 1.0f;
+            for (int i = 0; i < D; i++) km[i] = norms[m] * k[i];
+            kv_list_push(&expanded, le, km, v, pos++);
+        }
+        if (members[j] > 1) CHECK(kv_list_set_members(&merged, lm, j, norms, members[j]) == PYKV_OK);
+    }
+    CHECK(le->n == 12 && lm->n == 6 && merged.merged == 6);
+
+    float q[D], wm[6], we[12], om[D], oe[D];
+    for (int trial = 0; trial < 20; trial++) {
+        for (int i = 0; i < D; i++) q[i] = 3.0f * frand();
+        attention_head(q, lm, lm->n, D, wm, om);
+        attention_head(q, le, le->n, D, we, oe);
+        for (int i = 0; i < D; i++) CHECK_NEAR(om[i], oe[i], 1e-5);
+        // entry weights are the sums of their members' weights
+        int e = 0;
+        for (int j = 0; j < 6; j++) {
+            double s = 0;
+            for (int m = 0; m < members[j]; m++) s += we[e++];
+            CHECK_NEAR(wm[j], s, 1e-6);
+        }
+    }
+
+    // compaction keeps member lists with their entries and frees the others' bytes
+    const int64_t base = 2 * D * 4 + 4 + 4 + (int64_t)sizeof(float *);
+    CHECK(merged.bytes == (int64_t)lm->cap * base + (3 + 5) * 4);
+    int32_t keep[3] = { 0, 4, 5 };
+    CHECK(kv_list_retain(&merged, lm, keep, 3) == PYKV_OK);
+    CHECK(lm->n == 3 && lm->n_members[0] == 1 && lm->n_members[1] == 5 && lm->n_members[2] == 1);
+    CHECK(lm->member_norm[1] != NULL && lm->member_norm[0] == NULL && lm->pos[1] == 4);
+    CHECK(merged.bytes == (int64_t)lm->cap * base + 5 * 4);
+    kv_list_truncate(&merged, lm, 1);
+    CHECK(merged.bytes == (int64_t)lm->cap * base);
+
+    kv_cache_free(&merged);
+    kv_cache_free(&expanded);
+    return check_report("test_attention");
+}
