@@ -213,6 +213,8 @@ static pykv_status choose_probe(pykv_context *ctx, const pykv_token *tokens, int
     if (n_tokens <= ctx->n_ubatch || !ops->probe_len) return PYKV_OK;   // one chunk: its tail is the probe
     int32_t n = ctx->probe ? ctx->n_probe_set : ops->probe_len(ctx->policy, n_tokens);
     if (n <= 0) return PYKV_OK;
+    // A default probe (the call's tail) shrinks to fit small chunks; an explicit one must fit.
+    if (!ctx->probe && n > ctx->n_ubatch / 4) n = ctx->n_ubatch / 4 > 0 ? ctx->n_ubatch / 4 : 1;
     if (n >= ctx->n_ubatch / 2)
         return pykv_error(PYKV_ERR_INVALID_ARG, "the probe (%d tokens) must be shorter than half the prefill chunk "
                           "(n_ubatch=%d)", n, ctx->n_ubatch);

@@ -342,8 +342,12 @@ def test_bad_runtime_values(tiny_model):
     with Llama(path, n_ctx=512, n_batch=48, policy="take", budget=16, policy_kwargs={"warmup_layers": 5, "probe_len": 8}) as llm:
         with pytest.raises(InvalidArgumentError, match="warmup_layers"):
             llm.eval(PROMPT)
-    with Llama(path, n_ctx=512, n_batch=32, policy="take", budget=16) as llm:   # probe 32 >= 32 / 2
+    with Llama(path, n_ctx=512, n_batch=32, policy="take", budget=16) as llm:
+        llm.set_probe(list(range(3, 19)))   # an explicit probe of 16 >= 32 / 2 does not fit
         with pytest.raises(InvalidArgumentError, match="probe"):
             llm.eval(PROMPT)
         with pytest.raises(InvalidArgumentError):
             llm.set_probe([10 ** 6])
+        llm.set_probe(None)   # the default probe (probe_len 32) shrinks to fit the chunk
+        llm.eval(PROMPT)
+        assert llm.kv_stats()["entries"] <= 16 * 4 * 2
