@@ -15,6 +15,7 @@ extern const struct policy_ops policy_pyramidkv;
 extern const struct policy_ops policy_adakv;
 extern const struct policy_ops policy_cake;
 extern const struct policy_ops policy_lava;
+extern const struct policy_ops policy_ems;
 extern const struct policy_ops policy_take;
 
 static const struct policy_ops *const registry[] = {
@@ -26,6 +27,7 @@ static const struct policy_ops *const registry[] = {
     &policy_adakv,
     &policy_cake,
     &policy_lava,
+    &policy_ems,
     &policy_take,
 };
 

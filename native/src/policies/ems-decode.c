@@ -1,0 +1,62 @@
+// ems-decode.c - EMS at every decode step, one (layer, KV head) list (ALGORITHMS.md 2.8, P4).
+//
+// The list holds the window (last P = min(L_win, n) entries) and the class centres (the
+// rest). The new token has just been appended, so the oldest window token has become a
+// centre. While the list is longer than B: the weakest centre by the mean-aligned s_GL
+// (s_Loc = s_Loc_past + s_Loc_cur; [decide] no pooling at decode: the centres are not
+// adjacent tokens any more; ties -> lower index) is demoted to a TBM token and merged into
+// its most similar other centre (R on the stored keys, ties -> lower index) when R >= tau
+// (tau = 1: evict only), else evicted. [decide] Member cap: the list's total member count
+// is kept <= gamma * B by evicting instead of merging when the list is over the cap (a merge
+// keeps the count, the new token adds one, an eviction removes the entry's members), rather
+// than dropping single member mappings from a look-up table.
+#include "ems.h"
+#include "../error.h"
+#include "../model.h"
+
+#include <stdlib.h>
+
+pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
+                            struct ems_list *s) {
+    struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
+    const int32_t d = ev->hp->head_dim;
+    const int64_t cap = (int64_t)o->gamma * B;
+    pykv_status st = PYKV_OK;
+    while (st == PYKV_OK && l->n > B) {
+        const int32_t n = l->n, P = o->window < n ? o->window : n, nc = n - P;
+        if (nc < 1) break;
+        float *loc = malloc((size_t)n * 2 * sizeof(float));
+        int32_t *keep = malloc((size_t)n * sizeof(int32_t));
+        if (!loc || !keep) {
+            free(loc); free(keep);
+            return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory in the decode eviction");
+        }
+        float *gl = loc + n;
+        int64_t members = 0;
+        for (int32_t j = 0; j < n; j++) {
+            loc[j] = s->lp[j] + s->lc[j];
+            members += ems_members(l, j);
+        }
+        ems_global_local(s->glo, loc, n, nc, gl);
+        int32_t weak = 0;
+        for (int32_t j = 1; j < nc; j++) if (gl[j] < gl[weak]) weak = j;
+        int32_t best = -1;
+        float r_best = 0.0f;
+        if (o->tau < 1.0 && members <= cap)
+            for (int32_t c = 0; c < nc; c++) {
+                if (c == weak) continue;
+                const float r = ems_redundancy(l, d, weak, c);
+                if (best < 0 || r > r_best) { best = c; r_best = r; }
+            }
+        if (best >= 0 && (double)r_best >= o->tau) st = ems_merge_into(ev->cache, l, s, d, best, &weak, 1, loc);
+        int32_t nk = 0;
+        for (int32_t j = 0; j < n; j++) if (j != weak) keep[nk++] = j;
+        if (st == PYKV_OK) {
+            ems_list_compact(s, keep, nk);
+            st = kv_list_retain(ev->cache, l, keep, nk);
+        }
+        free(loc);
+        free(keep);
+    }
+    return st;
+}

@@ -1,0 +1,106 @@
+// ems-merge.c - EMS redundancy and merge rule (ALGORITHMS.md 2.8 eq. 4 and eq. 7).
+//
+// R(i, c) = cos(k_i, k_c) * cos(v_i, v_c) on the keys as stored (post-RoPE; for a merged
+// entry its unit direction k̂_e). [ours] A pair whose key cosine or value cosine is negative
+// is never similar: its R is -|product| (the plain product of two negative cosines would
+// pass tau and merge opposite directions).
+// Merge (one-shot weighted average over all members, members include the centre):
+//   k̂_e = normalize(sum_i w_i k̂_i), v_e = sum_i w_i v_i / sum_i w_i, member norms ||k_i||.
+// A single token's weight is w_single[j] (its s_Loc, floored at 1e-30 so that a zero local
+// score still counts); a merged entry contributes its stored sum: wsum * kmag * k̂_e for the
+// key, wsum * v_e for the value, so merging merged entries again equals the one-shot average
+// over all their tokens (with the weights they had when first merged). Sums in double.
+// Scores of the result: glo, lp, lc are the sums over the merged entries (the forward pass
+// reports a merged entry's attention as its members' total mass). A zero key sum keeps the
+// centre's own direction.
+#include "ems.h"
+#include "../error.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EMS_W_FLOOR 1e-30f
+
+float ems_cos(const float *a, const float *b, int32_t d) {
+    double ab = 0.0, aa = 0.0, bb = 0.0;
+    for (int32_t i = 0; i < d; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    if (aa <= 0.0 || bb <= 0.0) return 0.0f;
+    return (float)(ab / sqrt(aa * bb));
+}
+
+float ems_redundancy(const struct kv_list *l, int32_t d, int32_t i, int32_t c) {
+    const float ck = ems_cos(l->k + (size_t)i * d, l->k + (size_t)c * d, d);
+    const float cv = ems_cos(l->v + (size_t)i * d, l->v + (size_t)c * d, d);
+    const float r = ck * cv;
+    return (ck < 0.0f || cv < 0.0f) ? -fabsf(r) : r;
+}
+
+// Add entry e's weighted key direction and value to the sums; append its member norms.
+static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_t d, int32_t e,
+                       const float *w_single, double *ks, double *vs, double *W, float *norms, int32_t *nn) {
+    const float *k = l->k + (size_t)e * d, *v = l->v + (size_t)e * d;
+    const float *mn = l->n_members ? l->member_norm[e] : NULL;
+    if (mn) {
+        const double we = s->wsum[e], km = s->kmag[e];
+        for (int32_t i = 0; i < d; i++) { ks[i] += we * km * k[i]; vs[i] += we * v[i]; }
+        *W += we;
+        memcpy(norms + *nn, mn, (size_t)l->n_members[e] * sizeof(float));
+        *nn += l->n_members[e];
+        return;
+    }
+    double nrm = 0.0;
+    for (int32_t i = 0; i < d; i++) nrm += (double)k[i] * k[i];
+    nrm = sqrt(nrm);
+    const double w = w_single[e] > EMS_W_FLOOR ? w_single[e] : EMS_W_FLOOR;
+    if (nrm > 0.0) for (int32_t i = 0; i < d; i++) ks[i] += w * k[i] / nrm;
+    for (int32_t i = 0; i < d; i++) vs[i] += w * v[i];
+    *W += w;
+    norms[(*nn)++] = (float)nrm;
+}
+
+pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
+                           const int32_t *src, int32_t n_src, const float *w_single) {
+    int32_t total = ems_members(l, c);
+    for (int32_t t = 0; t < n_src; t++) total += ems_members(l, src[t]);
+    double *ks = calloc((size_t)2 * d, sizeof(double));
+    float *norms = malloc((size_t)total * sizeof(float));
+    if (!ks || !norms) {
+        free(ks); free(norms);
+        return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory merging KV entries");
+    }
+    double *vs = ks + d, W = 0.0;
+    int32_t nn = 0;
+    accumulate(l, s, d, c, w_single, ks, vs, &W, norms, &nn);
+    for (int32_t t = 0; t < n_src; t++) {
+        const int32_t e = src[t];
+        accumulate(l, s, d, e, w_single, ks, vs, &W, norms, &nn);
+        s->glo[c] += s->glo[e];
+        s->lp[c] += s->lp[e];
+        s->lc[c] += s->lc[e];
+    }
+    double kn = 0.0;
+    for (int32_t i = 0; i < d; i++) kn += ks[i] * ks[i];
+    kn = sqrt(kn);
+    float *k = l->k + (size_t)c * d, *v = l->v + (size_t)c * d;
+    if (kn > 0.0) {
+        for (int32_t i = 0; i < d; i++) k[i] = (float)(ks[i] / kn);
+    } else {   // degenerate: keep the centre's direction
+        double cn = 0.0;
+        for (int32_t i = 0; i < d; i++) cn += (double)k[i] * k[i];
+        cn = sqrt(cn);
+        if (cn > 0.0) for (int32_t i = 0; i < d; i++) k[i] = (float)(k[i] / cn);
+    }
+    for (int32_t i = 0; i < d; i++) v[i] = (float)(vs[i] / W);
+    s->wsum[c] = (float)W;
+    s->kmag[c] = (float)(kn / W);
+    pykv_status st = kv_list_enable_members(cache, l);
+    if (st == PYKV_OK) st = kv_list_set_members(cache, l, c, norms, total);
+    free(ks);
+    free(norms);
+    return st;
+}

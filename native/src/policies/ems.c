@@ -1,0 +1,215 @@
+// ems.c - EMS: evict-then-merge with a global-local score (ALGORITHMS.md 2.8; paper only).
+//
+// Choices (every [decide]/[ours] point of the spec, and what this runtime adds):
+//  * Granularity: per (layer, KV head) lists (DESIGN.md 2); query-head scores are reduced by
+//    the GQA mean (s_Glo and s_Loc alike).
+//  * s_Glo: the attention each entry received from every query so far (all prompt chunks and
+//    decode steps), from the forward pass's column sums (wants_attention_sums), exactly, no
+//    truncation; a merged entry's is its members' total mass.
+//  * s_Loc (prefill): sum over the last min(L_win, chunk) queries (the context makes the last
+//    chunk hold at least L_win tokens: last_chunk_min); scored over the whole list, merged
+//    entries expanded (ems-score.c). Mean alignment: a = sum_j s_Loc / sum_j s_Glo over the
+//    whole list (window included); s_GL = max(a s_Glo, s_Loc); mean pooling (kernel 7, zeros
+//    counted at the edges, PyTorch avg_pool1d) over the candidates (the non-window entries).
+//  * Partition, redundancy and merge: ems-prefill.c and ems-merge.c. Similarity uses the
+//    keys as stored (post-RoPE): the spec's "w.o. pos" variant, the one whose merged rotated
+//    direction attention.c can expand (no per-member re-rotation). No protected centres (the
+//    paper's PPL setting). One-shot weighted average, w = s_Loc. R with a negative key or value
+//    cosine never merges. tau = 1 is evict-only; gamma = 1 has no TBM tokens.
+//  * Decode (P4, ems-decode.c): fixed budget B per list, window -> centre, weakest centre by
+//    unpooled s_GL merged (R >= tau) or evicted; s_Glo += the step's attention; s_Loc =
+//    s_Loc_past + s_Loc_cur, s_Loc_cur accumulates decode queries and replaces s_Loc_past every
+//    L_win steps (counted per layer since the last prefill); member count <= gamma * B per list
+//    (evict instead of merge when over it).
+//  * Budget B = policy_budget(cfg, n_prompt) at the end of each prefill call (decoding with no
+//    prefill before uses the absolute budget); B > L_win is required; a prompt of at most B
+//    tokens is left untouched (bit-identical to full). Window = the last L_win entries.
+//  * Policy args: window (L_win, default 32), kernel (odd, default 7), tau (in [0, 1], default
+//    0.6), gamma (integer >= 1, default 4). No sinks. Unknown keys are errors.
+//  * Merge metadata (member norms, flags) is allocated by the cache and counted in its bytes;
+//    the policy's own score arrays (5 floats per entry) are not cache bytes, as for h2o.
+#include "ems.h"
+#include "policy-args.h"
+#include "window-scores.h"
+#include "../error.h"
+#include "../model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+extern const struct policy_ops policy_ems;
+
+#define EMS_ARGS "window, kernel, tau, gamma"
+
+struct ems {
+    struct kv_policy base;
+    struct ems_opts  o;
+    int32_t          budget;   // B of the last prefill; 0 before one
+    int32_t          n_lists;
+    struct ems_list *lists;    // (n_layer * n_head_kv)
+    int32_t         *steps;    // (n_layer) decode steps since the last prefill
+    int32_t          n_layer;
+    struct ws_opts   ws;       // window and kernel as parsed (shared checks)
+};
+
+// ---- per-list score arrays -------------------------------------------------------------
+
+pykv_status ems_list_track(struct ems_list *s, int32_t n) {
+    if (n < s->n) s->n = n;   // rolled back after a cancelled chunk
+    if (n > s->cap) {
+        int32_t cap = n + n / 4 + 16;
+        float **f[5] = { &s->glo, &s->lp, &s->lc, &s->wsum, &s->kmag };
+        for (int a = 0; a < 5; a++) {
+            float *x = realloc(*f[a], (size_t)cap * sizeof(float));
+            if (!x) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
+            *f[a] = x;
+        }
+        s->cap = cap;
+    }
+    for (int32_t j = s->n; j < n; j++) {
+        s->glo[j] = s->lp[j] = s->lc[j] = s->wsum[j] = 0.0f;
+        s->kmag[j] = 1.0f;
+    }
+    s->n = n;
+    return PYKV_OK;
+}
+
+void ems_list_compact(struct ems_list *s, const int32_t *keep, int32_t n_keep) {
+    for (int32_t j = 0; j < n_keep; j++) {
+        const int32_t i = keep[j];
+        s->glo[j] = s->glo[i]; s->lp[j] = s->lp[i]; s->lc[j] = s->lc[i];
+        s->wsum[j] = s->wsum[i]; s->kmag[j] = s->kmag[i];
+    }
+    s->n = n_keep;
+}
+
+void ems_list_free(struct ems_list *s) {
+    free(s->glo); free(s->lp); free(s->lc); free(s->wsum); free(s->kmag);
+    memset(s, 0, sizeof(*s));
+}
+
+// ---- options ---------------------------------------------------------------------------
+
+static pykv_status ems_arg(void *state, const char *key, const char *value) {
+    struct ems *p = state;
+    int handled = 0;
+    if (strcmp(key, "window") == 0 || strcmp(key, "kernel") == 0)
+        return ws_opts_arg("ems", &p->ws, key, value, &handled);
+    if (strcmp(key, "tau") == 0) return policy_arg_double("ems", key, value, 0.0, 1.0, &p->o.tau);
+    if (strcmp(key, "gamma") == 0) return policy_arg_int("ems", key, value, 1, 1024, &p->o.gamma);
+    return policy_arg_unknown("ems", key, EMS_ARGS);
+}
+
+static void ems_free(struct kv_policy *base) {
+    struct ems *p = (struct ems *)base;
+    if (p->lists)
+        for (int32_t i = 0; i < p->n_lists; i++) ems_list_free(&p->lists[i]);
+    free(p->lists);
+    free(p->steps);
+    free(p);
+}
+
+static pykv_status ems_init(const struct policy_config *cfg, struct kv_policy **out) {
+    struct ems *p = calloc(1, sizeof(*p));
+    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+    p->base.ops = &policy_ems;
+    ws_opts_default(&p->ws);
+    p->o.tau = 0.6;
+    p->o.gamma = 4;
+    pykv_status st = policy_args_parse("ems", cfg->args, EMS_ARGS, ems_arg, p);
+    if (st == PYKV_OK) st = ws_opts_finish("ems", &p->ws, cfg);
+    if (st != PYKV_OK) {
+        ems_free(&p->base);
+        return st;
+    }
+    p->o.window = p->ws.window;
+    p->o.kernel = p->ws.kernel;
+    *out = &p->base;
+    return PYKV_OK;
+}
+
+static void ems_reset(struct kv_policy *base) {
+    struct ems *p = (struct ems *)base;
+    if (p->lists)
+        for (int32_t i = 0; i < p->n_lists; i++) p->lists[i].n = 0;
+    if (p->steps) memset(p->steps, 0, (size_t)p->n_layer * sizeof(int32_t));
+    p->budget = 0;
+}
+
+static int32_t ems_last_chunk_min(const struct kv_policy *base) {
+    return ((const struct ems *)base)->o.window;
+}
+
+// ---- schedule --------------------------------------------------------------------------
+
+// s_Glo (and, while decoding, s_Loc_cur) += this chunk's attention, GQA mean, fixed order.
+static void accumulate(struct ems_list *s, const struct policy_event *ev, int32_t g, int decoding) {
+    const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;
+    for (int32_t j = 0; j < s->n; j++) {
+        float a = 0.0f;
+        for (int32_t r = 0; r < G; r++) a += ev->attn_colsum[(size_t)(g * G + r) * ev->attn_colsum_stride + j];
+        a /= (float)G;
+        s->glo[j] += a;
+        if (decoding) s->lc[j] += a;
+    }
+}
+
+static pykv_status prefill_end(struct ems *p, const struct policy_event *ev) {
+    const int32_t hkv = ev->hp->n_head_kv;
+    const int32_t B = policy_budget(&p->base.cfg, ev->n_prompt);
+    PYKV_TRY(ws_check_budget("ems", B, p->o.window));
+    p->budget = B;
+    p->steps[ev->layer] = 0;
+    int32_t rows = p->o.window < ev->n_prompt ? p->o.window : ev->n_prompt;
+    if (rows > ev->T) rows = ev->T;
+    float **loc = calloc((size_t)hkv, sizeof(float *));
+    if (!loc) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory");
+    pykv_status st = ems_local_scores(ev, rows, loc);
+    for (int32_t g = 0; g < hkv && st == PYKV_OK; g++)
+        st = ems_prefill_list(ev, &p->o, B, g, &p->lists[ev->layer * hkv + g], loc[g]);
+    for (int32_t g = 0; g < hkv; g++) free(loc[g]);
+    free(loc);
+    return st;
+}
+
+static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_event *ev) {
+    struct ems *p = (struct ems *)base;
+    const int32_t hkv = ev->hp->n_head_kv;
+    if (!p->lists) {
+        p->n_lists = ev->hp->n_layer * hkv;
+        p->lists = calloc((size_t)p->n_lists, sizeof(struct ems_list));
+        p->n_layer = ev->hp->n_layer;
+        p->steps = calloc((size_t)ev->hp->n_layer, sizeof(int32_t));
+        if (!p->lists || !p->steps) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
+    }
+    if (!ev->attn_colsum) return pykv_error(PYKV_ERR_INTERNAL, "ems: the forward pass gave no attention sums");
+    const int decoding = ev->n_prompt == 1;
+    for (int32_t g = 0; g < hkv; g++) {
+        struct ems_list *s = &p->lists[ev->layer * hkv + g];
+        PYKV_TRY(ems_list_track(s, kv_cache_list(ev->cache, ev->layer, g)->n));
+        accumulate(s, ev, g, decoding);
+    }
+    if (ev->n_prompt > 1) return ev->is_last_chunk ? prefill_end(p, ev) : PYKV_OK;
+    if (p->budget == 0 && base->cfg.budget > 0) p->budget = base->cfg.budget;
+    if (++p->steps[ev->layer] % p->o.window == 0)
+        for (int32_t g = 0; g < hkv; g++) {
+            struct ems_list *s = &p->lists[ev->layer * hkv + g];
+            memcpy(s->lp, s->lc, (size_t)s->n * sizeof(float));
+            memset(s->lc, 0, (size_t)s->n * sizeof(float));
+        }
+    if (p->budget == 0) return PYKV_OK;
+    for (int32_t g = 0; g < hkv; g++)
+        PYKV_TRY(ems_decode_list(ev, &p->o, p->budget, g, &p->lists[ev->layer * hkv + g]));
+    return PYKV_OK;
+}
+
+const struct policy_ops policy_ems = {
+    .name = "ems",
+    .description = "evict-then-merge: global-local score, redundant tokens merged into class centres; fixed budget",
+    .init = ems_init,
+    .free = ems_free,
+    .after_layer = ems_after_layer,
+    .last_chunk_min = ems_last_chunk_min,
+    .reset = ems_reset,
+    .wants_attention_sums = 1,
+};

@@ -1,0 +1,62 @@
+// ems.h - shared state and helpers of the EMS policy (ALGORITHMS.md 2.8), split by concern:
+//   ems.c         vtable, options, per-list score bookkeeping, the after_layer schedule
+//   ems-score.c   the local score s_Loc of a prefill call (last L_win queries, members expanded)
+//   ems-merge.c   redundancy R(i, c) and the weighted merge of entries into a centre
+//   ems-prefill.c end of prefill: global-local score, centre / TBM / evict partition, merges
+//   ems-decode.c  every decode step: window -> centre, weakest centre merged or evicted
+// Every choice is documented in ems.c's header comment.
+#pragma once
+#include <stdint.h>
+#include "../policy.h"
+
+// Per-(layer, KV head) scores, one slot per list entry, compacted alongside the list.
+struct ems_list {
+    int32_t n, cap;
+    float  *glo;    // s_Glo: accumulated attention of every query (GQA mean), member mass for merged entries
+    float  *lp;     // s_Loc_past (after a prefill: its s_Loc)
+    float  *lc;     // s_Loc_cur: this decode block's attention
+    float  *wsum;   // merged entries: sum of the members' merge weights (unused for single tokens)
+    float  *kmag;   // merged entries: |sum_i w_i k̂_i| / wsum (so sum_i w_i k̂_i = wsum * kmag * k̂_e)
+};
+
+struct ems_opts {
+    int32_t window;   // L_win
+    int32_t kernel;   // mean-pool kernel over the candidates (odd)
+    double  tau;      // merge threshold on R; 1 = evict only
+    int32_t gamma;    // merge magnification: (gamma-1)*B TBM tokens, members capped at gamma*B
+};
+
+pykv_status ems_list_track(struct ems_list *s, int32_t n);
+void        ems_list_compact(struct ems_list *s, const int32_t *keep, int32_t n_keep);
+void        ems_list_free(struct ems_list *s);
+
+// s_Loc of every entry of every list of ev->layer over the last `rows` queries of the chunk
+// (sum over rows, GQA mean; merged entries get their members' total mass): out[g] has l->n
+// floats for KV head g. Deterministic for any thread count.
+pykv_status ems_local_scores(const struct policy_event *ev, int32_t rows, float **out);
+
+// Cosine of two d-vectors (0 when either is zero).
+float ems_cos(const float *a, const float *b, int32_t d);
+// R(i, c) = cos(k_i, k_c) * cos(v_i, v_c) on the stored keys; a pair with a negative key or
+// value cosine gets -|product| (never similar).
+float ems_redundancy(const struct kv_list *l, int32_t d, int32_t i, int32_t c);
+
+// Merge entries src[0..n_src) of list l into entry c (in place: c's key becomes the unit
+// direction, its value the weighted mean, its member norms the union). w_single[j] is the
+// weight of entry j when it is still a single token (its s_Loc). Updates s (glo, lp, lc,
+// wsum, kmag of c). The caller drops the sources afterwards.
+pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
+                           const int32_t *src, int32_t n_src, const float *w_single);
+
+static inline int32_t ems_members(const struct kv_list *l, int32_t j) {
+    return l->n_members ? l->n_members[j] : 1;
+}
+
+// The mean-aligned global-local score of entries [0, n_cand) of a list:
+// gl[j] = max(a * glo[j], loc[j]), a = sum(loc over all n) / sum(glo over all n).
+void ems_global_local(const float *glo, const float *loc, int32_t n, int32_t n_cand, float *gl);
+
+pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
+                             struct ems_list *s, const float *loc);
+pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
+                            struct ems_list *s);
