@@ -2,7 +2,7 @@
 
 Exit codes: 0 ok, 1 usage error, 2 model or IO error, 3 runtime error, 130 interrupted.
 Errors print one line ``pykv: error: <message>`` on stderr (``-v`` adds the traceback).
-The subcommands live in _cli_generate.py, _cli_info.py and here (pull); this file builds the
+The subcommands live in _cli_generate.py, _cli_info.py, _cli_bench.py and here (pull); this file builds the
 parser and turns exceptions into exit codes.
 """
 
@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_info(sub)
     _add_pull(sub)
+    from ._cli_bench import add_bench_parser
+    add_bench_parser(sub)
     return parser
 
 
@@ -141,6 +143,10 @@ def _dispatch(args) -> int:
     if args.run == "info":
         from ._cli_info import run_info
         return run_info(args)
+    if args.run == "bench":
+        from ._cli_bench import run_bench
+        from .llama import _resolve_model_path
+        return run_bench(args, _resolve_model_path(resolve_model_arg(args) or "smollm2"))
     return _run_pull(args)
 
 

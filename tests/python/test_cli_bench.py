@@ -1,0 +1,39 @@
+"""`pykv bench`: llama-bench's rows for every combination of the list flags, as JSON."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(*args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "pykv", "bench", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_bench_rows_cover_the_product(tiny_model):
+    model = str(tiny_model("llama_q8_0_h8kv2"))
+    out = bench(model, "-p", "32,64", "-n", "4", "-d", "0,80", "-r", "2", "--policy", "full,snapkv",
+                "--budget", "40", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    names = [(r["policy"], r["test"]) for r in rows]
+    for policy in ("full", "snapkv"):
+        for test in ("pp32", "pp64", "tg4", "pp32 @ d80", "pp64 @ d80", "tg4 @ d80"):
+            assert (policy, test) in names
+    assert all(r["t_s"] > 0 and len(r["samples"]) == 2 for r in rows)
+    # with depth 80 and budget 40 snapkv holds 40 entries per list + the 4 decoded, in lists
+    # that grow by an eighth at a time
+    tg = next(r for r in rows if r["policy"] == "snapkv" and r["test"] == "tg4 @ d80")
+    per_entry = 2 * 16 * 4 + 4
+    assert tg["evicted"] > 0 and tg["kv_MiB"] * 2**20 <= 1.125 * (40 + 4) * 3 * 2 * per_entry
+    full = next(r for r in rows if r["policy"] == "full" and r["test"] == "tg4 @ d80")
+    assert full["evicted"] == 0 and full["kv_MiB"] > tg["kv_MiB"]
+
+
+def test_bench_bad_list_is_a_usage_error(tiny_model):
+    out = bench(str(tiny_model("llama_q8_0_h8kv2")), "-p", "1,x")
+    assert out.returncode == 1 and "pykv: error:" in out.stderr
