@@ -216,3 +216,16 @@ def same_selection(got, want, scores, k, rtol):
     """True when the kept sets agree except on ambiguous candidates (positions < len(scores))."""
     diff = set(np.asarray(got).tolist()) ^ set(np.asarray(want).tolist())
     return len(got) == len(want) and diff <= ambiguous(scores, k, rtol)
+
+
+# ---- memory accounting ----------------------------------------------------------------
+
+def kv_bytes_range(stats, head_dim):
+    """(lo, hi) bytes a compacted cache may hold: each entry's K, V and position exactly;
+    with EMS merges, up to 12 bytes of member bookkeeping per entry of a merged list plus
+    4 bytes per member key norm (kv-cache.h)."""
+    per = 2 * head_dim * 4 + 4
+    exact = stats["entries"] * per
+    if not stats["merged"]:
+        return exact, exact
+    return exact + 1, exact + 12 * stats["entries"] + 4 * (stats["entries"] + stats["merged"])
