@@ -52,15 +52,7 @@ static pykv_status snapkv_after_layer(struct kv_policy *base, const struct polic
     for (int g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n > B;
     if (!any) return PYKV_OK;
 
-    struct ws_stats st;
-    float *s = NULL;
-    PYKV_TRY(ws_layer_scores(ev, &p->o, w, &st, &s));
-    pykv_status rc = PYKV_OK;
-    for (int g = 0; g < st.n_head_kv && rc == PYKV_OK; g++)
-        rc = ws_keep_top(ev, g, s + st.offset_kv[g], st.n_cand[g], (int64_t)B - w.protect);
-    free(s);
-    ws_stats_free(&st);
-    return rc;
+    return ws_layer_keep_top(ev, &p->o, w, (int64_t)B - w.protect);
 }
 
 static int32_t snapkv_last_chunk_min(const struct kv_policy *base) { return ((const struct snapkv *)base)->o.window; }

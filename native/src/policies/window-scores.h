@@ -68,6 +68,10 @@ pykv_status ws_select_top(const float *s, int64_t n, int64_t k, int64_t *idx, in
 pykv_status ws_keep(const struct policy_event *ev, int32_t g, const int64_t *chosen, int64_t n_chosen,
                     int32_t n_cand);
 
+// Score the layer (ws_layer_scores) and keep the top b candidates of every KV head plus
+// the window: SnapKV's step, with the budget per head given.
+pykv_status ws_layer_keep_top(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w, int64_t b);
+
 // Keep the top b candidates of scores (n_cand of them) plus the window of list g.
 pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *scores, int32_t n_cand, int64_t b);
 

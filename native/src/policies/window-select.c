@@ -98,3 +98,15 @@ pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *s
     free(idx);
     return st;
 }
+
+pykv_status ws_layer_keep_top(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w, int64_t b) {
+    struct ws_stats st;
+    float *s = NULL;
+    PYKV_TRY(ws_layer_scores(ev, o, w, &st, &s));
+    pykv_status rc = PYKV_OK;
+    for (int g = 0; g < st.n_head_kv && rc == PYKV_OK; g++)
+        rc = ws_keep_top(ev, g, s + st.offset_kv[g], st.n_cand[g], b);
+    free(s);
+    ws_stats_free(&st);
+    return rc;
+}
