@@ -1,7 +1,7 @@
 """Independent NumPy reimplementation of CAKE and LAVa prompt selection (ALGORITHMS.md 2.6, 2.7).
 
 Never imports pykv.  ``capture_qkv(path, tokens)`` runs the float64 reference forward pass
-(the few lines of tests/python/_reference.py it needs are restated here) and returns the
+(``_policy_reference.capture_qkv``, over tests/python/_reference.py) and returns the
 post-RoPE q (T, Hq, D), k and v (T, Hkv, D) of every layer.  Because CAKE and LAVa evict
 after a layer's prompt attention, the prompt's hidden states (and so q/k/v) are those of
 the full model.  ``cake_select`` / ``lava_select`` then apply the spec formulas and return
@@ -15,54 +15,9 @@ import math
 
 import numpy as np
 
-# ---- float64 forward (after tests/python/_reference.py) -----------------------------
+import _policy_reference as pref
 
-
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def load(path):
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    r = GGUFReader(str(path))
-    arch = _field(r, "general.architecture")
-    t = {}
-    for ten in r.tensors:
-        if ten.name == "output.weight":
-            continue                                  # logits are not needed
-        arr = dequantize(np.asarray(ten.data), ten.tensor_type)
-        shape = tuple(int(n) for n in reversed(ten.shape.tolist()))
-        t[ten.name] = np.asarray(arr, dtype=np.float64).reshape(shape)
-    n_embd = int(_field(r, f"{arch}.embedding_length"))
-    n_head = int(_field(r, f"{arch}.attention.head_count"))
-    hp = dict(
-        n_layer=int(_field(r, f"{arch}.block_count")),
-        n_head=n_head,
-        n_head_kv=int(_field(r, f"{arch}.attention.head_count_kv", n_head)),
-        head_dim=n_embd // n_head,
-        n_rot=int(_field(r, f"{arch}.rope.dimension_count", n_embd // n_head)),
-        rope_base=float(_field(r, f"{arch}.rope.freq_base", 10000.0)),
-        rms_eps=float(_field(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-    )
-    return hp, t
-
-
-def _rms_norm(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def _rope(x, pos, n_rot, base):
-    out = x.copy()
-    inv = base ** (-2.0 * np.arange(n_rot // 2, dtype=np.float64) / n_rot)
-    ang = pos.astype(np.float64)[:, None] * inv
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-    out[..., 0:n_rot:2] = x0 * cos - x1 * sin
-    out[..., 1:n_rot:2] = x0 * sin + x1 * cos
-    return out
+# ---- float64 forward -------------------------------------------------------------
 
 
 def _softmax(s):
@@ -73,29 +28,8 @@ def _softmax(s):
 
 def capture_qkv(path, tokens):
     """[(q, k, v)] per layer for the prompt ``tokens`` (float64, post-RoPE q and k)."""
-    hp, w = load(path)
-    tokens = np.asarray(tokens, dtype=np.int64)
-    T, H, Hkv, D = len(tokens), hp["n_head"], hp["n_head_kv"], hp["head_dim"]
-    pos = np.arange(T)
-    rep = H // Hkv
-    mask = np.triu(np.full((T, T), -np.inf), k=1)
-    x = w["token_embd.weight"][tokens]
-    out = []
-    for il in range(hp["n_layer"]):
-        p = f"blk.{il}."
-        h = _rms_norm(x, w[p + "attn_norm.weight"], hp["rms_eps"])
-        q = _rope((h @ w[p + "attn_q.weight"].T).reshape(T, H, D), pos, hp["n_rot"], hp["rope_base"])
-        k = _rope((h @ w[p + "attn_k.weight"].T).reshape(T, Hkv, D), pos, hp["n_rot"], hp["rope_base"])
-        v = (h @ w[p + "attn_v.weight"].T).reshape(T, Hkv, D)
-        out.append((q, k, v))
-        a = np.empty_like(q)
-        for hq in range(H):
-            a[:, hq] = _softmax(q[:, hq] @ k[:, hq // rep].T / np.sqrt(D) + mask) @ v[:, hq // rep]
-        x = x + a.reshape(T, H * D) @ w[p + "attn_output.weight"].T
-        h = _rms_norm(x, w[p + "ffn_norm.weight"], hp["rms_eps"])
-        g, u = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
-        x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
-    return out
+    _, qs, ks, vs = pref.capture_qkv(path, tokens)
+    return list(zip(qs, ks, vs))
 
 
 # ---- shared pieces ------------------------------------------------------------------

@@ -19,34 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
+import _policy_reference as pref
 import _reference as ref
 
 
 def capture_qkv(model_path, tokens):
     """Per layer q (N, Hq, D), k and v (N, Hkv, D), post-RoPE, float64 (textbook forward)."""
-    model = ref.load(model_path)
-    hp = model.hp
-    tokens = np.asarray(tokens, dtype=np.int64)
-    T = len(tokens)
-    pos = np.arange(T)
-    qs, ks, vs = [], [], []
-    x = model.w("token_embd.weight")[tokens]
-    for il in range(hp.n_layer):
-        p = f"blk.{il}."
-        h = ref.rms_norm(x, model.w(p + "attn_norm.weight"), hp.rms_eps)
-        q = (h @ model.w(p + "attn_q.weight").T).reshape(T, hp.n_head, hp.head_dim)
-        k = (h @ model.w(p + "attn_k.weight").T).reshape(T, hp.n_head_kv, hp.head_dim)
-        v = (h @ model.w(p + "attn_v.weight").T).reshape(T, hp.n_head_kv, hp.head_dim)
-        q = ref.rope_adjacent(q, pos, hp.n_rot, hp.rope_base)
-        k = ref.rope_adjacent(k, pos, hp.n_rot, hp.rope_base)
-        qs.append(q), ks.append(k), vs.append(v)
-        a = ref.attention(q, k, v, hp.n_head // hp.n_head_kv).reshape(T, -1)
-        x = x + a @ model.w(p + "attn_output.weight").T
-        h = ref.rms_norm(x, model.w(p + "ffn_norm.weight"), hp.rms_eps)
-        g = h @ model.w(p + "ffn_gate.weight").T
-        u = h @ model.w(p + "ffn_up.weight").T
-        x = x + (g / (1.0 + np.exp(-g)) * u) @ model.w(p + "ffn_down.weight").T
-    return hp, qs, ks, vs
+    return pref.capture_qkv(model_path, tokens)
 
 
 def colsums(q, k, rows):

@@ -24,15 +24,15 @@ import numpy as np
 import _reference as ref
 
 
-def capture_qk(model_path, tokens):
-    """Return (hp, qs, ks): per layer q (N, Hq, D) and k (N, Hkv, D), post-RoPE, float64."""
+def capture_qkv(model_path, tokens):
+    """Return (hp, qs, ks, vs): per layer q (N, Hq, D), k and v (N, Hkv, D), post-RoPE, float64."""
     model = ref.load(model_path)
     hp = model.hp
     tokens = np.asarray(tokens, dtype=np.int64)
     T = len(tokens)
     pos = np.arange(T)
     n_rep = hp.n_head // hp.n_head_kv
-    qs, ks = [], []
+    qs, ks, vs = [], [], []
     x = model.w("token_embd.weight")[tokens]
     for il in range(hp.n_layer):
         p = f"blk.{il}."
@@ -44,12 +44,19 @@ def capture_qk(model_path, tokens):
         k = ref.rope_adjacent(k, pos, hp.n_rot, hp.rope_base)
         qs.append(q)
         ks.append(k)
+        vs.append(v)
         a = ref.attention(q, k, v, n_rep).reshape(T, hp.n_head * hp.head_dim)
         x = x + a @ model.w(p + "attn_output.weight").T
         h = ref.rms_norm(x, model.w(p + "ffn_norm.weight"), hp.rms_eps)
         g = h @ model.w(p + "ffn_gate.weight").T
         u = h @ model.w(p + "ffn_up.weight").T
         x = x + (g / (1.0 + np.exp(-g)) * u) @ model.w(p + "ffn_down.weight").T
+    return hp, qs, ks, vs
+
+
+def capture_qk(model_path, tokens):
+    """Return (hp, qs, ks): per layer q (N, Hq, D) and k (N, Hkv, D), post-RoPE, float64."""
+    hp, qs, ks, _ = capture_qkv(model_path, tokens)
     return hp, qs, ks
 
 

@@ -29,27 +29,14 @@ struct ent_job {
 static double entropy_head(const struct ent_job *job, int hq, float *z) {
     const struct policy_event *ev = job->ev;
     const struct hparams *hp = ev->hp;
-    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, g = hq / group, T = ev->T;
+    const int group = hp->n_head / hp->n_head_kv, g = hq / group, T = ev->T;
     const int32_t nc = job->n_cand[g];
     if (nc <= 0) return 0.0;
     const struct kv_list *l = &ev->cache->lists[(size_t)ev->layer * ev->cache->n_head_kv + g];
-    const float scale = 1.0f / sqrtf((float)hd);
     double acc = 0.0;
     for (int r = 0; r < job->w.rows; r++) {
-        const int t = T - job->w.rows + r;
-        const float *q = ev->q + ((size_t)t * hp->n_head + hq) * hd;
-        const int32_t n_vis = l->n - (T - 1 - t);
-        float mx = -INFINITY;
-        for (int32_t j = 0; j < n_vis; j++) {
-            z[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
-            if (z[j] > mx) mx = z[j];
-        }
-        double sum = 0.0;
-        for (int32_t j = 0; j < n_vis; j++) {
-            z[j] = expf(z[j] - mx);
-            sum += z[j];
-        }
-        const float inv = (float)(1.0 / sum);
+        int32_t n_vis;
+        const float inv = ws_softmax_row(ev, l, hq, T - job->w.rows + r, z, &n_vis);
         for (int32_t j = 0; j < nc; j++) {
             const double p = (double)(z[j] * inv);
             acc += p * log(p + 1e-10);

@@ -39,32 +39,38 @@ struct stats_job {
     double                    *acc;      // (nth, 2 * nc_max)
 };
 
+float ws_softmax_row(const struct policy_event *ev, const struct kv_list *l, int hq, int t, float *z, int32_t *n_vis) {
+    const struct hparams *hp = ev->hp;
+    const int hd = hp->head_dim;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *q = ev->q + ((size_t)t * hp->n_head + hq) * hd;
+    const int32_t n = l->n - (ev->T - 1 - t);   // entries up to this query's position
+    float mx = -INFINITY;
+    for (int32_t j = 0; j < n; j++) {
+        z[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
+        if (z[j] > mx) mx = z[j];
+    }
+    double sum = 0.0;
+    for (int32_t j = 0; j < n; j++) {
+        z[j] = expf(z[j] - mx);
+        sum += z[j];
+    }
+    *n_vis = n;
+    return (float)(1.0 / sum);
+}
+
 static void stats_head(const struct stats_job *job, int hq, float *z, double *mean, double *m2) {
     const struct policy_event *ev = job->ev;
-    const struct hparams *hp = ev->hp;
     struct ws_stats *st = job->st;
-    const int hd = hp->head_dim, g = hq / st->group, T = ev->T;
+    const int g = hq / st->group, T = ev->T;
     const int32_t nc = st->n_cand[g];
     if (nc <= 0) return;
     const struct kv_list *l = &ev->cache->lists[(size_t)ev->layer * ev->cache->n_head_kv + g];
-    const float scale = 1.0f / sqrtf((float)hd);
     memset(mean, 0, (size_t)nc * sizeof(double));
     memset(m2, 0, (size_t)nc * sizeof(double));
     for (int r = 0; r < job->w.rows; r++) {
-        const int t = T - job->w.rows + r;                  // row of the chunk
-        const float *q = ev->q + ((size_t)t * hp->n_head + hq) * hd;
-        const int32_t n_vis = l->n - (T - 1 - t);           // entries up to this query's position
-        float mx = -INFINITY;
-        for (int32_t j = 0; j < n_vis; j++) {
-            z[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
-            if (z[j] > mx) mx = z[j];
-        }
-        double sum = 0.0;
-        for (int32_t j = 0; j < n_vis; j++) {
-            z[j] = expf(z[j] - mx);
-            sum += z[j];
-        }
-        const float inv = (float)(1.0 / sum);
+        int32_t n_vis;
+        const float inv = ws_softmax_row(ev, l, hq, T - job->w.rows + r, z, &n_vis);
         const double k = r + 1;
         for (int32_t j = 0; j < nc; j++) {                  // candidates: every row sees them
             const double p = (double)(z[j] * inv);
