@@ -30,13 +30,18 @@ static float *alloc_floats(size_t n, int *failed) {
     return p;
 }
 
+// The widest input of any weight matrix: the row length of the matmul scratch.
+static size_t matmul_max_cols(const struct hparams *hp) {
+    size_t cols = (size_t)hp->n_embd;
+    if ((size_t)hp->n_ff > cols) cols = (size_t)hp->n_ff;
+    if ((size_t)hp->n_head * hp->head_dim > cols) cols = (size_t)hp->n_head * hp->head_dim;
+    return cols;
+}
+
 static pykv_status alloc_scratch(pykv_context *ctx) {
     const struct hparams *hp = &ctx->model->hp;
     size_t T = (size_t)ctx->n_ubatch, nt = (size_t)threadpool_size(ctx->pool);
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
-    size_t max_in = (size_t)hp->n_embd;
-    if ((size_t)hp->n_ff > max_in) max_in = (size_t)hp->n_ff;
-    if (q_dim > max_in) max_in = q_dim;
     struct scratch *b = &ctx->buf;
     int failed = 0;
     b->x = alloc_floats(T * hp->n_embd, &failed);
@@ -48,7 +53,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->gate = alloc_floats(T * hp->n_ff, &failed);
     b->up = alloc_floats(T * hp->n_ff, &failed);
     b->scores = alloc_floats(nt * (size_t)ctx->n_ctx, &failed);
-    b->matmul = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(max_in), &failed);
+    b->matmul = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
     if (ctx->policy->ops->wants_attention_sums)
         b->attn_colsum = alloc_floats((size_t)hp->n_head * (size_t)ctx->n_ctx, &failed);
@@ -145,10 +150,8 @@ pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
     const struct hparams *hp = &ctx->model->hp;
     struct threadpool *pool = threadpool_create(n_threads);
     if (!pool) return PYKV_ERR_NOMEM;
-    size_t max_in = (size_t)(hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd);
-    if ((size_t)hp->n_head * hp->head_dim > max_in) max_in = (size_t)hp->n_head * hp->head_dim;
     float *scores = calloc((size_t)n_threads * ctx->n_ctx, sizeof(float));
-    float *mm = calloc((size_t)n_threads * MATMUL_SCRATCH_FLOATS(max_in), sizeof(float));
+    float *mm = calloc((size_t)n_threads * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), sizeof(float));
     if (!scores || !mm) {
         free(scores); free(mm); threadpool_free(pool);
         return pykv_error(PYKV_ERR_NOMEM, "out of memory resizing the thread pool");

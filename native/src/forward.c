@@ -126,8 +126,10 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
             ev.attn_colsum_stride = ctx->n_ctx;
             PYKV_TRY(ctx->policy->ops->after_layer(ctx->policy, &ev));
         }
-        for (int g = 0; n_probe && g < hp->n_head_kv; g++)
-            kv_list_truncate(&ctx->cache, kv_cache_list(&ctx->cache, layer, g), kv_cache_list(&ctx->cache, layer, g)->n - n_probe);
+        for (int g = 0; n_probe && g < hp->n_head_kv; g++) {   // the probe's K/V are never kept
+            struct kv_list *l = kv_cache_list(&ctx->cache, layer, g);
+            kv_list_truncate(&ctx->cache, l, l->n - n_probe);
+        }
     }
 
     if (want_logits) {
