@@ -52,7 +52,7 @@ def load_model(args, path):
     return Llama(str(path), n_ctx=args.ctx_size, n_threads=args.threads, n_batch=args.batch_size,
                  n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
                  use_mmap=not args.no_mmap, policy=args.policy, budget=args.budget,
-                 window=args.window, sink=args.sink,
+                 window=args.window, sink=args.sink, exact_matmul=args.exact_matmul,
                  policy_kwargs=parse_policy_args(args.policy_arg) or None)
 
 

@@ -42,6 +42,9 @@ def _add_model_flags(p):
     g.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
                    help="physical prefill chunk; overrides -b when given")
     g.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
+    g.add_argument("--exact-matmul", action="store_true",
+                   help="float activations in every matrix product (slower; by default a decode step "
+                        "quantises them to 8 bits, as llama.cpp does)")
 
     k = p.add_argument_group("KV cache policy")
     k.add_argument("--policy", default="full", help="eviction policy (default full; see 'pykv info --policies')")

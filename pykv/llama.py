@@ -80,7 +80,8 @@ class Llama:
                  n_batch: int = 512, n_ubatch: Optional[int] = None, seed: int = -1,
                  verbose: bool = False, vocab_only: bool = False, use_mmap: bool = True,
                  policy: str = "full", budget=None, window: Optional[int] = None,
-                 sink: Optional[int] = None, policy_kwargs: Optional[dict] = None):
+                 sink: Optional[int] = None, policy_kwargs: Optional[dict] = None,
+                 exact_matmul: bool = False):
         self._model = None
         self._ctx = None
         lib.pykv_log_set_level(3 if verbose else 0)
@@ -121,6 +122,7 @@ class Llama:
         cparams.window = -1 if window is None else window
         cparams.sink = -1 if sink is None else sink
         cparams.policy_args = self._policy_args_c if policy_kwargs else ffi.NULL
+        cparams.exact_matmul = int(bool(exact_matmul))
         cout = ffi.new("pykv_context **")
         status = lib.pykv_context_init(self._model, cparams, cout)
         if status != lib.PYKV_OK:

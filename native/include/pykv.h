@@ -182,6 +182,9 @@ struct pykv_context_params {
     int32_t     window;       /* -1 = the policy's default */
     int32_t     sink;         /* -1 = the policy's default */
     const char *policy_args;  /* "k=v,k=v" policy-specific options, or NULL */
+    int32_t     exact_matmul; /* 1 = float activations in every matrix product (the reference
+                                 path); 0 (default) = a decode step quantises activations to
+                                 8 bits and takes integer dot products, as llama.cpp does */
 };
 
 PYKV_API void        pykv_context_default_params(struct pykv_context_params *params);

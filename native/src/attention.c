@@ -40,11 +40,11 @@ static void weighted_sum_generic(const float *p, const float *V, int n, int d, f
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd-avx2.h"
 
 // head_dim a multiple of 64: the query (scores) or the output (weighted sum) of each block
 // of 64 dimensions stays in eight registers while the entries stream past.
-__attribute__((target("avx2,fma")))
+AVX2_TGT
 static void scores_avx2(const float *q, const float *K, int n, int d, float scale, float *logits) {
     for (int j = 0; j < n; j++) {
         const float *k = K + (size_t)j * d;
@@ -53,15 +53,11 @@ static void scores_avx2(const float *q, const float *K, int n, int d, float scal
             a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a0);
             a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), a1);
         }
-        __m256 a = _mm256_add_ps(a0, a1);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        logits[j] = _mm_cvtss_f32(h) * scale;
+        logits[j] = hsum_ps(_mm256_add_ps(a0, a1)) * scale;
     }
 }
 
-__attribute__((target("avx2,fma")))
+AVX2_TGT
 static void weighted_sum_avx2(const float *p, const float *V, int n, int d, float *out) {
     for (int c = 0; c < d; c += 64) {
         __m256 acc[8];
@@ -76,7 +72,7 @@ static void weighted_sum_avx2(const float *p, const float *V, int n, int d, floa
 }
 
 static int use_avx2(int d) {
-    return d % 64 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return d % 64 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 #else
 static int use_avx2(int d) { (void)d; return 0; }

@@ -5,6 +5,7 @@
 #include "ops.h"
 #include "perf.h"
 #include "quant.h"
+#include "quant-q8.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -53,7 +54,9 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->gate = alloc_floats(T * hp->n_ff, &failed);
     b->up = alloc_floats(T * hp->n_ff, &failed);
     b->scores = alloc_floats(nt * (size_t)ctx->n_ctx, &failed);
-    b->matmul = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
+    b->matmul.dequant = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
+    b->matmul.xq = calloc(matmul_max_cols(hp) / QK8_ACT + 1, sizeof(block_q8_act));
+    failed |= !b->matmul.xq;
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
     if (ctx->policy->ops->wants_attention_sums)
         b->attn_colsum = alloc_floats((size_t)hp->n_head * (size_t)ctx->n_ctx, &failed);
@@ -68,7 +71,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
 
 static void free_scratch(struct scratch *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->gate); free(b->up); free(b->scores); free(b->matmul); free(b->rope_inv_freq); free(b->attn_colsum);
+    free(b->gate); free(b->up); free(b->scores); free(b->matmul.dequant); free(b->matmul.xq); free(b->rope_inv_freq); free(b->attn_colsum);
 }
 
 static pykv_status validate_params(const pykv_model *m, const struct pykv_context_params *p) {
@@ -90,6 +93,7 @@ static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_pa
     const struct hparams *hp = &ctx->model->hp;
     ctx->n_ctx = p->n_ctx ? (int32_t)p->n_ctx : hp->n_ctx_train;
     ctx->n_ubatch = p->n_ubatch ? (int32_t)p->n_ubatch : DEFAULT_N_UBATCH;
+    ctx->buf.matmul.exact = p->exact_matmul != 0;
     if (ctx->n_ubatch > ctx->n_ctx) ctx->n_ubatch = ctx->n_ctx;
     int n_threads = p->n_threads ? p->n_threads : perf_physical_cores();
     ctx->pool = threadpool_create(n_threads);
@@ -158,10 +162,10 @@ pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
     }
     threadpool_free(ctx->pool);
     free(ctx->buf.scores);
-    free(ctx->buf.matmul);
+    free(ctx->buf.matmul.dequant);
     ctx->pool = pool;
     ctx->buf.scores = scores;
-    ctx->buf.matmul = mm;
+    ctx->buf.matmul.dequant = mm;
     return PYKV_OK;
 }
 

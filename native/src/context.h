@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include "kv-cache.h"
 #include "model.h"
+#include "ops.h"
 #include "policy.h"
 #include "threadpool.h"
 
@@ -19,7 +20,7 @@ struct scratch {
     float *gate;     // (n_ubatch, n_ff)
     float *up;       // (n_ubatch, n_ff)
     float *scores;   // (n_threads, n_ctx) attention weights of one query
-    float *matmul;   // (n_threads, MATMUL_SCRATCH_FLOATS(max input features))
+    struct matmul_buf matmul;   // dequant: (n_threads, MATMUL_SCRATCH_FLOATS(max input features))
     float *rope_inv_freq;   // (n_rot / 2) base^(-2i/n_rot) / freq_factor
     float *attn_colsum;     // (n_head, n_ctx) attention received per entry, when the policy asks
 };

@@ -93,9 +93,9 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
 
         // attention
         for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->attn_norm, dim, hp->rms_eps);
-        matmul(ctx->pool, b->q, &w->wq, b->xb, T, b->matmul);
-        matmul(ctx->pool, b->k, &w->wk, b->xb, T, b->matmul);
-        matmul(ctx->pool, b->v, &w->wv, b->xb, T, b->matmul);
+        matmul(ctx->pool, b->q, &w->wq, b->xb, T, &b->matmul);
+        matmul(ctx->pool, b->k, &w->wk, b->xb, T, &b->matmul);
+        matmul(ctx->pool, b->v, &w->wv, b->xb, T, &b->matmul);
         for (int t = 0; t < T; t++) {
             rope(b->q + (size_t)t * q_dim, hp->n_head, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
             rope(b->k + (size_t)t * kv_dim, hp->n_head_kv, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
@@ -103,15 +103,15 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         append_kv(ctx, layer, T);
         struct attention_job job = { ctx, layer, T };
         threadpool_run(ctx->pool, b->attn_colsum ? attention_colsum_task : attention_task, &job);
-        matmul(ctx->pool, b->xb, &w->wo, b->att, T, b->matmul);
+        matmul(ctx->pool, b->xb, &w->wo, b->att, T, &b->matmul);
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
 
         // feed-forward
         for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->ffn_norm, dim, hp->rms_eps);
-        matmul(ctx->pool, b->gate, &w->w_gate, b->xb, T, b->matmul);
-        matmul(ctx->pool, b->up, &w->w_up, b->xb, T, b->matmul);
+        matmul(ctx->pool, b->gate, &w->w_gate, b->xb, T, &b->matmul);
+        matmul(ctx->pool, b->up, &w->w_up, b->xb, T, &b->matmul);
         swiglu(b->gate, b->gate, b->up, T * hp->n_ff);
-        matmul(ctx->pool, b->xb, &w->w_down, b->gate, T, b->matmul);
+        matmul(ctx->pool, b->xb, &w->w_down, b->gate, T, &b->matmul);
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
 
         if (ctx->policy->ops->after_layer) {
@@ -134,7 +134,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
 
     if (want_logits) {
         rmsnorm(b->xb, b->x + (size_t)(T - 1) * dim, m->output_norm, dim, hp->rms_eps);
-        matmul(ctx->pool, ctx->logits, &m->output, b->xb, 1, b->matmul);
+        matmul(ctx->pool, ctx->logits, &m->output, b->xb, 1, &b->matmul);
         ctx->has_logits = 1;
     }
     return PYKV_OK;

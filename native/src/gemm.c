@@ -4,7 +4,7 @@
 #include "quant.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd-avx2.h"
 #define GEMM_X86 1
 #endif
 
@@ -15,15 +15,7 @@ static void gemm_generic(const float *W, int n_rows, const float *X, int T, int 
 }
 
 #ifdef GEMM_X86
-__attribute__((target("avx2,fma")))
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-__attribute__((target("avx2,fma")))
+AVX2_TGT
 static void gemm_4x3_avx2(const float *W, const float *X, int K, float *out, int64_t stride) {
     __m256 acc[4][3];
     for (int i = 0; i < 4; i++)
@@ -38,13 +30,13 @@ static void gemm_4x3_avx2(const float *W, const float *X, int K, float *out, int
         }
     }
     for (int t = 0; t < 3; t++)
-        for (int i = 0; i < 4; i++) out[t * stride + i] = hsum256(acc[i][t]);
+        for (int i = 0; i < 4; i++) out[t * stride + i] = hsum_ps(acc[i][t]);
 }
 
 // Tokens are taken in tiles small enough to stay in L2 while every row block passes over them.
 #define GEMM_TOKEN_TILE 24
 
-__attribute__((target("avx2,fma")))
+AVX2_TGT
 static void gemm_avx2(const float *W, int n_rows, const float *X, int T, int K, float *out, int64_t stride) {
     for (int t0 = 0; t0 < T; t0 += GEMM_TOKEN_TILE) {
         int nt = T - t0 < GEMM_TOKEN_TILE ? T - t0 : GEMM_TOKEN_TILE;
@@ -63,7 +55,7 @@ static void gemm_avx2(const float *W, int n_rows, const float *X, int T, int K, 
 
 void gemm_rows_f32(const float *W, int n_rows, const float *X, int T, int K, float *out, int64_t out_stride) {
 #ifdef GEMM_X86
-    if (K % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (K % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         gemm_avx2(W, n_rows, X, T, K, out, out_stride);
         return;
     }

@@ -2,6 +2,7 @@
 #include "ops.h"
 #include "gemm.h"
 #include "quant.h"
+#include "quant-q8.h"
 #include "types.h"
 
 #include <math.h>
@@ -60,6 +61,8 @@ struct matmul_job {
     float               *out;
     const struct tensor *w;
     const float         *x;
+    const block_q8_act  *xq;   // x quantised, for the integer path
+    vec_dot_q8_fn        dot_q8;
     int                  T;
     float               *scratch;
 };
@@ -74,6 +77,17 @@ static void matmul_vec_task(void *arg, int ith, int nth) {
     split_range(w->ne[1], ith, nth, &r0, &r1);
     const uint8_t *base = w->data;
     for (long r = r0; r < r1; r++) job->out[r] = dot(base + r * row_bytes, job->x, cols);
+}
+
+// One token, fast path: integer dot products with the quantised activations.
+static void matmul_q8_task(void *arg, int ith, int nth) {
+    const struct matmul_job *job = arg;
+    const struct tensor *w = job->w;
+    int64_t cols = w->ne[0], row_bytes = type_row_bytes(w->type, cols);
+    long r0, r1;
+    split_range(w->ne[1], ith, nth, &r0, &r1);
+    const uint8_t *base = w->data;
+    for (long r = r0; r < r1; r++) job->out[r] = job->dot_q8(base + r * row_bytes, job->xq, cols);
 }
 
 // Many tokens: dequantize a block of rows once, then take its dot products with every token,
@@ -97,7 +111,13 @@ static void matmul_batch_task(void *arg, int ith, int nth) {
 }
 
 void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,
-            float *scratch) {
-    struct matmul_job job = { out, w, x, T, scratch };
+            const struct matmul_buf *buf) {
+    struct matmul_job job = { out, w, x, NULL, NULL, T, buf->dequant };
+    if (T == 1 && !buf->exact && w->ne[0] % QK8_ACT == 0 && (job.dot_q8 = vec_dot_q8_for(w->type))) {
+        quantize_row_q8_act(x, buf->xq, w->ne[0]);
+        job.xq = buf->xq;
+        threadpool_run(pool, matmul_q8_task, &job);
+        return;
+    }
     threadpool_run(pool, T == 1 ? matmul_vec_task : matmul_batch_task, &job);
 }

@@ -23,8 +23,15 @@ void swiglu(float *out, const float *gate, const float *up, int n);
 pykv_status tensor_get_row(const struct tensor *t, int64_t row, float *out);
 
 // out[T][rows] = x[T][cols] @ W^T for a weight of ne = (cols, rows), split across the pool.
-// scratch: threadpool_size(pool) * MATMUL_SCRATCH_FLOATS(cols) floats.
+// One token (decode) takes the fast path unless buf->exact: x is quantised to 8 bits once
+// and each row's dot product is taken in integers (quant-q8.h), for the weight types that
+// have such kernels. Several tokens (prefill) and exact mode use float activations.
 #define MATMUL_ROW_BLOCK 16
 #define MATMUL_SCRATCH_FLOATS(cols) ((size_t)MATMUL_ROW_BLOCK * (size_t)(cols))
+struct matmul_buf {
+    float *dequant;   // threadpool_size(pool) * MATMUL_SCRATCH_FLOATS(cols) floats
+    void  *xq;        // cols / 32 block_q8_act
+    int    exact;     // float activations everywhere
+};
 void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,
-            float *scratch);
+            const struct matmul_buf *buf);

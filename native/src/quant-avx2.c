@@ -8,15 +8,9 @@
 #include <immintrin.h>
 
 #include "quant-blocks.h"
+#include "simd-avx2.h"
 
-#define TGT __attribute__((target("avx2,fma,f16c")))
-
-static inline TGT float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define TGT AVX2_TGT
 
 static inline TGT float half(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -64,17 +58,8 @@ static inline TGT __m128 half2(const void *p) {
     return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
 }
 
-// The 32 bits of qh as 32 bytes: byte j is 0x10 when bit j is set, else 0.
-static inline TGT __m256i qh_bytes(uint32_t qh) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
-    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
-}
-
 static inline TGT float sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    return hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
 // ---- float rows ----
@@ -166,15 +151,6 @@ static TGT float vdot_q4_1(const void *row, const float *x, int64_t n) {
     return sum4(a0, a1, a2, a3);
 }
 
-// The 32 five-bit quants of a Q5 block, in order, one per byte.
-static inline TGT __m256i q5_quants(const uint8_t *qs, const uint8_t *qhp) {
-    uint32_t qh;
-    __builtin_memcpy(&qh, qhp, 4);
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    return _mm256_or_si256(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), qh_bytes(qh));
-}
-
 static TGT float vdot_q5_0(const void *row, const float *x, int64_t n) {
     const block_q5_0 *b = row;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -217,7 +193,7 @@ static TGT float vdot_q8_0(const void *row, const float *x, int64_t n) {
         a1 = _mm256_fmadd_ps(_mm256_set1_ps(half(b[i + 1].d)), q8_block(b[i + 1].qs, x + QK8_0), a1);
     }
     if (i < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(half(b[i].d)), q8_block(b[i].qs, x), a0);
-    return hsum(_mm256_add_ps(a0, a1));
+    return hsum_ps(_mm256_add_ps(a0, a1));
 }
 
 // ---- K-quants (256-element super-blocks) ----

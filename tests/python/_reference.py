@@ -51,6 +51,7 @@ class HParams:
 class RefModel:
     hp: HParams
     tensors: dict = field(repr=False)
+    types: dict = field(default_factory=dict, repr=False)   # tensor name -> GGUF type name
 
     def has(self, name: str) -> bool:
         return name in self.tensors
@@ -79,8 +80,9 @@ def _load_cached(path: str, _mtime: int, _size: int) -> RefModel:
 
     r = GGUFReader(path)
     arch = _field(r, "general.architecture")
-    tensors = {}
+    tensors, types = {}, {}
     for t in r.tensors:
+        types[t.name] = t.tensor_type.name
         arr = dequantize(np.asarray(t.data), t.tensor_type)
         # ggml ne = [ne0, ne1, ...]; NumPy shape is reversed (row-major).
         shape = tuple(int(n) for n in reversed(t.shape.tolist()))
@@ -104,7 +106,7 @@ def _load_cached(path: str, _mtime: int, _size: int) -> RefModel:
         rope_base=float(_field(r, f"{arch}.rope.freq_base", 10000.0)),
         rms_eps=float(_field(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
     )
-    return RefModel(hp=hp, tensors=tensors)
+    return RefModel(hp=hp, tensors=tensors, types=types)
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -146,11 +148,35 @@ def attention(q, k, v, n_rep: int) -> np.ndarray:
     return out
 
 
-def forward(model, tokens) -> np.ndarray:
-    """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context."""
+# Weight types whose decode-step product pykv takes with 8-bit activations (quant-q8.h).
+INT8_ACT_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+
+
+def q8_roundtrip(x: np.ndarray) -> np.ndarray:
+    """Rows of x quantised as pykv's fast path does (blocks of 32, d = max|x| / 127,
+    round half to even, in float32) and turned back into numbers."""
+    x32 = np.asarray(x, dtype=np.float32).reshape(-1, 32)
+    d = np.max(np.abs(x32), axis=1, keepdims=True) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
+    q = np.rint(x32 * inv)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+
+
+def forward(model, tokens, int8_rows_from=None) -> np.ndarray:
+    """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context.
+
+    int8_rows_from=i: tokens i.. are decode steps on pykv's fast path, so the inputs of
+    their products with Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights are quantised first (the logits
+    product too, for every row: pykv computes logits one row at a time)."""
     if not isinstance(model, RefModel):
         model = load(model)
     hp = model.hp
+
+    def lin(h, name, rows_from=int8_rows_from):
+        if rows_from is not None and model.types.get(name) in INT8_ACT_TYPES:
+            h = h.copy()
+            h[rows_from:] = q8_roundtrip(h[rows_from:])
+        return h @ model.w(name).T
     tokens = np.asarray(tokens, dtype=np.int64)
     T = len(tokens)
     pos = np.arange(T)
@@ -160,20 +186,20 @@ def forward(model, tokens) -> np.ndarray:
     for il in range(hp.n_layer):
         p = f"blk.{il}."
         h = rms_norm(x, model.w(p + "attn_norm.weight"), hp.rms_eps)
-        q = (h @ model.w(p + "attn_q.weight").T).reshape(T, hp.n_head, hp.head_dim)
-        k = (h @ model.w(p + "attn_k.weight").T).reshape(T, hp.n_head_kv, hp.head_dim)
-        v = (h @ model.w(p + "attn_v.weight").T).reshape(T, hp.n_head_kv, hp.head_dim)
+        q = lin(h, p + "attn_q.weight").reshape(T, hp.n_head, hp.head_dim)
+        k = lin(h, p + "attn_k.weight").reshape(T, hp.n_head_kv, hp.head_dim)
+        v = lin(h, p + "attn_v.weight").reshape(T, hp.n_head_kv, hp.head_dim)
         q = rope_adjacent(q, pos, hp.n_rot, hp.rope_base)
         k = rope_adjacent(k, pos, hp.n_rot, hp.rope_base)
         a = attention(q, k, v, n_rep).reshape(T, hp.n_head * hp.head_dim)
-        x = x + a @ model.w(p + "attn_output.weight").T
+        x = x + lin(a, p + "attn_output.weight")
 
         h = rms_norm(x, model.w(p + "ffn_norm.weight"), hp.rms_eps)
-        g = h @ model.w(p + "ffn_gate.weight").T
-        u = h @ model.w(p + "ffn_up.weight").T
+        g = lin(h, p + "ffn_gate.weight")
+        u = lin(h, p + "ffn_up.weight")
         silu = g / (1.0 + np.exp(-g))
-        x = x + (silu * u) @ model.w(p + "ffn_down.weight").T
+        x = x + lin(silu * u, p + "ffn_down.weight")
 
     x = rms_norm(x, model.w("output_norm.weight"), hp.rms_eps)
-    w_out = model.w("output.weight") if model.has("output.weight") else model.w("token_embd.weight")
-    return x @ w_out.T
+    out_name = "output.weight" if model.has("output.weight") else "token_embd.weight"
+    return lin(x, out_name, None if int8_rows_from is None else 0)

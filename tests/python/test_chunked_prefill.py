@@ -34,7 +34,7 @@ SMOL_SELF_ATOL = 6e-5                  # chunked vs one-shot, SmolLM2 (logits up
 
 
 def _prefill_logits(path, tokens, n_batch, n_ctx):
-    with Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, verbose=False) as llm:
+    with Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, verbose=False, exact_matmul=True) as llm:
         llm.eval(tokens)
         assert llm.n_past == len(tokens)
         return llm.logits().copy()

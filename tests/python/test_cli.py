@@ -145,6 +145,16 @@ def test_generate_json_matches_python_api(smollm2_path):
 
 
 @pytest.mark.model
+def test_generate_exact_matmul_flag_matches_python_api(smollm2_path):
+    r = run_cli("generate", smollm2_path, "-p", PROMPT, "-n", 6, "--temp", 0, "--json", "-t", 2, "--exact-matmul")
+    assert r.returncode == 0, r.stderr
+    from pykv import Llama
+    with Llama(str(smollm2_path), n_ctx=512, n_threads=2, exact_matmul=True) as llm:
+        res = llm.generate(PROMPT, max_tokens=6, temperature=0.0, stream=False)
+    assert res.tokens == json.loads(r.stdout)["tokens"]
+
+
+@pytest.mark.model
 def test_generate_no_stream_and_stop(smollm2_path, tmp_path):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text(PROMPT, encoding="utf-8")

@@ -29,7 +29,7 @@ N_CTX = 2048
 
 @pytest.fixture(scope="module")
 def llm(smollm2_path):
-    with Llama(str(smollm2_path), n_ctx=N_CTX, verbose=False) as model:
+    with Llama(str(smollm2_path), n_ctx=N_CTX, verbose=False, exact_matmul=True) as model:
         yield model
 
 

@@ -24,7 +24,7 @@ GREEDY = dict(max_tokens=N_NEW, temperature=0.0, top_k=1, top_p=1.0, min_p=0.0,
 
 
 def _open(path, **kw):
-    return Llama(str(path), n_ctx=256, verbose=False, **kw)
+    return Llama(str(path), n_ctx=256, verbose=False, exact_matmul=True, **kw)
 
 
 def _eos_id(path):

@@ -1,0 +1,114 @@
+// quant-q8-avx2.c - AVX2 integer dot products of weight rows with 8-bit activations.
+//
+// Each block's 32 weight quants become unsigned bytes (Q8_0: their magnitudes, the sign moved
+// onto the activations), maddubs/madd sum them against the activation bytes into eight
+// int32 lanes, and one FMA scales those by d_w * d_x. The offset term (m_w * s or -8 d_w * s)
+// is a scalar per block. Two blocks per step keep two independent FMA chains.
+#if defined(__x86_64__) || defined(__i386__)
+#include "quant-q8.h"
+
+#include "pykv.h"
+#include "quant-blocks.h"
+#include "simd-avx2.h"
+
+static inline AVX2_TGT float half(uint16_t h) { return _cvtsh_ss(h); }
+
+// Eight partial sums of u[j] * s[j] (u unsigned, s signed bytes) as floats.
+static inline AVX2_TGT __m256 dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+static inline AVX2_TGT __m256i act_bytes(const block_q8_act *x) { return _mm256_loadu_si256((const __m256i *)x->qs); }
+
+// One kernel per type: QUANTS(b) gives the block's unsigned quants, OFFSET(b, x) its scalar
+// term (0 for none).
+#define Q8_DOT(name, block_t, QUANTS, OFFSET)                                                      \
+    static AVX2_TGT float name(const void *row, const block_q8_act *x, int64_t n) {               \
+        const block_t *b = row;                                                                    \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                            \
+        float off = 0.0f;                                                                          \
+        const int64_t nb = n / QK8_ACT;                                                           \
+        int64_t i = 0;                                                                             \
+        for (; i + 2 <= nb; i += 2) {                                                              \
+            acc0 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i]), act_bytes(&x[i])),                      \
+                                   _mm256_set1_ps(half(b[i].d) * x[i].d), acc0);                   \
+            acc1 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i + 1]), act_bytes(&x[i + 1])),              \
+                                   _mm256_set1_ps(half(b[i + 1].d) * x[i + 1].d), acc1);           \
+            off += OFFSET(b[i], x[i]) + OFFSET(b[i + 1], x[i + 1]);                                \
+        }                                                                                          \
+        if (i < nb) {                                                                              \
+            acc0 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i]), act_bytes(&x[i])),                      \
+                                   _mm256_set1_ps(half(b[i].d) * x[i].d), acc0);                   \
+            off += OFFSET(b[i], x[i]);                                                             \
+        }                                                                                          \
+        return hsum_ps(_mm256_add_ps(acc0, acc1)) + off;                                           \
+    }
+
+#define Q4_QUANTS(blk) q4_quants((blk).qs)
+#define Q5_QUANTS(blk) q5_quants((blk).qs, (blk).qh)
+#define CENTRE8(blk, xb)  (-8.0f * half((blk).d) * (xb).s)
+#define CENTRE16(blk, xb) (-16.0f * half((blk).d) * (xb).s)
+#define MIN_TERM(blk, xb) (half((blk).m) * (xb).s)
+
+Q8_DOT(q8dot_q4_0, block_q4_0, Q4_QUANTS, CENTRE8)
+Q8_DOT(q8dot_q4_1, block_q4_1, Q4_QUANTS, MIN_TERM)
+Q8_DOT(q8dot_q5_0, block_q5_0, Q5_QUANTS, CENTRE16)
+Q8_DOT(q8dot_q5_1, block_q5_1, Q5_QUANTS, MIN_TERM)
+
+// Q8_0: signed weights; maddubs wants one unsigned side, so take |w| and move w's sign onto x.
+static AVX2_TGT float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q8_0 *b = row;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const int64_t nb = n / QK8_ACT;
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        const __m256 p = dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(act_bytes(&x[i]), w));
+        const __m256 scale = _mm256_set1_ps(half(b[i].d) * x[i].d);
+        if (i & 1) acc1 = _mm256_fmadd_ps(p, scale, acc1);
+        else       acc0 = _mm256_fmadd_ps(p, scale, acc0);
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES] = {
+    [PYKV_TYPE_Q4_0] = q8dot_q4_0,
+    [PYKV_TYPE_Q4_1] = q8dot_q4_1,
+    [PYKV_TYPE_Q5_0] = q8dot_q5_0,
+    [PYKV_TYPE_Q5_1] = q8dot_q5_1,
+    [PYKV_TYPE_Q8_0] = q8dot_q8_0,
+};
+
+static inline AVX2_TGT float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline AVX2_TGT __m256i round_i32(__m256 v, __m256 id) {
+    return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// The same arithmetic as quantize_row_q8_act_scalar, eight lanes at a time.
+AVX2_TGT void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   // undo packs' lane interleave
+    for (int64_t i = 0; i < n / QK8_ACT; i++, x += QK8_ACT) {
+        const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+        const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                       _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        const float d = hmax_ps(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        const __m256i i0 = round_i32(v0, vid), i1 = round_i32(v1, vid), i2 = round_i32(v2, vid), i3 = round_i32(v3, vid);
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)y[i].qs, _mm256_permutevar8x32_epi32(packed, order));
+        const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+        y[i].d = d;
+        y[i].s = d * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+#endif

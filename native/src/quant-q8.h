@@ -1,0 +1,33 @@
+// quant-q8.h - the fast path of the matrix-vector product: the activation row is quantised
+// to 8 bits once, and each weight row's dot product with it is taken in integers.
+//
+// Per block of 32 activations x: d = max|x| / 127, q = round(x / d) in [-127, 127], and
+// s = d * sum(q). A weight block's dot product is then d_w * d * sum(q_w * q) plus, for the
+// types with an offset (Q4_1, Q5_1: x_w = q_w * d_w + m_w), m_w * s. The types that centre
+// their quants (Q4_0: q - 8, Q5_0: q - 16) use s the same way. This is how llama.cpp runs
+// these types; the float path (vec_dot_for) stays the exact reference.
+#pragma once
+#include <stdint.h>
+
+#define QK8_ACT 32
+
+typedef struct {
+    float  d;            // scale
+    float  s;            // d * sum(qs)
+    int8_t qs[QK8_ACT];
+} block_q8_act;
+
+// x (n a multiple of 32) into n / 32 blocks. The scalar and AVX2 versions give the same bits.
+void quantize_row_q8_act(const float *x, block_q8_act *y, int64_t n);
+void quantize_row_q8_act_scalar(const float *x, block_q8_act *y, int64_t n);
+
+// The dot product of one weight row of `type` (n elements) with n quantised activations.
+typedef float (*vec_dot_q8_fn)(const void *row, const block_q8_act *x, int64_t n);
+vec_dot_q8_fn vec_dot_q8_for(int32_t type);          // NULL: the type has no integer kernel
+vec_dot_q8_fn vec_dot_q8_scalar_for(int32_t type);   // the scalar reference of the same
+
+// Kernel tables (quant-q8-scalar.c, quant-q8-avx2.c), indexed by pykv_type.
+#define Q8_N_TYPES 16
+extern const vec_dot_q8_fn q8_scalar_dots[Q8_N_TYPES];
+extern const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES];
+void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t n);

@@ -1,0 +1,40 @@
+// simd-avx2.h - small AVX2 helpers shared by the kernels (x86 only). The library is built
+// for baseline x86-64, so each helper carries the target attribute of its callers and is
+// only reached after a run-time CPU check.
+#pragma once
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <stdint.h>
+
+#define AVX2_TGT __attribute__((target("avx2,fma,f16c")))
+
+static inline AVX2_TGT float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// The 32 bits of qh as 32 bytes: byte j is 0x10 when bit j is set, else 0.
+static inline AVX2_TGT __m256i qh_bytes(uint32_t qh) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// The 32 four-bit quants of a Q4 block in element order, one per byte: the low nibbles of
+// qs are elements 0-15, the high nibbles 16-31.
+static inline AVX2_TGT __m256i q4_quants(const uint8_t *qs) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+// The 32 five-bit quants of a Q5 block in element order (bit j of qh is element j's fifth).
+static inline AVX2_TGT __m256i q5_quants(const uint8_t *qs, const uint8_t *qhp) {
+    uint32_t qh;
+    __builtin_memcpy(&qh, qhp, 4);
+    return _mm256_or_si256(q4_quants(qs), qh_bytes(qh));
+}
+#endif
