@@ -1,5 +1,6 @@
 // context.c - creating a context and the decode loop: chunking, policy hooks, rollback.
 #include "context.h"
+#include "attention.h"
 #include "error.h"
 #include "log.h"
 #include "ops.h"
@@ -39,6 +40,12 @@ static size_t matmul_max_cols(const struct hparams *hp) {
     return cols;
 }
 
+// Attention weights of a tile of queries over a list, which may briefly hold a chunk's probe
+// tokens on top of n_ctx entries.
+static size_t scores_per_thread(const pykv_context *ctx) {
+    return (size_t)ATTENTION_TILE * ((size_t)ctx->n_ctx + (size_t)ctx->n_ubatch);
+}
+
 static pykv_status alloc_scratch(pykv_context *ctx) {
     const struct hparams *hp = &ctx->model->hp;
     size_t T = (size_t)ctx->n_ubatch, nt = (size_t)threadpool_size(ctx->pool);
@@ -53,7 +60,8 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->att = alloc_floats(T * q_dim, &failed);
     b->gate = alloc_floats(T * hp->n_ff, &failed);
     b->up = alloc_floats(T * hp->n_ff, &failed);
-    b->scores = alloc_floats(nt * (size_t)ctx->n_ctx, &failed);
+    b->scores_stride = scores_per_thread(ctx);
+    b->scores = alloc_floats(nt * b->scores_stride, &failed);
     b->matmul.dequant = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
     b->matmul.xq = calloc(matmul_max_cols(hp) / QK8_ACT + 1, sizeof(block_q8_act));
     failed |= !b->matmul.xq;
@@ -154,7 +162,7 @@ pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
     const struct hparams *hp = &ctx->model->hp;
     struct threadpool *pool = threadpool_create(n_threads);
     if (!pool) return PYKV_ERR_NOMEM;
-    float *scores = calloc((size_t)n_threads * ctx->n_ctx, sizeof(float));
+    float *scores = calloc((size_t)n_threads * ctx->buf.scores_stride, sizeof(float));
     float *mm = calloc((size_t)n_threads * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), sizeof(float));
     if (!scores || !mm) {
         free(scores); free(mm); threadpool_free(pool);

@@ -19,7 +19,8 @@ struct scratch {
     float *att;      // (n_ubatch, n_head * head_dim) attention output
     float *gate;     // (n_ubatch, n_ff)
     float *up;       // (n_ubatch, n_ff)
-    float *scores;   // (n_threads, n_ctx) attention weights of one query
+    float *scores;   // (n_threads, scores_stride) attention weights of a tile of queries
+    size_t scores_stride;   // ATTENTION_TILE * (n_ctx + n_ubatch)
     struct matmul_buf matmul;   // dequant: (n_threads, MATMUL_SCRATCH_FLOATS(max input features))
     float *rope_inv_freq;   // (n_rot / 2) base^(-2i/n_rot) / freq_factor
     float *attn_colsum;     // (n_head, n_ctx) attention received per entry, when the policy asks

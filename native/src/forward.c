@@ -19,46 +19,57 @@ struct attention_job {
     int           T;
 };
 
-// softmax(q.K^T / sqrt(d)) V of query head h at chunk token t over its KV head's list,
-// causal by position (entries appended later in this chunk are skipped). The weights are
-// left in scores; their count is returned.
-static int attend(pykv_context *ctx, int layer, int T, int h, int t, float *scores) {
+// The query heads of token t that share KV head g, in tiles of ATTENTION_TILE: each tile
+// reads the list once (attention_group). Leaves the last tile's weights in scores.
+static void attend_group(pykv_context *ctx, int layer, int T, int g, int t, float *scores,
+                         void (*each_tile)(pykv_context *, int h0, int nq, int n, const float *w)) {
     const struct hparams *hp = &ctx->model->hp;
-    const struct kv_list *l = kv_cache_list(&ctx->cache, layer, h / (hp->n_head / hp->n_head_kv));
-    const size_t row = ((size_t)t * hp->n_head + h) * hp->head_dim;
-    int n = l->n - (T - 1 - t);   // this token and everything before it
-    attention_head(ctx->buf.q + row, l, n, hp->head_dim, scores, ctx->buf.att + row);
-    return n;
+    const int n_rep = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    const struct kv_list *l = kv_cache_list(&ctx->cache, layer, g);
+    const int n = l->n - (T - 1 - t);   // this token and everything before it
+    for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
+        const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
+        const size_t row = ((size_t)t * hp->n_head + (size_t)g * n_rep + r0) * hd;
+        attention_group(ctx->buf.q + row, nq, l, n, hd, scores, ctx->buf.att + row);
+        if (each_tile) each_tile(ctx, g * n_rep + r0, nq, n, scores);
+    }
 }
 
-// One item per (query head, token), split evenly across the pool.
+// One item per (token, KV head), split evenly across the pool.
 static void attention_task(void *arg, int ith, int nth) {
     const struct attention_job *job = arg;
-    const int n_head = job->ctx->model->hp.n_head;
-    float *scores = job->ctx->buf.scores + (size_t)ith * job->ctx->n_ctx;
+    pykv_context *ctx = job->ctx;
+    const int n_kv = ctx->model->hp.n_head_kv;
+    float *scores = ctx->buf.scores + (size_t)ith * ctx->buf.scores_stride;
     long i0, i1;
-    split_range((long)n_head * job->T, ith, nth, &i0, &i1);
-    for (long i = i0; i < i1; i++) attend(job->ctx, job->layer, job->T, (int)(i % n_head), (int)(i / n_head), scores);
+    split_range((long)n_kv * job->T, ith, nth, &i0, &i1);
+    for (long i = i0; i < i1; i++) attend_group(ctx, job->layer, job->T, (int)(i % n_kv), (int)(i / n_kv), scores, NULL);
 }
 
-// For policies that score by accumulated attention (H2O): one item per query head, whose
+// colsum[h][j] += the attention query head h pays entry j.
+static void add_colsums(pykv_context *ctx, int h0, int nq, int n, const float *w) {
+    for (int r = 0; r < nq; r++) {
+        float *colsum = ctx->buf.attn_colsum + (size_t)(h0 + r) * ctx->n_ctx;
+        for (int j = 0; j < n; j++) colsum[j] += w[(size_t)r * n + j];
+    }
+}
+
+// For policies that score by accumulated attention (H2O): one item per KV head, whose
 // tokens run in order, summing the attention each entry receives into colsum[h][j]. The
-// sums then do not depend on how the heads are spread over threads.
+// sums then do not depend on how the work is spread over threads.
 static void attention_colsum_task(void *arg, int ith, int nth) {
     const struct attention_job *job = arg;
     pykv_context *ctx = job->ctx;
-    float *scores = ctx->buf.scores + (size_t)ith * ctx->n_ctx;
-    long h0, h1;
-    split_range(ctx->model->hp.n_head, ith, nth, &h0, &h1);
-    for (long h = h0; h < h1; h++) {
-        float *colsum = ctx->buf.attn_colsum + (size_t)h * ctx->n_ctx;
-        const struct hparams *hp = &ctx->model->hp;
-        int n_list = kv_cache_list(&ctx->cache, job->layer, (int)h / (hp->n_head / hp->n_head_kv))->n;
-        memset(colsum, 0, (size_t)n_list * sizeof(float));
-        for (int t = 0; t < job->T; t++) {
-            int n = attend(ctx, job->layer, job->T, (int)h, t, scores);
-            for (int j = 0; j < n; j++) colsum[j] += scores[j];
-        }
+    const struct hparams *hp = &ctx->model->hp;
+    const int n_rep = hp->n_head / hp->n_head_kv;
+    float *scores = ctx->buf.scores + (size_t)ith * ctx->buf.scores_stride;
+    long g0, g1;
+    split_range(hp->n_head_kv, ith, nth, &g0, &g1);
+    for (long g = g0; g < g1; g++) {
+        const int n_list = kv_cache_list(&ctx->cache, job->layer, (int)g)->n;
+        for (int r = 0; r < n_rep; r++)
+            memset(ctx->buf.attn_colsum + ((size_t)g * n_rep + r) * ctx->n_ctx, 0, (size_t)n_list * sizeof(float));
+        for (int t = 0; t < job->T; t++) attend_group(ctx, job->layer, job->T, (int)g, t, scores, add_colsums);
     }
 }
 

@@ -1,4 +1,4 @@
-// ops.c - norm, RoPE, softmax, SwiGLU and the threaded matrix multiply.
+// ops.c - norm, RoPE, SwiGLU and the threaded matrix multiply (softmax: softmax.c).
 #include "ops.h"
 #include "gemm.h"
 #include "quant.h"
@@ -34,15 +34,6 @@ void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const flo
             p[1] = a * s + b * c;
         }
     }
-}
-
-void softmax(float *x, int n) {
-    float max = x[0];
-    for (int i = 1; i < n; i++) if (x[i] > max) max = x[i];
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
-    float inv = 1.0f / sum;
-    for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
 void swiglu(float *out, const float *gate, const float *up, int n) {

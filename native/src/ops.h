@@ -13,8 +13,10 @@ void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 void rope_inv_freq(float *inv_freq, int n_rot, float base, const float *freq_factors);
 void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
 
-// In-place softmax over n values (the max is subtracted first).
+// In-place softmax over n values (the max is subtracted first); AVX2 where the CPU has it,
+// softmax_scalar (expf) otherwise and in the tests.
 void softmax(float *x, int n);
+void softmax_scalar(float *x, int n);
 
 // out[i] = silu(gate[i]) * up[i]
 void swiglu(float *out, const float *gate, const float *up, int n);
