@@ -1,11 +1,14 @@
 """One timing run of one engine, printed as JSON; run by compare_llamacpp.py in a fresh process.
 
 Prefill: evaluate n_prompt tokens at once. Decode: n_gen single-token steps after the prefill
-(tg @ depth d evaluates d tokens first, untimed). Token ids are the same pseudo-random ids
-for both engines, as llama-bench does; sampling and tokenization are not timed."""
+(tg @ depth d evaluates d tokens first, untimed). --continue: decode right after the timed
+prompt instead (time to first token, then n_gen steps: the long-prompt memory test). Token
+ids are the same pseudo-random ids for both engines, as llama-bench does; sampling and
+tokenization are not timed. The process's peak resident set is reported too."""
 import argparse
 import json
 import random
+import resource
 import time
 
 
@@ -16,7 +19,9 @@ def token_ids(n, n_vocab, seed):
 
 def run_pykv(args):
     from pykv import Llama
-    llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_batch=args.n_batch)
+    budget = None if args.policy == "full" else args.budget
+    llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_batch=args.n_batch,
+                policy=args.policy, budget=budget)
     return llm, llm.n_vocab, llm.eval, llm.reset
 
 
@@ -36,8 +41,12 @@ def main():
     p.add_argument("--n-gen", type=int, default=128)
     p.add_argument("--depth", type=int, default=0)
     p.add_argument("--n-batch", type=int, default=512)
+    p.add_argument("--policy", default="full", help="pykv's KV policy")
+    p.add_argument("--budget", type=int, default=256)
+    p.add_argument("--continue", dest="cont", action="store_true",
+                   help="decode right after the timed prompt (no reset)")
     args = p.parse_args()
-    args.n_ctx = max(args.n_prompt, args.depth) + args.n_gen + 16
+    args.n_ctx = (args.n_prompt if args.cont else max(args.n_prompt, args.depth)) + args.n_gen + 16
     llm, n_vocab, evaluate, reset = (run_pykv if args.engine == "pykv" else run_llamacpp)(args)
     result = {"engine": args.engine}
     # warm-up: touch every weight page once
@@ -47,18 +56,19 @@ def main():
         tokens = token_ids(args.n_prompt, n_vocab, 1)
         t0 = time.perf_counter()
         evaluate(tokens)
-        result["pp_tps"] = args.n_prompt / (time.perf_counter() - t0)
-        reset()
+        result["ttft_s"] = time.perf_counter() - t0
+        result["pp_tps"] = args.n_prompt / result["ttft_s"]
+        if not args.cont:
+            reset()
     if args.n_gen:
-        if args.depth:
-            evaluate(token_ids(args.depth, n_vocab, 2))
-        else:
-            evaluate(token_ids(1, n_vocab, 2))
+        if not args.cont:
+            evaluate(token_ids(args.depth or 1, n_vocab, 2))
         steps = token_ids(args.n_gen, n_vocab, 3)
         t0 = time.perf_counter()
         for t in steps:
             evaluate([t])
         result["tg_tps"] = args.n_gen / (time.perf_counter() - t0)
+    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
 

@@ -2,8 +2,9 @@
 //
 // Each block's 32 weight quants become unsigned bytes (Q8_0: their magnitudes, the sign moved
 // onto the activations), maddubs/madd sum them against the activation bytes into eight
-// int32 lanes, and one FMA scales those by d_w * d_x. The offset term (m_w * s or -8 d_w * s)
-// is a scalar per block. Two blocks per step keep two independent FMA chains.
+// int32 lanes, and one FMA scales those by d_w * d_x. The offset terms (m_w * s, or
+// -8 d_w * s) are summed in a second lane alongside. Two blocks per step keep two
+// independent FMA chains.
 #if defined(__x86_64__) || defined(__i386__)
 #include "quant-q8.h"
 
@@ -20,40 +21,53 @@ static inline AVX2_TGT __m256 dot_u8s8(__m256i u, __m256i s) {
 
 static inline AVX2_TGT __m256i act_bytes(const block_q8_act *x) { return _mm256_loadu_si256((const __m256i *)x->qs); }
 
-// One kernel per type: QUANTS(b) gives the block's unsigned quants, OFFSET(b, x) its scalar
-// term (0 for none).
-#define Q8_DOT(name, block_t, QUANTS, OFFSET)                                                      \
+// Lane 0: d_w * d_x, the block's scale; lane 1: the factor of its offset term, m_w * s for
+// the types with a min (d and m are adjacent f16s, x's d and s adjacent floats, so one
+// convert and one multiply give both) and d_w * s for the centred types (the centre, -8 or
+// -16, is applied once at the end).
+static inline AVX2_TGT __m128 scales_dm(const void *blk, const block_q8_act *x) {
+    uint32_t dm;
+    __builtin_memcpy(&dm, blk, 4);
+    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)x)));
+}
+static inline AVX2_TGT __m128 scales_dd(const void *blk, const block_q8_act *x) {
+    uint16_t d;
+    __builtin_memcpy(&d, blk, 2);
+    return _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi16((short)d)), _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)x)));
+}
+
+// One kernel per type: QUANTS(b) gives the block's unsigned quants, SCALES its two factors,
+// and the offset terms add up to CENTRE times lane 1's sum.
+#define Q8_DOT(name, block_t, QUANTS, SCALES, CENTRE)                                              \
     static AVX2_TGT float name(const void *row, const block_q8_act *x, int64_t n) {               \
         const block_t *b = row;                                                                    \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                            \
-        float off = 0.0f;                                                                          \
+        __m128 off0 = _mm_setzero_ps(), off1 = _mm_setzero_ps();                                  \
         const int64_t nb = n / QK8_ACT;                                                           \
         int64_t i = 0;                                                                             \
         for (; i + 2 <= nb; i += 2) {                                                              \
-            acc0 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i]), act_bytes(&x[i])),                      \
-                                   _mm256_set1_ps(half(b[i].d) * x[i].d), acc0);                   \
-            acc1 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i + 1]), act_bytes(&x[i + 1])),              \
-                                   _mm256_set1_ps(half(b[i + 1].d) * x[i + 1].d), acc1);           \
-            off += OFFSET(b[i], x[i]) + OFFSET(b[i + 1], x[i + 1]);                                \
+            const __m128 s0 = SCALES(&b[i], &x[i]), s1 = SCALES(&b[i + 1], &x[i + 1]);           \
+            off0 = _mm_add_ps(off0, s0);                                                           \
+            off1 = _mm_add_ps(off1, s1);                                                           \
+            acc0 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i]), act_bytes(&x[i])), _mm256_broadcastss_ps(s0), acc0);         \
+            acc1 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i + 1]), act_bytes(&x[i + 1])), _mm256_broadcastss_ps(s1), acc1); \
         }                                                                                          \
         if (i < nb) {                                                                              \
-            acc0 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i]), act_bytes(&x[i])),                      \
-                                   _mm256_set1_ps(half(b[i].d) * x[i].d), acc0);                   \
-            off += OFFSET(b[i], x[i]);                                                             \
+            const __m128 s0 = SCALES(&b[i], &x[i]);                                                \
+            off0 = _mm_add_ps(off0, s0);                                                           \
+            acc0 = _mm256_fmadd_ps(dot_u8s8(QUANTS(b[i]), act_bytes(&x[i])), _mm256_broadcastss_ps(s0), acc0);         \
         }                                                                                          \
-        return hsum_ps(_mm256_add_ps(acc0, acc1)) + off;                                           \
+        const float off = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(off0, off1)));                 \
+        return hsum_ps(_mm256_add_ps(acc0, acc1)) + (CENTRE) * off;                                \
     }
 
 #define Q4_QUANTS(blk) q4_quants((blk).qs)
 #define Q5_QUANTS(blk) q5_quants((blk).qs, (blk).qh)
-#define CENTRE8(blk, xb)  (-8.0f * half((blk).d) * (xb).s)
-#define CENTRE16(blk, xb) (-16.0f * half((blk).d) * (xb).s)
-#define MIN_TERM(blk, xb) (half((blk).m) * (xb).s)
 
-Q8_DOT(q8dot_q4_0, block_q4_0, Q4_QUANTS, CENTRE8)
-Q8_DOT(q8dot_q4_1, block_q4_1, Q4_QUANTS, MIN_TERM)
-Q8_DOT(q8dot_q5_0, block_q5_0, Q5_QUANTS, CENTRE16)
-Q8_DOT(q8dot_q5_1, block_q5_1, Q5_QUANTS, MIN_TERM)
+Q8_DOT(q8dot_q4_0, block_q4_0, Q4_QUANTS, scales_dd, -8.0f)
+Q8_DOT(q8dot_q4_1, block_q4_1, Q4_QUANTS, scales_dm, 1.0f)
+Q8_DOT(q8dot_q5_0, block_q5_0, Q5_QUANTS, scales_dd, -16.0f)
+Q8_DOT(q8dot_q5_1, block_q5_1, Q5_QUANTS, scales_dm, 1.0f)
 
 // Q8_0: signed weights; maddubs wants one unsigned side, so take |w| and move w's sign onto x.
 static AVX2_TGT float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t n) {

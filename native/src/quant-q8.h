@@ -7,6 +7,7 @@
 // their quants (Q4_0: q - 8, Q5_0: q - 16) use s the same way. This is how llama.cpp runs
 // these types; the float path (vec_dot_for) stays the exact reference.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 #define QK8_ACT 32
@@ -16,6 +17,8 @@ typedef struct {
     float  s;            // d * sum(qs)
     int8_t qs[QK8_ACT];
 } block_q8_act;
+// The SIMD kernels load d and s together.
+_Static_assert(offsetof(block_q8_act, s) == offsetof(block_q8_act, d) + 4, "d and s adjacent");
 
 // x (n a multiple of 32) into n / 32 blocks. The scalar and AVX2 versions give the same bits.
 void quantize_row_q8_act(const float *x, block_q8_act *y, int64_t n);
