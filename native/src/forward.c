@@ -104,9 +104,9 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
 
         // attention
         for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->attn_norm, dim, hp->rms_eps);
-        matmul(ctx->pool, b->q, &w->wq, b->xb, T, &b->matmul);
-        matmul(ctx->pool, b->k, &w->wk, b->xb, T, &b->matmul);
-        matmul(ctx->pool, b->v, &w->wv, b->xb, T, &b->matmul);
+        float *qkv[3] = { b->q, b->k, b->v };
+        const struct tensor *w_qkv[3] = { &w->wq, &w->wk, &w->wv };
+        matmul_many(ctx->pool, 3, qkv, w_qkv, b->xb, T, &b->matmul);
         for (int t = 0; t < T; t++) {
             rope(b->q + (size_t)t * q_dim, hp->n_head, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
             rope(b->k + (size_t)t * kv_dim, hp->n_head_kv, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
@@ -119,8 +119,9 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
 
         // feed-forward
         for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->ffn_norm, dim, hp->rms_eps);
-        matmul(ctx->pool, b->gate, &w->w_gate, b->xb, T, &b->matmul);
-        matmul(ctx->pool, b->up, &w->w_up, b->xb, T, &b->matmul);
+        float *gate_up[2] = { b->gate, b->up };
+        const struct tensor *w_gate_up[2] = { &w->w_gate, &w->w_up };
+        matmul_many(ctx->pool, 2, gate_up, w_gate_up, b->xb, T, &b->matmul);
         swiglu(b->gate, b->gate, b->up, T * hp->n_ff);
         matmul(ctx->pool, b->xb, &w->w_down, b->gate, T, &b->matmul);
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];

@@ -48,38 +48,50 @@ pykv_status tensor_get_row(const struct tensor *t, int64_t row, float *out) {
     return dequant_row(t->type, (const uint8_t *)t->data + row * row_bytes, out, t->ne[0]);
 }
 
+// One token through up to MATMUL_MANY matrices that share the input x: their rows, taken
+// end to end, are split evenly across the pool, so q/k/v (or gate/up) cost one dispatch.
+// Each row is a fused dequantize-and-dot with x, or an integer dot with x quantised (xq).
+struct matvec_job {
+    int                  n;
+    float               *out[MATMUL_MANY];
+    const struct tensor *w[MATMUL_MANY];
+    vec_dot_fn           dot[MATMUL_MANY];
+    vec_dot_q8_fn        dot_q8[MATMUL_MANY];   // NULL: the float dot
+    const float         *x;
+    const block_q8_act  *xq;
+    long                 total_rows;
+};
+
+// Rows [r0, r1) of the concatenated matrices.
+static void matvec_rows(const struct matvec_job *job, long r0, long r1) {
+    long first = 0;
+    for (int m = 0; m < job->n && first < r1; first += job->w[m]->ne[1], m++) {
+        const struct tensor *w = job->w[m];
+        const long a = (r0 > first ? r0 : first) - first, b = (r1 < first + w->ne[1] ? r1 : first + w->ne[1]) - first;
+        const int64_t cols = w->ne[0], row_bytes = type_row_bytes(w->type, cols);
+        const uint8_t *base = w->data;
+        float *out = job->out[m];
+        if (job->dot_q8[m]) for (long r = a; r < b; r++) out[r] = job->dot_q8[m](base + r * row_bytes, job->xq, cols);
+        else                for (long r = a; r < b; r++) out[r] = job->dot[m](base + r * row_bytes, job->x, cols);
+    }
+}
+
+// Each thread takes one contiguous share of the rows: a long sequential stream is what the
+// hardware prefetcher follows best (interleaved chunks of 16 rows ran 15% slower).
+static void matvec_task(void *arg, int ith, int nth) {
+    const struct matvec_job *job = arg;
+    long r0, r1;
+    split_range(job->total_rows, ith, nth, &r0, &r1);
+    matvec_rows(job, r0, r1);
+}
+
 struct matmul_job {
     float               *out;
     const struct tensor *w;
     const float         *x;
-    const block_q8_act  *xq;   // x quantised, for the integer path
-    vec_dot_q8_fn        dot_q8;
     int                  T;
     float               *scratch;
 };
-
-// One token: a fused dequantize-and-dot per weight row.
-static void matmul_vec_task(void *arg, int ith, int nth) {
-    const struct matmul_job *job = arg;
-    const struct tensor *w = job->w;
-    int64_t cols = w->ne[0], row_bytes = type_row_bytes(w->type, cols);
-    vec_dot_fn dot = vec_dot_for(w->type);
-    long r0, r1;
-    split_range(w->ne[1], ith, nth, &r0, &r1);
-    const uint8_t *base = w->data;
-    for (long r = r0; r < r1; r++) job->out[r] = dot(base + r * row_bytes, job->x, cols);
-}
-
-// One token, fast path: integer dot products with the quantised activations.
-static void matmul_q8_task(void *arg, int ith, int nth) {
-    const struct matmul_job *job = arg;
-    const struct tensor *w = job->w;
-    int64_t cols = w->ne[0], row_bytes = type_row_bytes(w->type, cols);
-    long r0, r1;
-    split_range(w->ne[1], ith, nth, &r0, &r1);
-    const uint8_t *base = w->data;
-    for (long r = r0; r < r1; r++) job->out[r] = job->dot_q8(base + r * row_bytes, job->xq, cols);
-}
 
 // Many tokens: dequantize a block of rows once, then take its dot products with every token,
 // so the weights are read once per chunk rather than once per token.
@@ -101,14 +113,33 @@ static void matmul_batch_task(void *arg, int ith, int nth) {
     }
 }
 
-void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,
-            const struct matmul_buf *buf) {
-    struct matmul_job job = { out, w, x, NULL, NULL, T, buf->dequant };
-    if (T == 1 && !buf->exact && w->ne[0] % QK8_ACT == 0 && (job.dot_q8 = vec_dot_q8_for(w->type))) {
-        quantize_row_q8_act(x, buf->xq, w->ne[0]);
-        job.xq = buf->xq;
-        threadpool_run(pool, matmul_q8_task, &job);
+void matmul_many(struct threadpool *pool, int n, float *const *outs, const struct tensor *const *ws,
+                 const float *x, int T, const struct matmul_buf *buf) {
+    if (T > 1) {
+        for (int m = 0; m < n; m++) {
+            struct matmul_job job = { outs[m], ws[m], x, T, buf->dequant };
+            threadpool_run(pool, matmul_batch_task, &job);
+        }
         return;
     }
-    threadpool_run(pool, T == 1 ? matmul_vec_task : matmul_batch_task, &job);
+    struct matvec_job job = { .n = n, .x = x };
+    int any_q8 = 0;
+    for (int m = 0; m < n; m++) {
+        job.out[m] = outs[m];
+        job.w[m] = ws[m];
+        job.dot[m] = vec_dot_for(ws[m]->type);
+        if (!buf->exact && ws[m]->ne[0] % QK8_ACT == 0) job.dot_q8[m] = vec_dot_q8_for(ws[m]->type);
+        any_q8 |= job.dot_q8[m] != NULL;
+        job.total_rows += ws[m]->ne[1];
+    }
+    if (any_q8) {   // the matrices share x, so it is quantised once
+        quantize_row_q8_act(x, buf->xq, ws[0]->ne[0]);
+        job.xq = buf->xq;
+    }
+    threadpool_run(pool, matvec_task, &job);
+}
+
+void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,
+            const struct matmul_buf *buf) {
+    matmul_many(pool, 1, &out, &w, x, T, buf);
 }

@@ -37,3 +37,8 @@ struct matmul_buf {
 };
 void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,
             const struct matmul_buf *buf);
+// The same for n <= MATMUL_MANY matrices with the same input (q/k/v, gate/up): one token's
+// products run as one dispatch over all their rows, with x quantised once.
+#define MATMUL_MANY 3
+void matmul_many(struct threadpool *pool, int n, float *const *outs, const struct tensor *const *ws,
+                 const float *x, int T, const struct matmul_buf *buf);
