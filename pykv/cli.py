@@ -54,6 +54,8 @@ def _add_model_flags(p):
     k.add_argument("--sink", type=int, default=None, metavar="N", help="first tokens always kept")
     k.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
                    help="a policy-specific option (repeatable)")
+    k.add_argument("--cache-type", "-ctk", choices=["f16", "f32"], default="f16",
+                   help="how keys and values are stored (default f16, as llama.cpp; f32 is exact)")
     k.add_argument("--kv-stats", action="store_true", help="print KV cache statistics on stderr at the end")
 
 

@@ -63,6 +63,17 @@ def _parse_budget(budget):
     return int(budget), 0.0
 
 
+_KV_TYPES = {"f16": "PYKV_TYPE_F16", "f32": "PYKV_TYPE_F32"}
+
+
+def _kv_type_code(kv_type) -> int:
+    """'f16' (default: half the memory, as llama.cpp) or 'f32' (the exact path)."""
+    name = str(kv_type).lower()
+    if name not in _KV_TYPES:
+        raise errors.InvalidArgumentError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
+    return getattr(lib, _KV_TYPES[name])
+
+
 def _resolve_model_path(model_path) -> str:
     path = os.fspath(model_path)
     if os.path.exists(path):
@@ -81,7 +92,7 @@ class Llama:
                  verbose: bool = False, vocab_only: bool = False, use_mmap: bool = True,
                  policy: str = "full", budget=None, window: Optional[int] = None,
                  sink: Optional[int] = None, policy_kwargs: Optional[dict] = None,
-                 exact_matmul: bool = False):
+                 exact_matmul: bool = False, kv_type: str = "f16"):
         self._model = None
         self._ctx = None
         lib.pykv_log_set_level(3 if verbose else 0)
@@ -123,6 +134,7 @@ class Llama:
         cparams.sink = -1 if sink is None else sink
         cparams.policy_args = self._policy_args_c if policy_kwargs else ffi.NULL
         cparams.exact_matmul = int(bool(exact_matmul))
+        cparams.kv_type = _kv_type_code(kv_type)
         cout = ffi.new("pykv_context **")
         status = lib.pykv_context_init(self._model, cparams, cout)
         if status != lib.PYKV_OK:
@@ -323,6 +335,8 @@ class Llama:
             "evicted": stats.evicted,
             "merged": stats.merged,
             "policy": ffi.string(stats.policy).decode(),
+            "kv_type": "f16" if stats.kv_type == lib.PYKV_TYPE_F16 else "f32",
+            "bytes_per_element": 2 if stats.kv_type == lib.PYKV_TYPE_F16 else 4,
         }
 
     def kv_positions(self, layer: int, head: int) -> List[int]:

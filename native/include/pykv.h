@@ -185,6 +185,8 @@ struct pykv_context_params {
     int32_t     exact_matmul; /* 1 = float activations in every matrix product (the reference
                                  path); 0 (default) = a decode step quantises activations to
                                  8 bits and takes integer dot products, as llama.cpp does */
+    int32_t     kv_type;      /* how keys and values are stored: PYKV_TYPE_F16 (default, half
+                                 the memory, as llama.cpp) or PYKV_TYPE_F32 (the exact path) */
 };
 
 PYKV_API void        pykv_context_default_params(struct pykv_context_params *params);
@@ -224,6 +226,7 @@ struct pykv_kv_stats {
     int32_t     n_layer;
     int32_t     n_head_kv;
     const char *policy;       /* owned by ctx */
+    int32_t     kv_type;      /* PYKV_TYPE_F16 or PYKV_TYPE_F32 */
 };
 PYKV_API pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *stats);
 /* Resident entries of (layer, KV head). */

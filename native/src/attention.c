@@ -29,76 +29,40 @@ static void merged_weights(const struct kv_list *l, int n, float *w) {
     for (int j = 0; j < n; j++) w[j] *= inv;
 }
 
-// logits[j] = scale * q . K[j] and out = sum_j p[j] V[j], the generic way.
-static void scores_generic(const float *q, const float *K, int n, int d, float scale, float *logits) {
-    for (int j = 0; j < n; j++) logits[j] = dot_f32(q, K + (size_t)j * d, d) * scale;
+// logits[j] = scale * q . K[j] and out = sum_j p[j] V[j], the generic way (any head size,
+// either element type).
+static void scores_generic(const float *q, const struct kv_list *l, int n, int d, float scale, float *logits) {
+    for (int j = 0; j < n; j++) logits[j] = kv_key_dot(l, j, q, d) * scale;
 }
 
-static void weighted_sum_generic(const float *p, const float *V, int n, int d, float *out) {
+static void weighted_sum_generic(const float *p, const struct kv_list *l, int n, int d, float *out) {
+    float tmp[PYKV_MAX_HEAD_DIM];
     memset(out, 0, (size_t)d * sizeof(float));
-    for (int j = 0; j < n; j++) axpy_f32(out, p[j], V + (size_t)j * d, d);
+    for (int j = 0; j < n; j++) axpy_f32(out, p[j], kv_value_f32(l, j, d, tmp), d);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #include "simd-avx2.h"
 
-// head_dim a multiple of 64. Scores: eight entries at a time, one accumulator each, so eight
-// FMA chains run side by side and one horizontal-add tree yields all eight scores. Weighted
-// sum: the output's 64-dim blocks stay in eight registers while the entries stream past.
-AVX2_TGT
-static void scores_avx2(const float *q, const float *K, int n, int d, float scale, float *logits) {
-    const __m256 vs = _mm256_set1_ps(scale);
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        const float *k = K + (size_t)j * d;
-        __m256 a[8];
-        for (int e = 0; e < 8; e++) a[e] = _mm256_setzero_ps();
-        for (int i = 0; i < d; i += 8) {
-            const __m256 qi = _mm256_loadu_ps(q + i);
-            for (int e = 0; e < 8; e++) a[e] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k + (size_t)e * d + i), a[e]);
-        }
-        const __m256 h03 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-        const __m256 h47 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31));
-        _mm256_storeu_ps(logits + j, _mm256_mul_ps(sum, vs));
-    }
-    for (; j < n; j++) {
-        const float *k = K + (size_t)j * d;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        for (int i = 0; i < d; i += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), a1);
-        }
-        logits[j] = hsum_ps(_mm256_add_ps(a0, a1)) * scale;
-    }
+// Eight elements of a key or value row as floats, from halves or floats.
+static inline __attribute__((always_inline)) AVX2_TGT __m256 load8(const void *row, int i, const int f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)))
+               : _mm256_loadu_ps((const float *)row + i);
 }
 
-AVX2_TGT
-static void weighted_sum_avx2(const float *p, const float *V, int n, int d, float *out) {
-    for (int c = 0; c < d; c += 64) {
-        __m256 acc[8];
-        for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
-        for (int j = 0; j < n; j++) {
-            const __m256 pj = _mm256_set1_ps(p[j]);
-            const float *v = V + (size_t)j * d + c;
-            for (int a = 0; a < 8; a++) acc[a] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * a), acc[a]);
-        }
-        for (int a = 0; a < 8; a++) _mm256_storeu_ps(out + c + 8 * a, acc[a]);
-    }
-}
-
-// Tiles of nq <= ATTENTION_TILE queries (w: nq rows of n weights; out: nq rows of d).
-// Scores: two entries at a time, one accumulator per (query, entry); each key row is loaded
-// once for every query of the tile.
+// Tiles of nq <= ATTENTION_TILE queries (w: nq rows of n weights; out: nq rows of d), head
+// size a multiple of 16. Scores: two entries at a time, one accumulator per (query, entry);
+// each key row is loaded once for every query of the tile.
 static inline __attribute__((always_inline)) AVX2_TGT
-void scores_tile_avx2(const float *q, const int nq, const float *K, int n, int d, float scale, float *w) {
+void scores_tile(const float *q, const int nq, const void *K, const int f16, int n, int d, float scale, float *w) {
+    const size_t row = (size_t)d * (f16 ? 2 : 4);
     int j = 0;
     for (; j + 2 <= n; j += 2) {
-        const float *k0 = K + (size_t)j * d, *k1 = k0 + d;
+        const char *k0 = (const char *)K + (size_t)j * row, *k1 = k0 + row;
         __m256 a[ATTENTION_TILE][2];
         for (int r = 0; r < nq; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
         for (int i = 0; i < d; i += 8) {
-            const __m256 x0 = _mm256_loadu_ps(k0 + i), x1 = _mm256_loadu_ps(k1 + i);
+            const __m256 x0 = load8(k0, i, f16), x1 = load8(k1, i, f16);
             for (int r = 0; r < nq; r++) {
                 const __m256 qi = _mm256_loadu_ps(q + (size_t)r * d + i);
                 a[r][0] = _mm256_fmadd_ps(qi, x0, a[r][0]);
@@ -112,20 +76,27 @@ void scores_tile_avx2(const float *q, const int nq, const float *K, int n, int d
             _mm_storel_pi((__m64 *)(w + (size_t)r * n + j), s);
         }
     }
-    for (; j < n; j++)
-        for (int r = 0; r < nq; r++) w[(size_t)r * n + j] = dot_f32(q + (size_t)r * d, K + (size_t)j * d, d) * scale;
+    for (; j < n; j++) {
+        const char *k0 = (const char *)K + (size_t)j * row;
+        for (int r = 0; r < nq; r++) {
+            __m256 a = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), load8(k0, i, f16), a);
+            w[(size_t)r * n + j] = hsum_ps(a) * scale;
+        }
+    }
 }
 
 // Weighted sum: 16 output dims per pass for every query of the tile, so each pass reads a
-// 16-float slice of each value row once.
+// 16-element slice of each value row once.
 static inline __attribute__((always_inline)) AVX2_TGT
-void weighted_sum_tile_avx2(const float *w, const int nq, const float *V, int n, int d, float *out) {
+void weighted_sum_tile(const float *w, const int nq, const void *V, const int f16, int n, int d, float *out) {
+    const size_t row = (size_t)d * (f16 ? 2 : 4);
     for (int c = 0; c < d; c += 16) {
         __m256 a[ATTENTION_TILE][2];
         for (int r = 0; r < nq; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
         for (int j = 0; j < n; j++) {
-            const float *v = V + (size_t)j * d + c;
-            const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            const char *v = (const char *)V + (size_t)j * row;
+            const __m256 v0 = load8(v, c, f16), v1 = load8(v, c + 8, f16);
             for (int r = 0; r < nq; r++) {
                 const __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j);
                 a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
@@ -139,44 +110,57 @@ void weighted_sum_tile_avx2(const float *w, const int nq, const float *V, int n,
     }
 }
 
-// One instance per tile size, so the loops over the tile's queries unroll.
-#define TILE_FN(nq)                                                                            \
-    static AVX2_TGT void tile##nq##_avx2(const float *q, const struct kv_list *l, int n, int d, \
-                                         float scale, float *w, float *out) {                    \
-        scores_tile_avx2(q, nq, l->k, n, d, scale, w);                                          \
-        for (int r = 0; r < nq; r++) softmax(w + (size_t)r * n, n);                             \
-        weighted_sum_tile_avx2(w, nq, l->v, n, d, out);                                         \
+// One instance per (tile size, element type), so the loops over the tile unroll and the
+// element type is decided at compile time.
+typedef void (*scores_fn)(const float *q, const void *K, int n, int d, float scale, float *w);
+typedef void (*wsum_fn)(const float *w, const void *V, int n, int d, float *out);
+#define TILE_FNS(nq, f16)                                                                          \
+    static AVX2_TGT void scores_##nq##_##f16(const float *q, const void *K, int n, int d, float scale, float *w) { \
+        scores_tile(q, nq, K, f16, n, d, scale, w);                                                \
+    }                                                                                              \
+    static AVX2_TGT void wsum_##nq##_##f16(const float *w, const void *V, int n, int d, float *out) { \
+        weighted_sum_tile(w, nq, V, f16, n, d, out);                                               \
     }
-TILE_FN(1)
-TILE_FN(2)
-TILE_FN(3)
-TILE_FN(4)
+TILE_FNS(1, 0) TILE_FNS(2, 0) TILE_FNS(3, 0) TILE_FNS(4, 0)
+TILE_FNS(1, 1) TILE_FNS(2, 1) TILE_FNS(3, 1) TILE_FNS(4, 1)
 
-typedef void (*tile_fn)(const float *, const struct kv_list *, int, int, float, float *, float *);
-static const tile_fn tile_avx2[ATTENTION_TILE + 1] = { NULL, tile1_avx2, tile2_avx2, tile3_avx2, tile4_avx2 };
+static const scores_fn scores_avx2[2][ATTENTION_TILE + 1] = {
+    { NULL, scores_1_0, scores_2_0, scores_3_0, scores_4_0 },
+    { NULL, scores_1_1, scores_2_1, scores_3_1, scores_4_1 },
+};
+static const wsum_fn wsum_avx2[2][ATTENTION_TILE + 1] = {
+    { NULL, wsum_1_0, wsum_2_0, wsum_3_0, wsum_4_0 },
+    { NULL, wsum_1_1, wsum_2_1, wsum_3_1, wsum_4_1 },
+};
 
 static int use_avx2(int d) {
-    return d % 64 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return d % 16 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
-#else
-static int use_avx2(int d) { (void)d; return 0; }
-#define scores_avx2 scores_generic
-#define weighted_sum_avx2 weighted_sum_generic
 #endif
 
 void attention_head(const float *q, const struct kv_list *l, int n, int d, float *weights, float *out) {
     const float scale = 1.0f / sqrtf((float)d);
-    const int simd = use_avx2(d);
-    (simd ? scores_avx2 : scores_generic)(q, l->k, n, d, scale, weights);
+#if defined(__x86_64__) || defined(__i386__)
+    if (use_avx2(d)) {
+        scores_avx2[l->f16][1](q, l->k, n, d, scale, weights);
+        if (l->n_members) merged_weights(l, n, weights);
+        else softmax(weights, n);
+        wsum_avx2[l->f16][1](weights, l->v, n, d, out);
+        return;
+    }
+#endif
+    scores_generic(q, l, n, d, scale, weights);
     if (l->n_members) merged_weights(l, n, weights);
     else softmax(weights, n);
-    (simd ? weighted_sum_avx2 : weighted_sum_generic)(weights, l->v, n, d, out);
+    weighted_sum_generic(weights, l, n, d, out);
 }
 
 void attention_group(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights, float *out) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (!l->n_members && d % 16 == 0 && use_avx2(64)) {
-        tile_avx2[nq](q, l, n, d, 1.0f / sqrtf((float)d), weights, out);
+    if (!l->n_members && use_avx2(d)) {
+        scores_avx2[l->f16][nq](q, l->k, n, d, 1.0f / sqrtf((float)d), weights);
+        for (int r = 0; r < nq; r++) softmax(weights + (size_t)r * n, n);
+        wsum_avx2[l->f16][nq](weights, l->v, n, d, out);
         return;
     }
 #endif

@@ -24,6 +24,7 @@ void pykv_context_default_params(struct pykv_context_params *p) {
     p->policy = "full";
     p->window = -1;
     p->sink = -1;
+    p->kv_type = PYKV_TYPE_F16;
 }
 
 static float *alloc_floats(size_t n, int *failed) {
@@ -89,6 +90,8 @@ static pykv_status validate_params(const pykv_model *m, const struct pykv_contex
     if (m->vocab_only) return pykv_error(PYKV_ERR_INVALID_ARG, "the model was loaded with vocab_only: it has no weights to run");
     if (p->n_ctx > (1u << 24)) return pykv_error(PYKV_ERR_INVALID_ARG, "n_ctx %u is too large", p->n_ctx);
     if (p->n_ubatch > (1u << 16)) return pykv_error(PYKV_ERR_INVALID_ARG, "n_ubatch %u is too large", p->n_ubatch);
+    if (p->kv_type != PYKV_TYPE_F16 && p->kv_type != PYKV_TYPE_F32)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "kv_type must be F16 (%d) or F32 (%d), got %d", PYKV_TYPE_F16, PYKV_TYPE_F32, p->kv_type);
     if (p->n_threads < 0 || p->n_threads > 512)
         return pykv_error(PYKV_ERR_INVALID_ARG, "n_threads must be between 1 and 512 (or 0 for automatic), got %d", p->n_threads);
     if (p->budget < 0) return pykv_error(PYKV_ERR_INVALID_ARG, "budget must be positive, got %d", p->budget);
@@ -116,7 +119,8 @@ static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_pa
     ctx->policy->cfg = cfg;
 
     // Lists may briefly hold a chunk's probe tokens on top of n_ctx entries.
-    PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx + ctx->n_ubatch));
+    PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx + ctx->n_ubatch,
+                           p->kv_type == PYKV_TYPE_F16));
     return alloc_scratch(ctx);
 }
 
@@ -325,6 +329,7 @@ pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *s) {
     s->n_layer = ctx->cache.n_layer;
     s->n_head_kv = ctx->cache.n_head_kv;
     s->policy = ctx->policy->ops->name;
+    s->kv_type = ctx->cache.f16 ? PYKV_TYPE_F16 : PYKV_TYPE_F32;
     return PYKV_OK;
 }
 

@@ -1,15 +1,18 @@
 // kv-cache.c - per-(layer, KV head) entry lists with real allocation accounting.
 #include "kv-cache.h"
 #include "error.h"
+#include "quant.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #define KV_MIN_CAP 16
 
+static int64_t elem_bytes(const struct kv_cache *c) { return c->f16 ? 2 : 4; }
+
 // Bytes per allocated entry: key, value, position, and the merge bookkeeping if enabled.
 static int64_t entry_bytes(const struct kv_cache *c, const struct kv_list *l) {
-    int64_t b = (int64_t)2 * c->head_dim * (int64_t)sizeof(float) + (int64_t)sizeof(int32_t);
+    int64_t b = (int64_t)2 * c->head_dim * elem_bytes(c) + (int64_t)sizeof(int32_t);
     if (l->n_members) b += (int64_t)sizeof(int32_t) + (int64_t)sizeof(float *);
     return b;
 }
@@ -40,11 +43,11 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
         l->cap = 0;
         return PYKV_OK;
     }
-    size_t row = (size_t)c->head_dim * sizeof(float);
-    float *k = realloc(l->k, (size_t)cap * row);
+    size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
+    void *k = realloc(l->k, (size_t)cap * row);
     if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->k = k;
-    float *v = realloc(l->v, (size_t)cap * row);
+    void *v = realloc(l->v, (size_t)cap * row);
     if (!v) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->v = v;
     int32_t *pos = realloc(l->pos, (size_t)cap * sizeof(int32_t));
@@ -63,14 +66,16 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
     return PYKV_OK;
 }
 
-pykv_status kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries) {
+pykv_status kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int f16) {
     memset(c, 0, sizeof(*c));
+    c->f16 = f16 != 0;
     c->n_layer = n_layer;
     c->n_head_kv = n_head_kv;
     c->head_dim = head_dim;
     c->max_entries = max_entries;
     c->lists = calloc((size_t)n_layer * n_head_kv, sizeof(struct kv_list));
     if (!c->lists) return pykv_error(PYKV_ERR_NOMEM, "out of memory creating the KV cache");
+    for (int i = 0; i < n_layer * n_head_kv; i++) c->lists[i].f16 = c->f16;
     return PYKV_OK;
 }
 
@@ -106,10 +111,34 @@ pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra
     return list_resize(c, l, (int32_t)cap);
 }
 
+static void store_row(const struct kv_list *l, void *base, int32_t j, const float *x, int32_t d) {
+    void *dst = (char *)base + (size_t)j * d * (l->f16 ? 2 : 4);
+    if (l->f16) fp32_to_fp16_row(x, dst, d);
+    else memcpy(dst, x, (size_t)d * sizeof(float));
+}
+
+void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v, int32_t d) {
+    store_row(l, l->k, j, k, d);
+    store_row(l, l->v, j, v, d);
+}
+
+static const float *row_f32(const struct kv_list *l, const void *base, int32_t j, int32_t d, float *tmp) {
+    const void *src = kv_row(l, base, j, d);
+    if (!l->f16) return src;
+    fp16_to_fp32_row(src, tmp, d);
+    return tmp;
+}
+
+const float *kv_key_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) { return row_f32(l, l->k, j, d, tmp); }
+const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) { return row_f32(l, l->v, j, d, tmp); }
+
+float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d) {
+    const void *k = kv_row(l, l->k, j, d);
+    return l->f16 ? vec_dot_for(PYKV_TYPE_F16)(k, q, d) : dot_f32(q, k, d);
+}
+
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos) {
-    size_t row = (size_t)c->head_dim;
-    memcpy(l->k + (size_t)l->n * row, k, row * sizeof(float));
-    memcpy(l->v + (size_t)l->n * row, v, row * sizeof(float));
+    kv_list_set_kv(l, l->n, k, v, c->head_dim);
     l->pos[l->n] = pos;
     if (l->n_members) {
         l->n_members[l->n] = 1;
@@ -152,7 +181,7 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
 }
 
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
-    size_t row = (size_t)c->head_dim;
+    const size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
     for (int32_t j = 0; j < n_keep; j++) {
         int32_t i = keep[j];
         if (i < j || i >= l->n || (j > 0 && i <= keep[j - 1]))
@@ -166,8 +195,8 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
             l->n_members[i] = 1;
             l->member_norm[i] = NULL;
         }
-        memcpy(l->k + (size_t)j * row, l->k + (size_t)i * row, row * sizeof(float));
-        memcpy(l->v + (size_t)j * row, l->v + (size_t)i * row, row * sizeof(float));
+        memcpy((char *)l->k + (size_t)j * row, (char *)l->k + (size_t)i * row, row);
+        memcpy((char *)l->v + (size_t)j * row, (char *)l->v + (size_t)i * row, row);
         l->pos[j] = l->pos[i];
     }
     if (l->n_members)

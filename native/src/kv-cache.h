@@ -2,17 +2,21 @@
 //
 // Each list owns its keys (post-RoPE), values and the original position of every entry,
 // and has its own length, so eviction policies can keep different numbers of entries per
-// head and per layer. Storage grows by doubling and shrinks when a policy compacts a list,
-// so the bytes reported are the bytes really allocated.
+// head and per layer. Storage grows by an eighth and shrinks when a policy compacts a list,
+// so the bytes reported are the bytes really allocated. Keys and values are stored as
+// IEEE halves (the default, as llama.cpp) or as floats (the exact path); code outside
+// kv-cache.c and the attention kernels reads them through the accessors below.
 #pragma once
 #include <stdint.h>
 #include "pykv.h"
 
+#define PYKV_MAX_HEAD_DIM 512   // the model loader refuses larger heads
+
 struct kv_list {
     int32_t  n;     // entries in use
     int32_t  cap;   // entries allocated
-    float   *k;     // (cap, head_dim)
-    float   *v;     // (cap, head_dim)
+    void    *k;     // (cap, head_dim) halves or floats
+    void    *v;     // (cap, head_dim)
     int32_t *pos;   // (cap) original sequence positions
     // Merged entries (EMS): NULL until a merging policy calls kv_list_enable_members. Entry
     // j then stands for n_members[j] tokens; when that is more than one, its key is a unit
@@ -20,6 +24,7 @@ struct kv_list {
     // into one logit per member, norm * (q . key) / sqrt(d), all sharing its value.
     int32_t *n_members;     // (cap)
     float  **member_norm;   // (cap) NULL for single-token entries
+    int32_t  f16;           // the cache's element type, copied here for the kernels
 };
 
 struct kv_cache {
@@ -27,6 +32,7 @@ struct kv_cache {
     int32_t         n_head_kv;
     int32_t         head_dim;
     int32_t         max_entries;   // per list (n_ctx)
+    int32_t         f16;           // 1: keys and values stored as halves
     struct kv_list *lists;         // (n_layer * n_head_kv)
     int64_t         bytes;
     int64_t         peak_bytes;
@@ -34,7 +40,7 @@ struct kv_cache {
     int64_t         merged;
 };
 
-pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries);
+pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int f16);
 void            kv_cache_free(struct kv_cache *c);
 void            kv_cache_clear(struct kv_cache *c);   // drops every entry and its memory
 
@@ -44,6 +50,19 @@ static inline struct kv_list *kv_cache_list(struct kv_cache *c, int layer, int h
 
 // Make room for `extra` more entries in a list.
 pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra);
+
+// Row j of a list's keys or values, in the stored type.
+static inline const void *kv_row(const struct kv_list *l, const void *base, int32_t j, int32_t d) {
+    return (const char *)base + (size_t)j * d * (l->f16 ? 2 : 4);
+}
+// Key (or value) j as d floats: a pointer into the list when stored as floats, otherwise
+// converted into tmp (d floats).
+const float *kv_key_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp);
+const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp);
+// q . key j
+float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d);
+// Overwrite entry j's key and value (d floats each, stored in the list's type).
+void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v, int32_t d);
 
 // Append one entry (copies head_dim floats of k and v).
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos);

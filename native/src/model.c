@@ -1,5 +1,6 @@
 // model.c - reading hyperparameters and weights of the `llama` architecture from GGUF.
 #include "model.h"
+#include "kv-cache.h"
 #include "error.h"
 #include "log.h"
 #include "quant.h"
@@ -69,6 +70,8 @@ static pykv_status read_hparams(pykv_model *m, const struct arch_keys *a) {
     if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0)
         return pykv_error(PYKV_ERR_FORMAT, "invalid model shape: %d attention heads is not a multiple of %d KV heads",
                           hp->n_head, hp->n_head_kv);
+    if (hp->head_dim > PYKV_MAX_HEAD_DIM)
+        return pykv_error(PYKV_ERR_UNSUPPORTED, "head_dim %d is larger than the %d pykv supports", hp->head_dim, PYKV_MAX_HEAD_DIM);
     if (hp->head_dim <= 0 || hp->head_dim % 2 != 0 || hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
         return pykv_error(PYKV_ERR_FORMAT, "invalid model shape: head_dim=%d rope dims=%d", hp->head_dim, hp->n_rot);
     if (hp->n_layer > 4096 || hp->n_embd > (1 << 20) || hp->n_head > 4096)

@@ -43,6 +43,38 @@ uint16_t fp32_to_fp16(float f) {
 
 float bf16_to_fp32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+static int have_f16c(void) { return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"); }
+
+__attribute__((target("avx,f16c"))) static void fp16_to_fp32_f16c(const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = fp16_to_fp32(x[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void fp32_to_fp16_f16c(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) y[i] = fp32_to_fp16(x[i]);
+}
+#endif
+
+void fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (have_f16c()) { fp16_to_fp32_f16c(x, y, n); return; }
+#endif
+    for (int64_t i = 0; i < n; i++) y[i] = fp16_to_fp32(x[i]);
+}
+
+void fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (have_f16c()) { fp32_to_fp16_f16c(x, y, n); return; }
+#endif
+    for (int64_t i = 0; i < n; i++) y[i] = fp32_to_fp16(x[i]);
+}
+
 // ---- dispatch ----
 
 // Chosen once when the library loads (single-threaded), then only read: dot_f32 and axpy_f32

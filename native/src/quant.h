@@ -10,6 +10,9 @@
 float    fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 float    bf16_to_fp32(uint16_t h);
+// Rows of n values (F16C where the CPU has it; the same bits as the scalar functions).
+void     fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
+void     fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n);
 
 // Dequantize n elements (whole blocks) of `type` from src into dst.
 // Returns PYKV_ERR_UNSUPPORTED (with a message) for an unknown type.

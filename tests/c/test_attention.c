@@ -22,8 +22,8 @@ static void unit(float *x) {
 int main(void) {
     srand(7);
     struct kv_cache merged, expanded;
-    CHECK(kv_cache_init(&merged, 1, 1, D, 64) == PYKV_OK);
-    CHECK(kv_cache_init(&expanded, 1, 1, D, 64) == PYKV_OK);
+    CHECK(kv_cache_init(&merged, 1, 1, D, 64, 0) == PYKV_OK);
+    CHECK(kv_cache_init(&expanded, 1, 1, D, 64, 0) == PYKV_OK);
     struct kv_list *lm = kv_cache_list(&merged, 0, 0), *le = kv_cache_list(&expanded, 0, 0);
     CHECK(kv_list_reserve(&merged, lm, 6) == PYKV_OK && kv_list_reserve(&expanded, le, 20) == PYKV_OK);
     CHECK(kv_list_enable_members(&merged, lm) == PYKV_OK);
@@ -62,7 +62,7 @@ int main(void) {
     }
 
     // compaction keeps member lists with their entries and frees the others' bytes
-    const int64_t base = 2 * D * 4 + 4 + 4 + (int64_t)sizeof(float *);
+    const int64_t base = 2 * D * 4 + 4 + 4 + (int64_t)sizeof(float *);   // float32 cache
     CHECK(merged.bytes == (int64_t)lm->cap * base + (3 + 5) * 4);
     int32_t keep[3] = { 0, 4, 5 };
     CHECK(kv_list_retain(&merged, lm, keep, 3) == PYKV_OK);

@@ -1,7 +1,8 @@
 // test_attention_group.c - the GQA tiles (the query heads sharing a KV head attend together,
 // reading each key and value row once) against a double-precision softmax attention, for
 // tile sizes 1-4, head sizes on and off the SIMD path, and
-// lists from 1 entry up (odd counts reach the pairwise tail).
+// lists from 1 entry up (odd counts reach the pairwise tail), keys and values stored as
+// floats or as halves (the reference then reads the same rounded halves).
 #include "attention.h"
 #include "check.h"
 #include "kv-cache.h"
@@ -13,24 +14,26 @@ static float frand(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f;
 
 static void reference(const float *q, const struct kv_list *l, int n, int d, double *out) {
     double *s = malloc((size_t)n * sizeof(double)), max = -INFINITY, z = 0;
+    float tmp[PYKV_MAX_HEAD_DIM];
     for (int j = 0; j < n; j++) {
         double dot = 0;
-        for (int i = 0; i < d; i++) dot += (double)q[i] * l->k[(size_t)j * d + i];
+        const float *k = kv_key_f32(l, j, d, tmp);
+        for (int i = 0; i < d; i++) dot += (double)q[i] * k[i];
         s[j] = dot / sqrt((double)d);
         if (s[j] > max) max = s[j];
     }
     for (int j = 0; j < n; j++) z += s[j] = exp(s[j] - max);
     for (int i = 0; i < d; i++) {
         double acc = 0;
-        for (int j = 0; j < n; j++) acc += s[j] / z * l->v[(size_t)j * d + i];
+        for (int j = 0; j < n; j++) acc += s[j] / z * kv_value_f32(l, j, d, tmp)[i];
         out[i] = acc;
     }
     free(s);
 }
 
-static void check_case(int d, int n, int nq) {
+static void check_case(int d, int n, int nq, int f16) {
     struct kv_cache cache;
-    CHECK(kv_cache_init(&cache, 1, 1, d, n + 4) == PYKV_OK);
+    CHECK(kv_cache_init(&cache, 1, 1, d, n + 4, f16) == PYKV_OK);
     struct kv_list *l = kv_cache_list(&cache, 0, 0);
     CHECK(kv_list_reserve(&cache, l, n + 4) == PYKV_OK);
     float *k = malloc((size_t)d * sizeof(float)), *v = malloc((size_t)d * sizeof(float));
@@ -67,6 +70,9 @@ int main(void) {
     const int nqs[] = { 1, 2, 3, 4 };
     for (int a = 0; a < 4; a++)
         for (int b = 0; b < 5; b++)
-            for (int c = 0; c < 4; c++) check_case(ds[a], ns[b], nqs[c]);
+            for (int c = 0; c < 4; c++) {
+                check_case(ds[a], ns[b], nqs[c], 0);
+                check_case(ds[a], ns[b], nqs[c], 1);
+            }
     return check_report("test_attention_group");
 }

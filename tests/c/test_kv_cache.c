@@ -1,4 +1,5 @@
-// test_kv_cache.c - ragged per-head lists: append, retain (compaction), byte accounting.
+// test_kv_cache.c - ragged per-head lists: append, retain (compaction), byte accounting,
+// for both element types (the values used are exact in halves too), and the accessors.
 #include "check.h"
 #include "kv-cache.h"
 
@@ -6,10 +7,10 @@
 
 static void fill(float *x, int n, float v) { for (int i = 0; i < n; i++) x[i] = v + (float)i; }
 
-int main(void) {
+static void check_type(int f16) {
     struct kv_cache c;
     const int hd = 8;
-    CHECK(kv_cache_init(&c, 2, 3, hd, 1000) == PYKV_OK);
+    CHECK(kv_cache_init(&c, 2, 3, hd, 1000, f16) == PYKV_OK);
     CHECK(c.bytes == 0 && kv_cache_entries(&c) == 0);
 
     float k[8], v[8];
@@ -20,7 +21,7 @@ int main(void) {
         fill(v, hd, (float)-i);
         kv_list_push(&c, l, k, v, i);
     }
-    const int64_t per_entry = 2 * hd * 4 + 4;
+    const int64_t per_entry = 2 * hd * (f16 ? 2 : 4) + 4;
     CHECK(l->n == 100 && kv_cache_entries(&c) == 100);
     CHECK(c.bytes == (int64_t)l->cap * per_entry && c.peak_bytes == c.bytes);
 
@@ -34,8 +35,10 @@ int main(void) {
     CHECK(c.peak_bytes == before);
     for (int i = 0; i < 10; i++) {
         CHECK(l->pos[i] == i * 10);
-        CHECK(l->k[(size_t)i * hd + 3] == (float)(i * 10 + 3));
-        CHECK(l->v[(size_t)i * hd + 1] == (float)(-(i * 10) + 1));
+        float tk[8], tv[8], q[8] = { 0, 0, 0, 1, 0, 0, 0, 0 };
+        CHECK(kv_key_f32(l, i, hd, tk)[3] == (float)(i * 10 + 3));
+        CHECK(kv_value_f32(l, i, hd, tv)[1] == (float)(-(i * 10) + 1));
+        CHECK(kv_key_dot(l, i, q, hd) == (float)(i * 10 + 3));
     }
     int32_t bad[2] = { 5, 3 };
     CHECK(kv_list_retain(&c, l, bad, 2) == PYKV_ERR_INTERNAL);   // not ascending
@@ -48,5 +51,10 @@ int main(void) {
     kv_cache_clear(&c);
     CHECK(c.bytes == 0 && kv_cache_entries(&c) == 0 && c.evicted == 0);
     kv_cache_free(&c);
+}
+
+int main(void) {
+    check_type(0);
+    check_type(1);
     return check_report("test_kv_cache");
 }

@@ -174,6 +174,28 @@ static void test_fp16(void) {
     CHECK(bf16_to_fp32(0x0001) == 0x1p-133f);   // subnormal
 }
 
+// The row conversions (F16C where available, used by the KV cache) give the scalar bits for
+// every finite half and for a spread of floats: normal, subnormal, overflowing, ties.
+static void test_fp16_rows(void) {
+    enum { N = 4096 };
+    static float f[N], back[N];
+    static uint16_t h[N], ref[N];
+    for (uint32_t start = 0; start < 0x10000; start += N) {
+        int n = 0;
+        for (uint32_t b = start; b < start + N; b++)
+            if (((b >> 10) & 0x1F) != 0x1F) ref[n++] = (uint16_t)b;   // finite halves
+        fp16_to_fp32_row(ref, back, n);
+        for (int i = 0; i < n; i++) CHECK(f2u(back[i]) == f2u(fp16_to_fp32(ref[i])));
+    }
+    for (int i = 0; i < N; i++) {
+        const float mag = (float)pow(2.0, -30.0 + 50.0 * (double)(next_u32() & 0xFFFF) / 65536.0);
+        f[i] = (next_u32() & 1 ? -mag : mag) * (i % 7 == 0 ? 1.0f : uniform(0.5f, 1.0f));
+        if (i % 11 == 0) f[i] = fp16_to_fp32((uint16_t)(next_u32() & 0x7BFF)) + 0.5f * 0x1p-24f;   // near ties
+    }
+    fp32_to_fp16_row(f, h, N);
+    for (int i = 0; i < N; i++) CHECK(h[i] == fp32_to_fp16(f[i]));
+}
+
 static void test_f32_kernels(void) {
     float a[1537], b[1537], y1[1537], y2[1537];
     for (int i = 0; i < 1537; i++) { a[i] = uniform(-1, 1); b[i] = uniform(-1, 1); }
@@ -227,6 +249,7 @@ int main(void) {
     test_known_blocks();
     test_vec_dot();
     test_f32_kernels();
+    test_fp16_rows();
     test_pykv_dequantize();
     return check_report("test_quant");
 }

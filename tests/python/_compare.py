@@ -31,3 +31,9 @@ def assert_logits_close(got, ref, *, atol: float, rtol_scale: float = 0.0, what:
             f"{what}: argmax {int(np.argmax(got))} != reference {int(np.argmax(ref))}"
         )
     return diff
+
+
+# The exact path: float activations in every product and a float32 KV cache. Tests that
+# compare against an independent float reference at float32 tolerances run on it; the fast
+# defaults (8-bit decode activations, f16 cache) have their own tests (test_fast_path.py).
+EXACT = {"exact_matmul": True, "kv_type": "f32"}

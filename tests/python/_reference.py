@@ -162,12 +162,14 @@ def q8_roundtrip(x: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
-def forward(model, tokens, int8_rows_from=None) -> np.ndarray:
+def forward(model, tokens, int8_rows_from=None, kv_f16=False) -> np.ndarray:
     """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context.
 
     int8_rows_from=i: tokens i.. are decode steps on pykv's fast path, so the inputs of
     their products with Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights are quantised first (the logits
-    product too, for every row: pykv computes logits one row at a time)."""
+    product too, for every row: pykv computes logits one row at a time).
+    kv_f16=True: keys (after RoPE) and values are rounded to IEEE halves, as pykv's default
+    cache stores them."""
     if not isinstance(model, RefModel):
         model = load(model)
     hp = model.hp
@@ -191,6 +193,9 @@ def forward(model, tokens, int8_rows_from=None) -> np.ndarray:
         v = lin(h, p + "attn_v.weight").reshape(T, hp.n_head_kv, hp.head_dim)
         q = rope_adjacent(q, pos, hp.n_rot, hp.rope_base)
         k = rope_adjacent(k, pos, hp.n_rot, hp.rope_base)
+        if kv_f16:
+            k = k.astype(np.float32).astype(np.float16).astype(np.float64)
+            v = v.astype(np.float32).astype(np.float16).astype(np.float64)
         a = attention(q, k, v, n_rep).reshape(T, hp.n_head * hp.head_dim)
         x = x + lin(a, p + "attn_output.weight")
 

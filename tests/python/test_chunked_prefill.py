@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import _reference
-from _compare import assert_logits_close
+from _compare import assert_logits_close, EXACT
 from _prompts import hf_prompt_ids
 from _tiny_models import N_VOCAB
 from _torch_reference import reference_logits
@@ -34,7 +34,7 @@ SMOL_SELF_ATOL = 6e-5                  # chunked vs one-shot, SmolLM2 (logits up
 
 
 def _prefill_logits(path, tokens, n_batch, n_ctx):
-    with Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, verbose=False, exact_matmul=True) as llm:
+    with Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, verbose=False, **EXACT) as llm:
         llm.eval(tokens)
         assert llm.n_past == len(tokens)
         return llm.logits().copy()

@@ -38,6 +38,7 @@ def _tokens(seed: int, n: int = 20):
 
 
 def _decode_logits(path, tokens, start, **kw):
+    kw.setdefault("kv_type", "f32")   # the matrix products alone (the f16 cache: test_kv_f16)
     with Llama(str(path), n_ctx=64, verbose=False, **kw) as llm:
         llm.eval(tokens[:start])
         out = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from _compare import assert_logits_close
+from _compare import assert_logits_close, EXACT
 from _prompts import SHORT, hf_prompt_ids
 from _torch_reference import hf_tokenize, reference_logits
 from pykv import Llama
@@ -29,7 +29,7 @@ N_CTX = 2048
 
 @pytest.fixture(scope="module")
 def llm(smollm2_path):
-    with Llama(str(smollm2_path), n_ctx=N_CTX, verbose=False, exact_matmul=True) as model:
+    with Llama(str(smollm2_path), n_ctx=N_CTX, verbose=False, **EXACT) as model:
         yield model
 
 

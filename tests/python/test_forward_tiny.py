@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import _reference
-from _compare import assert_logits_close
+from _compare import assert_logits_close, EXACT
 from _tiny_models import N_VOCAB, VARIANTS
 from pykv import Llama
 
@@ -33,7 +33,7 @@ def test_prefill_logits_match_reference(tiny_model, name):
     path = tiny_model(name)
     tokens = _tokens(seed=11)
     ref = _reference.forward(path, tokens)
-    with Llama(str(path), n_ctx=64, verbose=False, exact_matmul=True) as llm:
+    with Llama(str(path), n_ctx=64, verbose=False, **EXACT) as llm:
         for n in PREFIXES:
             llm.reset()
             llm.eval(tokens[:n])
@@ -50,7 +50,7 @@ def test_decode_one_token_at_a_time_matches_reference(tiny_model, name):
     tokens = _tokens(seed=12)
     ref = _reference.forward(path, tokens)
     start = 6
-    with Llama(str(path), n_ctx=64, verbose=False, exact_matmul=True) as llm:
+    with Llama(str(path), n_ctx=64, verbose=False, **EXACT) as llm:
         llm.eval(tokens[:start])
         for i in range(start, len(tokens)):
             llm.eval([tokens[i]])
@@ -63,7 +63,7 @@ def test_reset_gives_fresh_context(tiny_model):
     path = tiny_model()
     a, b = _tokens(seed=13, n=10), _tokens(seed=14, n=7)
     ref_b = _reference.forward(path, b)
-    with Llama(str(path), n_ctx=64, verbose=False, exact_matmul=True) as llm:
+    with Llama(str(path), n_ctx=64, verbose=False, **EXACT) as llm:
         llm.eval(a)
         llm.reset()
         assert llm.n_past == 0

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from _torch_reference import greedy_continuation
+from _compare import EXACT
 from pykv import Llama
 
 pytestmark = pytest.mark.model
@@ -24,7 +25,7 @@ GREEDY = dict(max_tokens=N_NEW, temperature=0.0, top_k=1, top_p=1.0, min_p=0.0,
 
 
 def _open(path, **kw):
-    return Llama(str(path), n_ctx=256, verbose=False, exact_matmul=True, **kw)
+    return Llama(str(path), n_ctx=256, verbose=False, **EXACT, **kw)
 
 
 def _eos_id(path):

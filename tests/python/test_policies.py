@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import _policy_reference as pr
+from _compare import EXACT
 from pykv import InvalidArgumentError, Llama, list_policies
 
 POLICIES = list_policies()
@@ -77,7 +78,7 @@ def test_invariants(gqa_model, policy):
     assert st["policy"] == policy
     assert st["entries"] == sum(len(p) for layer in pos for p in layer)
     assert st["evicted"] == n * L * Hkv - st["entries"]
-    assert st["peak_bytes"] >= st["bytes"] >= st["entries"] * (2 * hd * 4 + 4)
+    assert st["peak_bytes"] >= st["bytes"] >= st["entries"] * (2 * hd * st["bytes_per_element"] + 4)
     for layer in pos:
         for p in layer:
             assert p == sorted(set(p)) and 0 <= p[0] and p[-1] < n
@@ -150,7 +151,7 @@ def test_snapkv_matches_reference(ref_case, opts):
     B = 80
     kw = dict(opts)
     Wn = kw.pop("window", W)
-    llm = run(path, "snapkv", toks, budget=B, window=Wn, policy_kwargs=kw or None)
+    llm = run(path, "snapkv", toks, **EXACT, budget=B, window=Wn, policy_kwargs=kw or None)
     want = pr.snapkv(qs, ks, B, W=Wn, **kw)
     _check_layers(llm, want, check_counts=True)
 
@@ -158,7 +159,7 @@ def test_snapkv_matches_reference(ref_case, opts):
 def test_pyramidkv_matches_reference(ref_case):
     path, toks, hp, qs, ks = ref_case
     for B, beta in ((80, 20.0), (100, 5.0)):
-        llm = run(path, "pyramidkv", toks, budget=B, policy_kwargs={"beta": beta})
+        llm = run(path, "pyramidkv", toks, **EXACT, budget=B, policy_kwargs={"beta": beta})
         want = pr.pyramidkv(qs, ks, B, beta=beta)
         _check_layers(llm, want, check_counts=True)
         # per-layer budgets: total exact, decreasing with depth
@@ -179,7 +180,7 @@ def test_pyramid_budget_formula():
 def test_adakv_matches_reference(ref_case):
     path, toks, hp, qs, ks = ref_case
     for B, alpha in ((80, 0.2), (64, 0.5), (80, 1.0)):
-        llm = run(path, "adakv", toks, budget=B, policy_kwargs={"alpha": alpha})
+        llm = run(path, "adakv", toks, **EXACT, budget=B, policy_kwargs={"alpha": alpha})
         want = pr.adakv(qs, ks, B, alpha=alpha)
         for l, heads in enumerate(want):
             flat = np.concatenate([s for _, s, _ in heads])
@@ -190,7 +191,7 @@ def test_adakv_matches_reference(ref_case):
                 assert counts == [len(k) for k, _, _ in heads], f"layer {l}: per-head budgets differ"
                 _check_layer(llm, l, heads, check_counts=True)
         if alpha == 1.0:   # uniform share: Ada-KV reduces to SnapKV
-            snap = run(path, "snapkv", toks, budget=B)
+            snap = run(path, "snapkv", toks, **EXACT, budget=B)
             assert positions(llm) == positions(snap)
 
 
@@ -327,7 +328,7 @@ def test_smollm2_window_policies(smollm2_path):
     text = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 30
     for policy in ("snapkv", "adakv"):
         B = 96
-        one = Llama(smollm2_path, n_ctx=1024, n_threads=2, n_batch=512, policy=policy, budget=B)
+        one = Llama(smollm2_path, **EXACT, n_ctx=1024, n_threads=2, n_batch=512, policy=policy, budget=B)
         toks = one.tokenize(text)[:300]
         one.eval(toks)
         L, Hkv = one.model_info["n_layer"], one.model_info["n_head_kv"]
@@ -335,6 +336,6 @@ def test_smollm2_window_policies(smollm2_path):
         assert st["entries"] == B * L * Hkv
         pos = positions(one)
         assert all(set(range(len(toks) - W, len(toks))) <= set(p) for layer in pos for p in layer)
-        ch = run(smollm2_path, policy, toks, budget=B, n_batch=64)
+        ch = run(smollm2_path, policy, toks, **EXACT, budget=B, n_batch=64)
         assert positions(ch) == pos
         np.testing.assert_allclose(ch.logits(), one.logits(), rtol=0, atol=1e-3)

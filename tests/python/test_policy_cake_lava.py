@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import _cake_lava_reference as ref
+from _compare import EXACT
 from pykv import Llama
 from pykv.errors import InvalidArgumentError
 
@@ -43,7 +44,7 @@ def tiny4_qkv(tiny4):
 
 
 def _run(path, tokens, policy, budget, n_threads=2, n_batch=512, **kwargs):
-    llm = Llama(str(path), n_ctx=512, n_threads=n_threads, n_batch=n_batch, policy=policy, budget=budget,
+    llm = Llama(str(path), **EXACT, n_ctx=512, n_threads=n_threads, n_batch=n_batch, policy=policy, budget=budget,
                 policy_kwargs=kwargs or None)
     llm.eval(tokens)
     return llm
@@ -117,7 +118,7 @@ def test_lava_matches_reference(tiny4, tiny4_qkv, cascade):
 
 def test_smollm2_matches_reference(smollm2_path):
     """A real model: layer preferences and entropies differ a lot across its 30 layers."""
-    llm = Llama(str(smollm2_path), n_ctx=512, n_threads=2)
+    llm = Llama(str(smollm2_path), **EXACT, n_ctx=512, n_threads=2)
     text = ("The quick brown fox jumps over the lazy dog. " * 3 + "In 1492, Columbus sailed the ocean blue, "
             "and many other things happened in the world of science and art. " * 4 + "Question: what did the fox do?")
     toks = llm.tokenize(text)
@@ -277,11 +278,11 @@ def test_lava_decode_grows(tiny4):
 ])
 def test_bad_arguments(tiny4, policy, budget, kwargs, match):
     with pytest.raises(InvalidArgumentError, match=match):
-        Llama(str(tiny4), n_ctx=256, policy=policy, budget=budget, policy_kwargs=kwargs or None)
+        Llama(str(tiny4), **EXACT, n_ctx=256, policy=policy, budget=budget, policy_kwargs=kwargs or None)
 
 
 @pytest.mark.parametrize("policy", ["cake", "lava"])
 def test_fraction_budget_below_window_fails_cleanly(tiny4, policy):
-    llm = Llama(str(tiny4), n_ctx=256, policy=policy, budget="5%")
+    llm = Llama(str(tiny4), **EXACT, n_ctx=256, policy=policy, budget="5%")
     with pytest.raises(InvalidArgumentError, match="window"):
         llm.eval(_prompt())

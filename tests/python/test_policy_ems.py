@@ -10,6 +10,7 @@ member its own key norm_i * k_e with value v_e).
 import numpy as np
 import pytest
 
+from _compare import EXACT
 from pykv import Llama
 from pykv.errors import InvalidArgumentError
 
@@ -20,7 +21,7 @@ NEXT = 17
 
 
 def _run(path, budget, kwargs=None, n_batch=256, n_threads=1, steps=0, prompt=PROMPT):
-    with Llama(str(path), n_ctx=320, n_batch=n_batch, n_threads=n_threads, policy="ems", budget=budget,
+    with Llama(str(path), **EXACT, n_ctx=320, n_batch=n_batch, n_threads=n_threads, policy="ems", budget=budget,
                policy_kwargs=kwargs or None) as llm:
         llm.eval(prompt)
         out = {"stats0": llm.kv_stats(), "logits0": llm.logits().copy()}
@@ -52,7 +53,7 @@ def test_ems_prefill_matches_numpy(tiny_model, variant, budget, kwargs):
     hp, qs, ks, vs = eref.capture_qkv(path, PROMPT)
     want = eref.ems_prefill(qs, ks, vs, budget, W=W, kernel=kwargs.get("kernel", 7),
                             tau=kwargs.get("tau", 0.6), gamma=kwargs.get("gamma", 4))
-    with Llama(str(path), n_ctx=320, n_batch=256, n_threads=1, policy="ems", budget=budget,
+    with Llama(str(path), **EXACT, n_ctx=320, n_batch=256, n_threads=1, policy="ems", budget=budget,
                policy_kwargs=kwargs or None) as llm:
         llm.eval(PROMPT)
         stats = llm.kv_stats()
@@ -146,7 +147,7 @@ def test_ems_budget_at_least_prompt_is_full(tiny_model):
     path = tiny_model("llama_f32_h4kv4")
     prompt = PROMPT[:60]
     r = _run(path, 64, {"tau": 0.0}, prompt=prompt, steps=3)
-    with Llama(str(path), n_ctx=320, n_batch=256, n_threads=1) as full:
+    with Llama(str(path), **EXACT, n_ctx=320, n_batch=256, n_threads=1) as full:
         full.eval(prompt)
         np.testing.assert_array_equal(r["logits0"], full.logits())
         for t in range(3):
@@ -180,5 +181,5 @@ def test_ems_chunked_prefill_equals_one_shot(tiny_model):
 def test_ems_bad_args(tiny_model, kwargs, budget):
     path = tiny_model("llama_f32_h4kv4")
     with pytest.raises(InvalidArgumentError):
-        with Llama(str(path), n_ctx=320, policy="ems", budget=budget, policy_kwargs=kwargs or None) as llm:
+        with Llama(str(path), **EXACT, n_ctx=320, policy="ems", budget=budget, policy_kwargs=kwargs or None) as llm:
             llm.eval(PROMPT)

@@ -10,6 +10,7 @@ boundary are within 1e-4 relative (genuine near-ties, ``same_selection``).
 import numpy as np
 import pytest
 
+from _compare import EXACT
 from pykv import Llama
 from pykv.errors import InvalidArgumentError
 
@@ -40,7 +41,7 @@ def h2o_scores(q, k):
 def test_h2o_selection_matches_numpy(tiny_model, variant, budget, recent):
     path = tiny_model(variant)
     kwargs = {"recent": recent} if recent is not None else None
-    with Llama(str(path), n_ctx=256, n_batch=256, policy="h2o", budget=budget, policy_kwargs=kwargs) as llm:
+    with Llama(str(path), **EXACT, n_ctx=256, n_batch=256, policy="h2o", budget=budget, policy_kwargs=kwargs) as llm:
         llm.eval(PROMPT)
         hp, qs, ks = pref.capture_qk(path, PROMPT)
         N, R = len(PROMPT), (recent if recent is not None else budget // 2)
@@ -58,7 +59,7 @@ def test_h2o_chunked_prefill_equals_one_shot(tiny_model):
     path = tiny_model("llama_q8_0_h8kv2")
     kept = []
     for n_batch in (256, 48):
-        with Llama(str(path), n_ctx=256, n_batch=n_batch, policy="h2o", budget=40) as llm:
+        with Llama(str(path), **EXACT, n_ctx=256, n_batch=n_batch, policy="h2o", budget=40) as llm:
             llm.eval(PROMPT)
             kept.append([llm.kv_positions(l, g) for l in range(3) for g in range(2)])
     assert kept[0] == kept[1]
@@ -67,7 +68,7 @@ def test_h2o_chunked_prefill_equals_one_shot(tiny_model):
 def test_h2o_decode_keeps_budget_and_recent(tiny_model):
     path = tiny_model("llama_q8_0_h8kv2")
     budget, recent = 40, 10
-    with Llama(str(path), n_ctx=256, policy="h2o", budget=budget, policy_kwargs={"recent": recent}) as llm:
+    with Llama(str(path), **EXACT, n_ctx=256, policy="h2o", budget=budget, policy_kwargs={"recent": recent}) as llm:
         llm.eval(PROMPT)
         for step in range(12):
             llm.eval([5 + step])
@@ -85,7 +86,7 @@ def test_h2o_budget_at_least_prompt_equals_full(tiny_model):
     path = tiny_model("llama_q8_0_h8kv2")
     logits = []
     for policy in ("full", "h2o"):
-        with Llama(str(path), n_ctx=256, policy=policy, budget=len(PROMPT) + 20) as llm:
+        with Llama(str(path), **EXACT, n_ctx=256, policy=policy, budget=len(PROMPT) + 20) as llm:
             llm.eval(PROMPT)
             llm.eval([7])
             logits.append(llm.logits())
@@ -95,8 +96,8 @@ def test_h2o_budget_at_least_prompt_equals_full(tiny_model):
 def test_h2o_bad_recent(tiny_model):
     path = tiny_model("llama_q8_0_h8kv2")
     with pytest.raises(InvalidArgumentError, match="recent"):
-        Llama(str(path), n_ctx=256, policy="h2o", budget=32, policy_kwargs={"recent": 32})
+        Llama(str(path), **EXACT, n_ctx=256, policy="h2o", budget=32, policy_kwargs={"recent": 32})
     with pytest.raises(InvalidArgumentError, match="recent"):
-        Llama(str(path), n_ctx=256, policy="h2o", budget=32, policy_kwargs={"window": 4})
+        Llama(str(path), **EXACT, n_ctx=256, policy="h2o", budget=32, policy_kwargs={"window": 4})
     with pytest.raises(InvalidArgumentError, match="budget"):
-        Llama(str(path), n_ctx=256, policy="h2o")
+        Llama(str(path), **EXACT, n_ctx=256, policy="h2o")

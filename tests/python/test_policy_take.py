@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pytest
 
+from _compare import EXACT
 from pykv import Llama
 from pykv.errors import InvalidArgumentError
 
@@ -170,7 +171,7 @@ def kept(llm, hp_layers, n_kv):
 
 
 def run_take(path, tokens, *, n_batch, budget, n_threads=1, **kwargs):
-    with Llama(str(path), n_ctx=512, n_batch=n_batch, n_threads=n_threads, policy="take", budget=budget,
+    with Llama(str(path), **EXACT, n_ctx=512, n_batch=n_batch, n_threads=n_threads, policy="take", budget=budget,
                policy_kwargs=kwargs or None) as llm:
         llm.eval(tokens)
         info = llm.kv_stats()
@@ -182,7 +183,7 @@ def run_take(path, tokens, *, n_batch, budget, n_threads=1, **kwargs):
 @pytest.mark.parametrize("n_batch,probe_len", [(32, 8), (64, 16), (64, 31)])
 def test_no_eviction_chunked_equals_one_shot(tiny_model, n_batch, probe_len):
     path = tiny_model("llama_q8_0_h8kv2", n_layer=4)
-    with Llama(str(path), n_ctx=512, n_batch=512, n_threads=1) as full:
+    with Llama(str(path), **EXACT, n_ctx=512, n_batch=512, n_threads=1) as full:
         full.eval(PROMPT)
         want = full.logits()
     got_kept, info, logits = run_take(path, PROMPT, n_batch=n_batch, budget=len(PROMPT), probe_len=probe_len)
@@ -207,7 +208,7 @@ CASES = [
 @pytest.mark.parametrize("variant,n_batch,budget,kwargs,probe", CASES)
 def test_selection_matches_numpy(tiny_model, variant, n_batch, budget, kwargs, probe):
     path = tiny_model(variant, n_layer=4)
-    with Llama(str(path), n_ctx=512, n_batch=n_batch, n_threads=2, policy="take", budget=budget,
+    with Llama(str(path), **EXACT, n_ctx=512, n_batch=n_batch, n_threads=2, policy="take", budget=budget,
                policy_kwargs=kwargs) as llm:
         if probe is not None:
             llm.set_probe(probe)
@@ -265,10 +266,10 @@ def test_peak_memory_far_below_full(tiny_model):
     path = tiny_model("llama_q8_0_h8kv2", n_layer=4)
     prompt = [int(t) for t in np.random.default_rng(5).integers(3, 250, size=480)]
     n_batch, B, Bw, n_lists, hd = 64, 16, 32, 4 * 2, 128 // 8
-    with Llama(str(path), n_ctx=512, n_batch=n_batch, policy="full") as full:
+    with Llama(str(path), **EXACT, n_ctx=512, n_batch=n_batch, policy="full") as full:
         full.eval(prompt)
         full_peak = full.kv_stats()["peak_bytes"]
-    with Llama(str(path), n_ctx=512, n_batch=n_batch, policy="take", budget=B,
+    with Llama(str(path), **EXACT, n_ctx=512, n_batch=n_batch, policy="take", budget=B,
                policy_kwargs={"probe_len": 8, "warmup_budget": Bw}) as llm:
         llm.eval(prompt)
         stats = llm.kv_stats()
@@ -287,7 +288,7 @@ def test_explicit_probe_changes_selection(tiny_model):
     probed, _, _ = run_take(path, PROMPT, n_batch=48, budget=20, probe_len=8, probe=text)
     assert probed != default
     # the same probe as token ids gives the same result; set_probe(None) restores the default
-    with Llama(str(path), n_ctx=512, n_batch=48, n_threads=1, policy="take", budget=20,
+    with Llama(str(path), **EXACT, n_ctx=512, n_batch=48, n_threads=1, policy="take", budget=20,
                policy_kwargs={"probe_len": 8}) as llm:
         ids = llm.tokenize(text, add_bos=False, special=True)
         llm.set_probe(ids)
@@ -302,7 +303,7 @@ def test_explicit_probe_changes_selection(tiny_model):
 def test_decode_grows(tiny_model):
     path = tiny_model("llama_q8_0_h8kv2", n_layer=4)
     B = 20
-    with Llama(str(path), n_ctx=512, n_batch=48, policy="take", budget=B, policy_kwargs={"probe_len": 8}) as llm:
+    with Llama(str(path), **EXACT, n_ctx=512, n_batch=48, policy="take", budget=B, policy_kwargs={"probe_len": 8}) as llm:
         llm.eval(PROMPT)
         assert llm.kv_stats()["entries"] == B * 8
         for step in range(5):
@@ -333,16 +334,16 @@ def test_prompt_within_budget_not_evicted(tiny_model):
 ])
 def test_bad_args(tiny_model, kwargs, budget, match):
     with pytest.raises(InvalidArgumentError, match=match):
-        Llama(str(tiny_model("llama_q8_0_h8kv2", n_layer=4)), n_ctx=256, policy="take", budget=budget,
+        Llama(str(tiny_model("llama_q8_0_h8kv2", n_layer=4)), **EXACT, n_ctx=256, policy="take", budget=budget,
               policy_kwargs=kwargs)
 
 
 def test_bad_runtime_values(tiny_model):
     path = str(tiny_model("llama_q8_0_h8kv2", n_layer=4))
-    with Llama(path, n_ctx=512, n_batch=48, policy="take", budget=16, policy_kwargs={"warmup_layers": 5, "probe_len": 8}) as llm:
+    with Llama(path, **EXACT, n_ctx=512, n_batch=48, policy="take", budget=16, policy_kwargs={"warmup_layers": 5, "probe_len": 8}) as llm:
         with pytest.raises(InvalidArgumentError, match="warmup_layers"):
             llm.eval(PROMPT)
-    with Llama(path, n_ctx=512, n_batch=32, policy="take", budget=16) as llm:
+    with Llama(path, **EXACT, n_ctx=512, n_batch=32, policy="take", budget=16) as llm:
         llm.set_probe(list(range(3, 19)))   # an explicit probe of 16 >= 32 / 2 does not fit
         with pytest.raises(InvalidArgumentError, match="probe"):
             llm.eval(PROMPT)

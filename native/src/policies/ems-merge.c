@@ -34,8 +34,9 @@ float ems_cos(const float *a, const float *b, int32_t d) {
 }
 
 float ems_redundancy(const struct kv_list *l, int32_t d, int32_t i, int32_t c) {
-    const float ck = ems_cos(l->k + (size_t)i * d, l->k + (size_t)c * d, d);
-    const float cv = ems_cos(l->v + (size_t)i * d, l->v + (size_t)c * d, d);
+    float t0[PYKV_MAX_HEAD_DIM], t1[PYKV_MAX_HEAD_DIM];
+    const float ck = ems_cos(kv_key_f32(l, i, d, t0), kv_key_f32(l, c, d, t1), d);
+    const float cv = ems_cos(kv_value_f32(l, i, d, t0), kv_value_f32(l, c, d, t1), d);
     const float r = ck * cv;
     return (ck < 0.0f || cv < 0.0f) ? -fabsf(r) : r;
 }
@@ -43,7 +44,8 @@ float ems_redundancy(const struct kv_list *l, int32_t d, int32_t i, int32_t c) {
 // Add entry e's weighted key direction and value to the sums; append its member norms.
 static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_t d, int32_t e,
                        const float *w_single, double *ks, double *vs, double *W, float *norms, int32_t *nn) {
-    const float *k = l->k + (size_t)e * d, *v = l->v + (size_t)e * d;
+    float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
+    const float *k = kv_key_f32(l, e, d, tk), *v = kv_value_f32(l, e, d, tv);
     const float *mn = l->n_members ? l->member_norm[e] : NULL;
     if (mn) {
         const double we = s->wsum[e], km = s->kmag[e];
@@ -86,16 +88,19 @@ pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems
     double kn = 0.0;
     for (int32_t i = 0; i < d; i++) kn += ks[i] * ks[i];
     kn = sqrt(kn);
-    float *k = l->k + (size_t)c * d, *v = l->v + (size_t)c * d;
+    float k[PYKV_MAX_HEAD_DIM], v[PYKV_MAX_HEAD_DIM];
     if (kn > 0.0) {
         for (int32_t i = 0; i < d; i++) k[i] = (float)(ks[i] / kn);
     } else {   // degenerate: keep the centre's direction
+        const float *kc = kv_key_f32(l, c, d, k);
+        if (kc != k) memcpy(k, kc, (size_t)d * sizeof(float));
         double cn = 0.0;
         for (int32_t i = 0; i < d; i++) cn += (double)k[i] * k[i];
         cn = sqrt(cn);
         if (cn > 0.0) for (int32_t i = 0; i < d; i++) k[i] = (float)(k[i] / cn);
     }
     for (int32_t i = 0; i < d; i++) v[i] = (float)(vs[i] / W);
+    kv_list_set_kv(l, c, k, v, d);
     s->wsum[c] = (float)W;
     s->kmag[c] = (float)(kn / W);
     pykv_status st = kv_list_enable_members(cache, l);

@@ -39,7 +39,7 @@ static void loc_head(const struct loc_job *job, int hq, float *z, double *acc) {
         const int32_t n_vis = l->n - (T - 1 - t);
         float mx = -INFINITY;
         for (int32_t j = 0; j < n_vis; j++) {
-            z[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
+            z[j] = kv_key_dot(l, j, q, hd) * scale;
             const float *nm = l->n_members ? l->member_norm[j] : NULL;
             if (!nm) { if (z[j] > mx) mx = z[j]; continue; }
             for (int32_t m = 0; m < l->n_members[j]; m++) if (nm[m] * z[j] > mx) mx = nm[m] * z[j];

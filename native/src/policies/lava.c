@@ -162,8 +162,9 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
         const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
         float vbar = 0.0f;
         for (int32_t j = 0; j < nc; j++) {
-            float n1 = 0.0f;
-            for (int d = 0; d < hd; d++) n1 += fabsf(l->v[(size_t)j * hd + d]);
+            float n1 = 0.0f, tmp[PYKV_MAX_HEAD_DIM];
+            const float *v = kv_value_f32(l, j, hd, tmp);
+            for (int d = 0; d < hd; d++) n1 += fabsf(v[d]);
             if (n1 > vbar) vbar = n1;
         }
         ll->n_orig[g] = ll->n_cand[g] = nc;

@@ -89,7 +89,7 @@ static void score_head(const struct score_job *j, int32_t h) {
         int32_t vis = n;
         while (vis > 0 && l->pos[vis - 1] > j->pos0 + r) vis--;   // causal by position
         if (vis == 0) continue;
-        for (int32_t c = 0; c < vis; c++) z[c] = dot_f32(q, l->k + (size_t)c * hd, hd) * scale;
+        for (int32_t c = 0; c < vis; c++) z[c] = kv_key_dot(l, c, q, hd) * scale;
         softmax(z, vis);
         for (int32_t c = 0; c < vis; c++) mean[c] += z[c];
     }

@@ -47,7 +47,7 @@ float ws_softmax_row(const struct policy_event *ev, const struct kv_list *l, int
     const int32_t n = l->n - (ev->T - 1 - t);   // entries up to this query's position
     float mx = -INFINITY;
     for (int32_t j = 0; j < n; j++) {
-        z[j] = dot_f32(q, l->k + (size_t)j * hd, hd) * scale;
+        z[j] = kv_key_dot(l, j, q, hd) * scale;
         if (z[j] > mx) mx = z[j];
     }
     double sum = 0.0;
