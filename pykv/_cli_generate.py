@@ -194,5 +194,5 @@ def print_kv_stats(stats) -> None:
     shape = f" over {len(per_head)} layers x {len(per_head[0])} KV heads" if per_head and per_head[0] else ""
     spread = f", per head min {min(flat)} / max {max(flat)}" if flat else ""
     print(f"pykv: kv cache: policy {stats.get('policy')}, {stats.get('entries')} entries{shape}{spread}, "
-          f"{stats.get("bytes", 0) / 2**20:.2f} MiB now ({stats.get("kv_type", "f16")}), {stats.get('peak_bytes', 0) / 2**20:.2f} MiB peak, "
+          f"{stats.get('bytes', 0) / 2**20:.2f} MiB now ({stats.get('kv_type', 'f16')}), {stats.get('peak_bytes', 0) / 2**20:.2f} MiB peak, "
           f"{stats.get('evicted', 0)} evicted, {stats.get('merged', 0)} merged", file=sys.stderr)
