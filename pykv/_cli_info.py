@@ -11,11 +11,11 @@ from .cli import EXIT_OK, resolve_model_arg
 MAX_VALUE_CHARS = 100
 CTX_SIZES = (512, 2048, 4096, 8192, 32768)
 BUDGETS = (64, 128, 256, 512, 1024, 2048)
-KV_ELEMENT_BYTES = 4  # the cache holds float32 K and V
+KV_ELEMENT_BYTES = 2  # the default cache holds K and V as f16 (--cache-type f32 doubles it)
 
 
 def kv_bytes_per_entry(info: dict) -> int:
-    """Bytes of one cached token in one (layer, KV head): K and V, float32."""
+    """Bytes of one cached token in one (layer, KV head): K and V in the default f16 cache."""
     return int(info["head_dim"]) * 2 * KV_ELEMENT_BYTES
 
 
@@ -120,7 +120,7 @@ def print_info(d: dict, out=sys.stdout) -> None:
         w("chat template: none")
     w()
     kv = d["kv_estimate"]
-    w(f"KV cache estimate (float32 K and V; {info['n_layer']} layers x {info['n_head_kv']} KV heads "
+    w(f"KV cache estimate (f16 K and V, the default; x2 with --cache-type f32; {info['n_layer']} layers x {info['n_head_kv']} KV heads "
       f"x head_dim {info['head_dim']}): {kv['bytes_per_token']:,} bytes per token")
     w("  policy full:")
     for n, b in kv["full"].items():

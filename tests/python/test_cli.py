@@ -182,8 +182,8 @@ def test_info_prints_tensor_table(smollm2_path):
     assert "tensors (" in out and "token_embd.weight" in out and "blk.0.attn_q.weight" in out
     assert "q4_1" in out
     assert "chat template:" in out and "im_start" in out
-    # SmolLM2-135M: 30 layers x 3 KV heads x head_dim 64 x (K, V) x float32
-    assert f"{30 * 3 * 64 * 2 * 4:,} bytes per token" in out
+    # SmolLM2-135M: 30 layers x 3 KV heads x head_dim 64 x (K, V) x 2 bytes (the default f16 cache)
+    assert f"{30 * 3 * 64 * 2 * 2:,} bytes per token" in out
     assert "budget" in out
 
 
