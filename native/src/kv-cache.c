@@ -7,6 +7,7 @@
 #include <string.h>
 
 #define KV_MIN_CAP 16
+#define KV_DECODE_DROP 2   // evictions this small are decode steps (see kv_list_retain)
 
 static int64_t elem_bytes(const struct kv_cache *c) { return c->f16 ? 2 : 4; }
 
@@ -202,9 +203,15 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
     if (l->n_members)
         for (int32_t d = n_keep ? keep[n_keep - 1] + 1 : 0; d < l->n; d++) free_members(c, l, d);
     c->evicted += l->n - n_keep;
+    const int32_t n_before = l->n;
     l->n = n_keep;
     // Give the memory of the dropped entries back now: the bytes reported are the bytes held.
+    // A decode step that drops an entry or two keeps the room (at most one growth step of an
+    // eighth), so a fixed-budget policy reuses it on the next token instead of shrinking
+    // and regrowing every list on every step.
+    const int32_t dropped = n_before - n_keep;
     int32_t cap = n_keep > KV_MIN_CAP ? n_keep : KV_MIN_CAP;
+    if (dropped <= KV_DECODE_DROP && l->cap - n_keep <= n_keep / 8 + KV_DECODE_DROP) return PYKV_OK;
     return cap < l->cap ? list_resize(c, l, cap) : PYKV_OK;
 }
 

@@ -68,7 +68,8 @@ void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos);
 
 // Keep only the entries whose indices are listed in keep (ascending, n_keep of them), and
-// give back the memory no longer needed. Counts the dropped entries as evicted.
+// give back the memory no longer needed (a decode step's one or two dropped entries leave
+// their room for the next token). Counts the dropped entries as evicted.
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep);
 
 // Turn on merged-entry bookkeeping for a list (every existing entry is a single token).
