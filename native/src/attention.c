@@ -31,24 +31,19 @@ static void merged_weights(const struct kv_list *l, int n, float *w) {
 
 // logits[j] = scale * q . K[j] and out = sum_j p[j] V[j], the generic way (any head size,
 // either element type).
-static void scores_generic(const float *q, const struct kv_list *l, int n, int d, float scale, float *logits) {
-    for (int j = 0; j < n; j++) logits[j] = kv_key_dot(l, j, q, d) * scale;
+// Entries [j0, j0 + n) of the list.
+static void scores_generic(const float *q, const struct kv_list *l, int j0, int n, int d, float scale, float *logits) {
+    for (int j = 0; j < n; j++) logits[j] = kv_key_dot(l, j0 + j, q, d) * scale;
 }
 
-static void weighted_sum_generic(const float *p, const struct kv_list *l, int n, int d, float *out) {
+static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0, int n, int d, float *out) {
     float tmp[PYKV_MAX_HEAD_DIM];
     memset(out, 0, (size_t)d * sizeof(float));
-    for (int j = 0; j < n; j++) axpy_f32(out, p[j], kv_value_f32(l, j, d, tmp), d);
+    for (int j = 0; j < n; j++) axpy_f32(out, p[j], kv_value_f32(l, j0 + j, d, tmp), d);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #include "simd-avx2.h"
-
-// Eight elements of a key or value row as floats, from halves or floats.
-static inline __attribute__((always_inline)) AVX2_TGT __m256 load8(const void *row, int i, const int f16) {
-    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)))
-               : _mm256_loadu_ps((const float *)row + i);
-}
 
 // Tiles of nq <= ATTENTION_TILE queries (w: nq rows of n weights; out: nq rows of d), head
 // size a multiple of 16. Scores: two entries at a time, one accumulator per (query, entry);
@@ -62,7 +57,7 @@ void scores_tile(const float *q, const int nq, const void *K, const int f16, int
         __m256 a[ATTENTION_TILE][2];
         for (int r = 0; r < nq; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
         for (int i = 0; i < d; i += 8) {
-            const __m256 x0 = load8(k0, i, f16), x1 = load8(k1, i, f16);
+            const __m256 x0 = load8_kv(k0, i, f16), x1 = load8_kv(k1, i, f16);
             for (int r = 0; r < nq; r++) {
                 const __m256 qi = _mm256_loadu_ps(q + (size_t)r * d + i);
                 a[r][0] = _mm256_fmadd_ps(qi, x0, a[r][0]);
@@ -80,7 +75,7 @@ void scores_tile(const float *q, const int nq, const void *K, const int f16, int
         const char *k0 = (const char *)K + (size_t)j * row;
         for (int r = 0; r < nq; r++) {
             __m256 a = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), load8(k0, i, f16), a);
+            for (int i = 0; i < d; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), load8_kv(k0, i, f16), a);
             w[(size_t)r * n + j] = hsum_ps(a) * scale;
         }
     }
@@ -96,7 +91,7 @@ void weighted_sum_tile(const float *w, const int nq, const void *V, const int f1
         for (int r = 0; r < nq; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
         for (int j = 0; j < n; j++) {
             const char *v = (const char *)V + (size_t)j * row;
-            const __m256 v0 = load8(v, c, f16), v1 = load8(v, c + 8, f16);
+            const __m256 v0 = load8_kv(v, c, f16), v1 = load8_kv(v, c + 8, f16);
             for (int r = 0; r < nq; r++) {
                 const __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j);
                 a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
@@ -149,10 +144,10 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
         return;
     }
 #endif
-    scores_generic(q, l, n, d, scale, weights);
+    scores_generic(q, l, 0, n, d, scale, weights);
     if (l->n_members) merged_weights(l, n, weights);
     else softmax(weights, n);
-    weighted_sum_generic(weights, l, n, d, out);
+    weighted_sum_generic(weights, l, 0, n, d, out);
 }
 
 void attention_group(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights, float *out) {
@@ -166,4 +161,37 @@ void attention_group(const float *q, int nq, const struct kv_list *l, int n, int
 #endif
     for (int r = 0; r < nq; r++)
         attention_head(q + (size_t)r * d, l, n, d, weights + (size_t)r * n, out + (size_t)r * d);
+}
+
+void attention_weights(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights) {
+    const float scale = 1.0f / sqrtf((float)d);
+#if defined(__x86_64__) || defined(__i386__)
+    if (use_avx2(d)) scores_avx2[l->f16][nq](q, l->k, n, d, scale, weights);
+    else
+#endif
+        for (int r = 0; r < nq; r++) scores_generic(q + (size_t)r * d, l, 0, n, d, scale, weights + (size_t)r * n);
+    for (int r = 0; r < nq; r++) {
+        if (l->n_members) merged_weights(l, n, weights + (size_t)r * n);
+        else softmax(weights + (size_t)r * n, n);
+    }
+}
+
+void attention_group_partial(const float *q, int nq, const struct kv_list *l, int j0, int j1, int d, float *w,
+                             float *out, float *m, float *lsum) {
+    const int n = j1 - j0;
+    const float scale = 1.0f / sqrtf((float)d);
+#if defined(__x86_64__) || defined(__i386__)
+    if (use_avx2(d)) {
+        scores_avx2[l->f16][nq](q, kv_row(l, l->k, j0, d), n, d, scale, w);
+        for (int r = 0; r < nq; r++) lsum[r] = softmax_exp(w + (size_t)r * n, n, m + r);
+        wsum_avx2[l->f16][nq](w, kv_row(l, l->v, j0, d), n, d, out);
+        return;
+    }
+#endif
+    for (int r = 0; r < nq; r++) {
+        float *wr = w + (size_t)r * n;
+        scores_generic(q + (size_t)r * d, l, j0, n, d, scale, wr);
+        lsum[r] = softmax_exp(wr, n, m + r);
+        weighted_sum_generic(wr, l, j0, n, d, out + (size_t)r * d);
+    }
 }

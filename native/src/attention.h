@@ -13,3 +13,31 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
 // row once for all its queries. Merged lists take attention_head per query.
 #define ATTENTION_TILE 4
 void attention_group(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights, float *out);
+// The weights alone (nq rows of n), for policies that read each entry's attention: the same
+// values attention_group leaves in weights.
+void attention_weights(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights);
+
+// ---- Attention without a weights row (the forward pass's paths when no policy needs the
+// per-entry weights; lists without merged entries) ----
+
+// Prefill (attention-flash.c): a block of n_tok consecutive query tokens, each with its
+// n_rep query heads (row h of token i at q + i * q_stride + h * d), over one list; token i
+// sees the first n_vis0 + i entries. The rows share every block of FLASH_KEYS entries
+// (online softmax); out takes the rows at the same offsets (out_stride between tokens).
+// work: flash_work_floats(d, n_rep) floats; n_tok <= flash_tokens_per_block(n_rep).
+#define FLASH_KEYS 32
+#define FLASH_ROWS 24   // query rows per block (at least one token's)
+int    flash_tokens_per_block(int n_rep);
+size_t flash_work_floats(int d, int n_rep);
+void   attention_flash(const float *q, size_t q_stride, int n_tok, int n_rep, int n_vis0, const struct kv_list *l,
+                       int d, float *out, size_t out_stride, float *work);
+void   attention_flash_scalar(const float *q, size_t q_stride, int n_tok, int n_rep, int n_vis0,
+                              const struct kv_list *l, int d, float *out, size_t out_stride, float *work);
+
+// Decode (split lists): nq <= ATTENTION_TILE query rows over entries [j0, j1) of l only.
+// Leaves per row the largest logit in m, the sum of exp(logit - m) in lsum and the
+// unnormalised output sum_j exp(logit_j - m) v_j in out (nq * d). w: nq * (j1 - j0) floats.
+void attention_group_partial(const float *q, int nq, const struct kv_list *l, int j0, int j1, int d, float *w,
+                             float *out, float *m, float *lsum);
+// One query row's output from n_part such partials (m, lsum: n_part each; o: n_part * d).
+void attention_merge(int n_part, const float *m, const float *lsum, const float *o, int d, float *out);

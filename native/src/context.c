@@ -63,6 +63,11 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->up = alloc_floats(T * hp->n_ff, &failed);
     b->scores_stride = scores_per_thread(ctx);
     b->scores = alloc_floats(nt * b->scores_stride, &failed);
+    b->flash_work_stride = flash_work_floats(hp->head_dim, hp->n_head / hp->n_head_kv);
+    b->flash_work = alloc_floats(nt * b->flash_work_stride, &failed);
+    b->part_m = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS, &failed);
+    b->part_l = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS, &failed);
+    b->part_o = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS * hp->head_dim, &failed);
     b->matmul.dequant = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
     b->matmul.xq = calloc(matmul_max_cols(hp) / QK8_ACT + 1, sizeof(block_q8_act));
     failed |= !b->matmul.xq;
@@ -81,6 +86,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
 static void free_scratch(struct scratch *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
     free(b->gate); free(b->up); free(b->scores); free(b->matmul.dequant); free(b->matmul.xq); free(b->rope_inv_freq); free(b->attn_colsum);
+    free(b->flash_work); free(b->part_m); free(b->part_l); free(b->part_o);
 }
 
 static pykv_status validate_params(const pykv_model *m, const struct pykv_context_params *p) {
@@ -168,16 +174,19 @@ pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
     if (!pool) return PYKV_ERR_NOMEM;
     float *scores = calloc((size_t)n_threads * ctx->buf.scores_stride, sizeof(float));
     float *mm = calloc((size_t)n_threads * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), sizeof(float));
-    if (!scores || !mm) {
-        free(scores); free(mm); threadpool_free(pool);
+    float *flash = calloc((size_t)n_threads * ctx->buf.flash_work_stride, sizeof(float));
+    if (!scores || !mm || !flash) {
+        free(scores); free(mm); free(flash); threadpool_free(pool);
         return pykv_error(PYKV_ERR_NOMEM, "out of memory resizing the thread pool");
     }
     threadpool_free(ctx->pool);
     free(ctx->buf.scores);
     free(ctx->buf.matmul.dequant);
+    free(ctx->buf.flash_work);
     ctx->pool = pool;
     ctx->buf.scores = scores;
     ctx->buf.matmul.dequant = mm;
+    ctx->buf.flash_work = flash;
     return PYKV_OK;
 }
 

@@ -24,7 +24,16 @@ struct scratch {
     struct matmul_buf matmul;   // dequant: (n_threads, MATMUL_SCRATCH_FLOATS(max input features))
     float *rope_inv_freq;   // (n_rot / 2) base^(-2i/n_rot) / freq_factor
     float *attn_colsum;     // (n_head, n_ctx) attention received per entry, when the policy asks
+    float *flash_work;      // (n_threads, flash_work_stride) blocked prefill attention
+    size_t flash_work_stride;
+    float *part_m, *part_l; // (n_head, DECODE_MAX_SEGMENTS) a decode step's split attention
+    float *part_o;          // (n_head, DECODE_MAX_SEGMENTS, head_dim)
 };
+
+// A decode step splits each list into segments of at least DECODE_SEGMENT entries, at most
+// DECODE_MAX_SEGMENTS of them (forward.c).
+#define DECODE_SEGMENT 256
+#define DECODE_MAX_SEGMENTS 16
 
 struct pykv_context {
     pykv_model        *model;

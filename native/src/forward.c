@@ -11,6 +11,7 @@
 #include "quant.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 struct attention_job {
@@ -20,7 +21,9 @@ struct attention_job {
 };
 
 // The query heads of token t that share KV head g, in tiles of ATTENTION_TILE: each tile
-// reads the list once (attention_group). Leaves the last tile's weights in scores.
+// reads the list once. Without each_tile it computes their attention output
+// (attention_group: lists with merged entries); with it, only the weights, handed to
+// each_tile (policies that read every entry's attention).
 static void attend_group(pykv_context *ctx, int layer, int T, int g, int t, float *scores,
                          void (*each_tile)(pykv_context *, int h0, int nq, int n, const float *w)) {
     const struct hparams *hp = &ctx->model->hp;
@@ -30,20 +33,112 @@ static void attend_group(pykv_context *ctx, int layer, int T, int g, int t, floa
     for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
         const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
         const size_t row = ((size_t)t * hp->n_head + (size_t)g * n_rep + r0) * hd;
-        attention_group(ctx->buf.q + row, nq, l, n, hd, scores, ctx->buf.att + row);
-        if (each_tile) each_tile(ctx, g * n_rep + r0, nq, n, scores);
+        if (!each_tile) {
+            attention_group(ctx->buf.q + row, nq, l, n, hd, scores, ctx->buf.att + row);
+            continue;
+        }
+        attention_weights(ctx->buf.q + row, nq, l, n, hd, scores);
+        each_tile(ctx, g * n_rep + r0, nq, n, scores);
     }
 }
 
-// One item per (token, KV head), split evenly across the pool.
-static void attention_task(void *arg, int ith, int nth) {
-    const struct attention_job *job = arg;
+// Prefill: items of (KV head, block of consecutive tokens), claimed one at a time so the
+// causal blocks' uneven costs spread over the threads; the latest (costliest) blocks go
+// first. A list with merged entries (EMS) takes the token-by-token path.
+struct flash_job {
+    pykv_context *ctx;
+    int           layer, T, tok_per_item, n_items;
+    atomic_int    next;
+};
+
+static void flash_task(void *arg, int ith, int nth) {
+    struct flash_job *job = arg;
     pykv_context *ctx = job->ctx;
-    const int n_kv = ctx->model->hp.n_head_kv;
+    const struct hparams *hp = &ctx->model->hp;
+    const int n_kv = hp->n_head_kv, n_rep = hp->n_head / n_kv, hd = hp->head_dim, T = job->T;
+    const size_t tok_stride = (size_t)hp->n_head * hd;
+    const int n_blocks = (T + job->tok_per_item - 1) / job->tok_per_item;
+    float *work = ctx->buf.flash_work + (size_t)ith * ctx->buf.flash_work_stride;
     float *scores = ctx->buf.scores + (size_t)ith * ctx->buf.scores_stride;
-    long i0, i1;
-    split_range((long)n_kv * job->T, ith, nth, &i0, &i1);
-    for (long i = i0; i < i1; i++) attend_group(ctx, job->layer, job->T, (int)(i % n_kv), (int)(i / n_kv), scores, NULL);
+    (void)nth;
+    for (int it; (it = atomic_fetch_add(&job->next, 1)) < job->n_items;) {
+        const int g = it % n_kv, t0 = (n_blocks - 1 - it / n_kv) * job->tok_per_item;
+        const int nt = T - t0 < job->tok_per_item ? T - t0 : job->tok_per_item;
+        const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
+        if (l->n_members) {
+            for (int t = t0; t < t0 + nt; t++) attend_group(ctx, job->layer, T, g, t, scores, NULL);
+            continue;
+        }
+        const size_t off = (size_t)t0 * tok_stride + (size_t)g * n_rep * hd;
+        attention_flash(ctx->buf.q + off, tok_stride, nt, n_rep, l->n - (T - 1 - t0), l, hd, ctx->buf.att + off,
+                        tok_stride, work);
+    }
+}
+
+// Decode: each list is cut into segments that the threads take separately (a few KV heads
+// would not keep the threads busy); the segment count depends only on the list's length, so
+// the result does not depend on the thread count.
+static int decode_segments(int n) {
+    const int s = (n + DECODE_SEGMENT - 1) / DECODE_SEGMENT;
+    return s < 1 ? 1 : s > DECODE_MAX_SEGMENTS ? DECODE_MAX_SEGMENTS : s;
+}
+
+static void decode_split_task(void *arg, int ith, int nth) {
+    struct flash_job *job = arg;
+    pykv_context *ctx = job->ctx;
+    const struct hparams *hp = &ctx->model->hp;
+    const int n_rep = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    float *scores = ctx->buf.scores + (size_t)ith * ctx->buf.scores_stride;
+    struct scratch *b = &ctx->buf;
+    (void)nth;
+    for (int it; (it = atomic_fetch_add(&job->next, 1)) < job->n_items;) {
+        const int g = it / DECODE_MAX_SEGMENTS, seg = it % DECODE_MAX_SEGMENTS;
+        const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
+        if (l->n_members) {
+            if (seg == 0) attend_group(ctx, job->layer, 1, g, 0, scores, NULL);
+            continue;
+        }
+        const int n_seg = decode_segments(l->n);
+        if (seg >= n_seg) continue;
+        const int j0 = (int)((long)l->n * seg / n_seg), j1 = (int)((long)l->n * (seg + 1) / n_seg);
+        for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
+            const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
+            const int h0 = g * n_rep + r0;
+            float part_o[ATTENTION_TILE * PYKV_MAX_HEAD_DIM], part_m[ATTENTION_TILE], part_l[ATTENTION_TILE];
+            attention_group_partial(b->q + (size_t)h0 * hd, nq, l, j0, j1, hd, scores, part_o, part_m, part_l);
+            for (int r = 0; r < nq; r++) {
+                const size_t slot = (size_t)(h0 + r) * DECODE_MAX_SEGMENTS + seg;
+                b->part_m[slot] = part_m[r];
+                b->part_l[slot] = part_l[r];
+                memcpy(b->part_o + slot * hd, part_o + (size_t)r * hd, (size_t)hd * sizeof(float));
+            }
+        }
+    }
+}
+
+static void decode_attention(pykv_context *ctx, int layer) {
+    const struct hparams *hp = &ctx->model->hp;
+    const int n_rep = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    struct flash_job job = { .ctx = ctx, .layer = layer, .n_items = hp->n_head_kv * DECODE_MAX_SEGMENTS };
+    atomic_init(&job.next, 0);
+    threadpool_run(ctx->pool, decode_split_task, &job);
+    struct scratch *b = &ctx->buf;
+    for (int h = 0; h < hp->n_head; h++) {
+        const struct kv_list *l = kv_cache_list(&ctx->cache, layer, h / n_rep);
+        if (l->n_members) continue;   // attend_group wrote it
+        const size_t slot = (size_t)h * DECODE_MAX_SEGMENTS;
+        attention_merge(decode_segments(l->n), b->part_m + slot, b->part_l + slot, b->part_o + slot * hd, hd,
+                        b->att + (size_t)h * hd);
+    }
+}
+
+static void prefill_attention(pykv_context *ctx, int layer, int T) {
+    const struct hparams *hp = &ctx->model->hp;
+    const int tpi = flash_tokens_per_block(hp->n_head / hp->n_head_kv);
+    struct flash_job job = { .ctx = ctx, .layer = layer, .T = T, .tok_per_item = tpi,
+                             .n_items = hp->n_head_kv * ((T + tpi - 1) / tpi) };
+    atomic_init(&job.next, 0);
+    threadpool_run(ctx->pool, flash_task, &job);
 }
 
 // colsum[h][j] += the attention query head h pays entry j.
@@ -112,8 +207,12 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
             rope(b->k + (size_t)t * kv_dim, hp->n_head_kv, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
         }
         append_kv(ctx, layer, T);
-        struct attention_job job = { ctx, layer, T };
-        threadpool_run(ctx->pool, b->attn_colsum ? attention_colsum_task : attention_task, &job);
+        if (T == 1) decode_attention(ctx, layer);
+        else prefill_attention(ctx, layer, T);
+        if (b->attn_colsum) {   // the policy reads every entry's attention: a second pass
+            struct attention_job job = { ctx, layer, T };
+            threadpool_run(ctx->pool, attention_colsum_task, &job);
+        }
         matmul(ctx->pool, b->xb, &w->wo, b->att, T, &b->matmul);
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
 

@@ -17,6 +17,10 @@ void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const flo
 // softmax_scalar (expf) otherwise and in the tests.
 void softmax(float *x, int n);
 void softmax_scalar(float *x, int n);
+// The unnormalised half of softmax: x[i] = exp(x[i] - max) in place, *max_out = max;
+// returns the sum (n >= 1).
+float softmax_exp(float *x, int n, float *max_out);
+float softmax_exp_scalar(float *x, int n, float *max_out);
 
 // out[i] = silu(gate[i]) * up[i]
 void swiglu(float *out, const float *gate, const float *up, int n);

@@ -2,45 +2,38 @@
 //
 // Attention at long context spends much of its time in exp(): a prefill chunk of 512 tokens
 // at depth 8K takes 9 heads x 512 x 8K exponentials per layer. The AVX2 version computes
-// eight at a time: exp(x) = 2^n e^r with n = round(x / ln 2), r = x - n ln 2 (ln 2 split in
-// two parts so r is exact), e^r from the Cephes degree-5 polynomial (relative error about
-// 1e-7, as expf), and 2^n put straight into the exponent bits. Inputs below -87.3 give 0.
+// eight at a time (exp_ps in simd-avx2.h): exp(x) = 2^n e^r with n = round(x / ln 2),
+// r = x - n ln 2 (ln 2 split in two parts so r is exact), e^r from the Cephes degree-5
+// polynomial (relative error about 1e-7, as expf), and 2^n put straight into the exponent
+// bits. Inputs below -87.3 give 0.
 #include "ops.h"
 
 #include <math.h>
 
-void softmax_scalar(float *x, int n) {
+static float row_max(const float *x, int n) {
     float max = x[0];
     for (int i = 1; i < n; i++) if (x[i] > max) max = x[i];
+    return max;
+}
+
+float softmax_exp_scalar(float *x, int n, float *max_out) {
+    const float max = row_max(x, n);
     double sum = 0.0;   // a long row's float sum would drift by ~sqrt(n) ulps
     for (int i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
-    const float inv = (float)(1.0 / sum);
+    *max_out = max;
+    return (float)sum;
+}
+
+void softmax_scalar(float *x, int n) {
+    float max;
+    const float inv = 1.0f / softmax_exp_scalar(x, n, &max);
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #include "simd-avx2.h"
 
-static inline AVX2_TGT __m256 exp_ps(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3f);
-    const __m256 tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-static AVX2_TGT void softmax_avx2(float *x, int n) {
+static AVX2_TGT float softmax_exp_avx2(float *x, int n, float *max_out) {
     int i = 0;
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
@@ -59,20 +52,34 @@ static AVX2_TGT void softmax_avx2(float *x, int n) {
     }
     float sum = hsum_ps(vsum);
     for (; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    *max_out = max;
+    return sum;
+}
 
-    const __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
-    for (; i < n; i++) x[i] *= 1.0f / sum;
+static AVX2_TGT void scale_avx2(float *x, int n, float s) {
+    const __m256 vs = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));
+    for (; i < n; i++) x[i] *= s;
 }
 
 static int have_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+float softmax_exp(float *x, int n, float *max_out) {
+    return n >= 8 && have_avx2() ? softmax_exp_avx2(x, n, max_out) : softmax_exp_scalar(x, n, max_out);
+}
+
 void softmax(float *x, int n) {
-    if (n >= 8 && have_avx2()) softmax_avx2(x, n);
-    else softmax_scalar(x, n);
+    if (n >= 8 && have_avx2()) {
+        float max;
+        scale_avx2(x, n, 1.0f / softmax_exp_avx2(x, n, &max));
+    } else {
+        softmax_scalar(x, n);
+    }
 }
 #else
+float softmax_exp(float *x, int n, float *max_out) { return softmax_exp_scalar(x, n, max_out); }
 void softmax(float *x, int n) { softmax_scalar(x, n); }
 #endif
