@@ -35,10 +35,9 @@ static double entropy_head(const struct ent_job *job, int hq, float *z) {
     const struct kv_list *l = &ev->cache->lists[(size_t)ev->layer * ev->cache->n_head_kv + g];
     double acc = 0.0;
     for (int r = 0; r < job->w.rows; r++) {
-        int32_t n_vis;
-        const float inv = ws_softmax_row(ev, l, hq, T - job->w.rows + r, z, &n_vis);
+        ws_softmax_row(ev, l, hq, T - job->w.rows + r, z);
         for (int32_t j = 0; j < nc; j++) {
-            const double p = (double)(z[j] * inv);
+            const double p = (double)z[j];
             acc += p * log(p + 1e-10);
         }
     }

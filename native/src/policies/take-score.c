@@ -1,6 +1,7 @@
 // take-score.c - TAKE's probe EMA and probe-attention scores (see take-score.h).
 #include "take-score.h"
 #include "window-scores.h"
+#include "../attention.h"
 #include "../error.h"
 #include "../model.h"
 #include "../ops.h"
@@ -81,7 +82,6 @@ static void score_head(const struct score_job *j, int32_t h) {
     const struct hparams *hp = j->ev->hp;
     const int32_t hd = hp->head_dim, g = h / (hp->n_head / hp->n_head_kv), n = j->n_cols[g];
     const struct kv_list *l = kv_cache_list(j->ev->cache, j->ev->layer, g);
-    const float scale = 1.0f / sqrtf((float)hd);
     float *mean = j->mean + j->mean_off[h], *z = j->scratch + (size_t)h * j->max_cols;
     memset(mean, 0, (size_t)n * sizeof(float));
     for (int32_t r = 0; r < j->rows; r++) {
@@ -89,8 +89,7 @@ static void score_head(const struct score_job *j, int32_t h) {
         int32_t vis = n;
         while (vis > 0 && l->pos[vis - 1] > j->pos0 + r) vis--;   // causal by position
         if (vis == 0) continue;
-        for (int32_t c = 0; c < vis; c++) z[c] = kv_key_dot(l, c, q, hd) * scale;
-        softmax(z, vis);
+        attention_weights(q, 1, l, vis, hd, z);
         for (int32_t c = 0; c < vis; c++) mean[c] += z[c];
     }
     const float inv = 1.0f / (float)j->rows;

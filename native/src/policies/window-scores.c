@@ -8,6 +8,7 @@
 // split across threads; each head's reduction runs in a fixed order, so the result does
 // not depend on the thread count.
 #include "window-scores.h"
+#include "../attention.h"
 #include "../error.h"
 #include "../model.h"
 #include "../quant.h"
@@ -39,24 +40,11 @@ struct stats_job {
     double                    *acc;      // (nth, 2 * nc_max)
 };
 
-float ws_softmax_row(const struct policy_event *ev, const struct kv_list *l, int hq, int t, float *z, int32_t *n_vis) {
+void ws_softmax_row(const struct policy_event *ev, const struct kv_list *l, int hq, int t, float *p) {
     const struct hparams *hp = ev->hp;
-    const int hd = hp->head_dim;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const float *q = ev->q + ((size_t)t * hp->n_head + hq) * hd;
+    const float *q = ev->q + ((size_t)t * hp->n_head + hq) * hp->head_dim;
     const int32_t n = l->n - (ev->T - 1 - t);   // entries up to this query's position
-    float mx = -INFINITY;
-    for (int32_t j = 0; j < n; j++) {
-        z[j] = kv_key_dot(l, j, q, hd) * scale;
-        if (z[j] > mx) mx = z[j];
-    }
-    double sum = 0.0;
-    for (int32_t j = 0; j < n; j++) {
-        z[j] = expf(z[j] - mx);
-        sum += z[j];
-    }
-    *n_vis = n;
-    return (float)(1.0 / sum);
+    attention_weights(q, 1, l, n, hp->head_dim, p);
 }
 
 static void stats_head(const struct stats_job *job, int hq, float *z, double *mean, double *m2) {
@@ -69,11 +57,10 @@ static void stats_head(const struct stats_job *job, int hq, float *z, double *me
     memset(mean, 0, (size_t)nc * sizeof(double));
     memset(m2, 0, (size_t)nc * sizeof(double));
     for (int r = 0; r < job->w.rows; r++) {
-        int32_t n_vis;
-        const float inv = ws_softmax_row(ev, l, hq, T - job->w.rows + r, z, &n_vis);
+        ws_softmax_row(ev, l, hq, T - job->w.rows + r, z);
         const double k = r + 1;
         for (int32_t j = 0; j < nc; j++) {                  // candidates: every row sees them
-            const double p = (double)(z[j] * inv);
+            const double p = (double)z[j];
             const double d = p - mean[j];
             mean[j] += d / k;
             m2[j] += d * (p - mean[j]);

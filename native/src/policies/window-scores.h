@@ -30,9 +30,9 @@ struct ws_window {
 struct ws_window ws_window_of(const struct policy_event *ev, int32_t W);
 
 // The window attention of query head hq at chunk row t over the entries of its list that
-// the query can see (causal): z[j] = exp(logit_j - max), j < the count returned in *n_vis;
-// returns 1/sum, so p_j = z[j] * the return value. fp32 logits, double sum.
-float ws_softmax_row(const struct policy_event *ev, const struct kv_list *l, int hq, int t, float *z, int32_t *n_vis);
+// the query can see (causal, the first l->n - (T - 1 - t)): their probabilities in p, fp32,
+// computed by attention_weights (the forward pass's kernels).
+void ws_softmax_row(const struct policy_event *ev, const struct kv_list *l, int hq, int t, float *p);
 
 // True in after_layer at the end of a prefill call (hook point P1).
 int ws_is_prefill_end(const struct policy_event *ev);
