@@ -8,7 +8,7 @@
 
 // Merged entries: member m of entry j has logit norm_m * s_j, all members share v_j, so
 // entry j's weight is sum_m exp(norm_m * s_j - max) / Z (the EMS expansion).
-static void merged_weights(const struct kv_list *l, int n, float *w) {
+static float merged_max(const struct kv_list *l, int n, const float *w) {
     float max = -INFINITY;
     for (int j = 0; j < n; j++) {
         const float *norm = l->member_norm[j];
@@ -16,6 +16,11 @@ static void merged_weights(const struct kv_list *l, int n, float *w) {
         for (int m = 0; m < l->n_members[j]; m++)
             if (norm[m] * w[j] > max) max = norm[m] * w[j];
     }
+    return max;
+}
+
+// w[j] = entry j's unnormalised weight; returns their sum.
+static double merged_exp_scalar(const struct kv_list *l, int n, float max, float *w) {
     double sum = 0.0;
     for (int j = 0; j < n; j++) {
         const float *norm = l->member_norm[j];
@@ -25,7 +30,76 @@ static void merged_weights(const struct kv_list *l, int n, float *w) {
         w[j] = e;
         sum += e;
     }
-    float inv = (float)(1.0 / sum);
+    return sum;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include "simd-avx2.h"
+
+// Members' logits norm_m * s_j in vectors of eight; the tail lanes of a member list are -inf.
+static inline AVX2_TGT __m256 member_logits(const float *norm, int m, int nm, __m256 s) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    if (m + 8 <= nm) return _mm256_mul_ps(_mm256_loadu_ps(norm + m), s);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nm - m), lane);
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_mul_ps(_mm256_maskload_ps(norm + m, mask), s),
+                            _mm256_castsi256_ps(mask));
+}
+
+static AVX2_TGT float merged_max_avx2(const struct kv_list *l, int n, const float *w) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    float max = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *norm = l->member_norm[j];
+        if (!norm) { if (w[j] > max) max = w[j]; continue; }
+        const __m256 s = _mm256_set1_ps(w[j]);
+        for (int m = 0; m < l->n_members[j]; m += 8) vmax = _mm256_max_ps(vmax, member_logits(norm, m, l->n_members[j], s));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    for (int i = 0; i < 8; i++) if (lanes[i] > max) max = lanes[i];
+    return max;
+}
+
+// The same sums, eight exponentials at a time: a merged entry's members in vectors (the
+// tail lanes set to -inf, whose exp is 0); single-token entries gathered in batches.
+static AVX2_TGT double merged_exp_avx2(const struct kv_list *l, int n, float max, float *w) {
+    enum { BATCH = 64 };
+    const __m256 vmax = _mm256_set1_ps(max);
+    float x[BATCH];
+    int idx[BATCH], nb = 0;
+    double sum = 0.0;
+    for (int j = 0; j <= n; j++) {
+        if (j < n && !l->member_norm[j]) {
+            idx[nb] = j;
+            x[nb++] = w[j] - max;
+        }
+        if (nb == BATCH || (j == n && nb > 0)) {   // flush the single-token batch
+            for (int b = nb; b % 8; b++) x[b] = -INFINITY;
+            for (int b = 0; b < nb; b += 8) _mm256_storeu_ps(x + b, exp_ps(_mm256_loadu_ps(x + b)));
+            for (int b = 0; b < nb; b++) { w[idx[b]] = x[b]; sum += x[b]; }
+            nb = 0;
+        }
+        if (j == n || !l->member_norm[j]) continue;
+        const float *norm = l->member_norm[j];
+        const int nm = l->n_members[j];
+        const __m256 s = _mm256_set1_ps(w[j]);
+        __m256 acc = _mm256_setzero_ps();
+        for (int m = 0; m < nm; m += 8) acc = _mm256_add_ps(acc, exp_ps(_mm256_sub_ps(member_logits(norm, m, nm, s), vmax)));
+        w[j] = hsum_ps(acc);
+        sum += w[j];
+    }
+    return sum;
+}
+#endif
+
+static void merged_weights(const struct kv_list *l, int n, float *w) {
+    double sum;
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) sum = merged_exp_avx2(l, n, merged_max_avx2(l, n, w), w);
+    else
+#endif
+        sum = merged_exp_scalar(l, n, merged_max(l, n, w), w);
+    const float inv = (float)(1.0 / sum);
     for (int j = 0; j < n; j++) w[j] *= inv;
 }
 
@@ -43,7 +117,6 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include "simd-avx2.h"
 
 // Tiles of nq <= ATTENTION_TILE queries (w: nq rows of n weights; out: nq rows of d), head
 // size a multiple of 16. Scores: two entries at a time, one accumulator per (query, entry);

@@ -19,6 +19,51 @@ static void unit(float *x) {
     for (int i = 0; i < D; i++) x[i] /= (float)sqrt(s);
 }
 
+// A longer list: more than 64 single-token entries (the AVX2 path exponentiates singles in
+// batches of 64) and merged entries of 8, 11 and 17 members (full vectors and tails).
+static void check_wide_list(void) {
+    enum { N = 90 };
+    int members[N], total = 0;
+    for (int j = 0; j < N; j++) {
+        members[j] = j == 5 ? 8 : j == 40 ? 17 : j % 11 == 4 ? 11 : j % 7 == 1 ? 3 : 1;
+        total += members[j];
+    }
+    struct kv_cache merged, expanded;
+    CHECK(kv_cache_init(&merged, 1, 1, D, 256, 0) == PYKV_OK);
+    CHECK(kv_cache_init(&expanded, 1, 1, D, 512, 0) == PYKV_OK);
+    struct kv_list *lm = kv_cache_list(&merged, 0, 0), *le = kv_cache_list(&expanded, 0, 0);
+    CHECK(kv_list_reserve(&merged, lm, N) == PYKV_OK && kv_list_reserve(&expanded, le, total) == PYKV_OK);
+    CHECK(kv_list_enable_members(&merged, lm) == PYKV_OK);
+    int pos = 0;
+    for (int j = 0; j < N; j++) {
+        float k[D], v[D], norms[17], km[D];
+        for (int i = 0; i < D; i++) { k[i] = frand(); v[i] = frand(); }
+        if (members[j] > 1) unit(k);
+        kv_list_push(&merged, lm, k, v, j);
+        for (int m = 0; m < members[j]; m++) {
+            norms[m] = members[j] > 1 ? 0.5f + 2.0f * (float)rand() / (float)RAND_MAX : 1.0f;
+            for (int i = 0; i < D; i++) km[i] = norms[m] * k[i];
+            kv_list_push(&expanded, le, km, v, pos++);
+        }
+        if (members[j] > 1) CHECK(kv_list_set_members(&merged, lm, j, norms, members[j]) == PYKV_OK);
+    }
+    float q[D], wm[N], *we = malloc((size_t)total * sizeof(float)), om[D], oe[D];
+    for (int trial = 0; trial < 10; trial++) {
+        for (int i = 0; i < D; i++) q[i] = 3.0f * frand();
+        attention_head(q, lm, lm->n, D, wm, om);
+        attention_head(q, le, le->n, D, we, oe);
+        for (int i = 0; i < D; i++) CHECK_NEAR(om[i], oe[i], 1e-5);
+        for (int j = 0, e = 0; j < N; j++) {
+            double s = 0;
+            for (int m = 0; m < members[j]; m++) s += we[e++];
+            CHECK_NEAR(wm[j], s, 1e-6 + 1e-5 * s);
+        }
+    }
+    free(we);
+    kv_cache_free(&merged);
+    kv_cache_free(&expanded);
+}
+
 int main(void) {
     srand(7);
     struct kv_cache merged, expanded;
@@ -74,5 +119,6 @@ int main(void) {
 
     kv_cache_free(&merged);
     kv_cache_free(&expanded);
+    check_wide_list();
     return check_report("test_attention");
 }

@@ -42,12 +42,15 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
         for (int32_t j = 1; j < nc; j++) if (gl[j] < gl[weak]) weak = j;
         int32_t best = -1;
         float r_best = 0.0f;
-        if (o->tau < 1.0 && members <= cap)
+        if (o->tau < 1.0 && members <= cap) {
+            struct ems_probe probe;
+            ems_probe_init(&probe, l, d, weak);
             for (int32_t c = 0; c < nc; c++) {
                 if (c == weak) continue;
-                const float r = ems_redundancy(l, d, weak, c);
+                const float r = ems_redundancy(l, d, &probe, c);
                 if (best < 0 || r > r_best) { best = c; r_best = r; }
             }
+        }
         if (best >= 0 && (double)r_best >= o->tau) st = ems_merge_into(ev->cache, l, s, d, best, &weak, 1, loc);
         int32_t nk = 0;
         for (int32_t j = 0; j < n; j++) if (j != weak) keep[nk++] = j;

@@ -15,6 +15,7 @@
 // centre's own direction.
 #include "ems.h"
 #include "../error.h"
+#include "../quant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -22,21 +23,23 @@
 
 #define EMS_W_FLOOR 1e-30f
 
-float ems_cos(const float *a, const float *b, int32_t d) {
-    double ab = 0.0, aa = 0.0, bb = 0.0;
-    for (int32_t i = 0; i < d; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    if (aa <= 0.0 || bb <= 0.0) return 0.0f;
-    return (float)(ab / sqrt(aa * bb));
+void ems_probe_init(struct ems_probe *p, const struct kv_list *l, int32_t d, int32_t i) {
+    memcpy(p->k, kv_key_f32(l, i, d, p->k), (size_t)d * sizeof(float));
+    memcpy(p->v, kv_value_f32(l, i, d, p->v), (size_t)d * sizeof(float));
+    p->kk = dot_f32(p->k, p->k, d);
+    p->vv = dot_f32(p->v, p->v, d);
 }
 
-float ems_redundancy(const struct kv_list *l, int32_t d, int32_t i, int32_t c) {
-    float t0[PYKV_MAX_HEAD_DIM], t1[PYKV_MAX_HEAD_DIM];
-    const float ck = ems_cos(kv_key_f32(l, i, d, t0), kv_key_f32(l, c, d, t1), d);
-    const float cv = ems_cos(kv_value_f32(l, i, d, t0), kv_value_f32(l, c, d, t1), d);
+// Cosine from a dot product and two squared norms (0 when either vector is zero).
+static float cos_of(double ab, double aa, double bb) {
+    return aa <= 0.0 || bb <= 0.0 ? 0.0f : (float)(ab / sqrt(aa * bb));
+}
+
+float ems_redundancy(const struct kv_list *l, int32_t d, const struct ems_probe *p, int32_t c) {
+    float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
+    const float *k = kv_key_f32(l, c, d, tk), *v = kv_value_f32(l, c, d, tv);
+    const float ck = cos_of(dot_f32(p->k, k, d), p->kk, dot_f32(k, k, d));
+    const float cv = cos_of(dot_f32(p->v, v, d), p->vv, dot_f32(v, v, d));
     const float r = ck * cv;
     return (ck < 0.0f || cv < 0.0f) ? -fabsf(r) : r;
 }

@@ -82,8 +82,10 @@ pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opt
             const int32_t i = order[t];
             int32_t best = -1;
             float r_best = 0.0f;
+            struct ems_probe probe;
+            ems_probe_init(&probe, l, d, i);
             for (int32_t c = 0; c < n_imp; c++) {
-                const float r = ems_redundancy(l, d, i, cent[c]);
+                const float r = ems_redundancy(l, d, &probe, cent[c]);
                 if (best < 0 || r > r_best) { best = cent[c]; r_best = r; }
             }
             if (best >= 0 && (double)r_best >= o->tau && members + ems_members(l, i) <= cap) {

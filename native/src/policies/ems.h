@@ -35,11 +35,12 @@ void        ems_list_free(struct ems_list *s);
 // floats for KV head g. Deterministic for any thread count.
 pykv_status ems_local_scores(const struct policy_event *ev, int32_t rows, float **out);
 
-// Cosine of two d-vectors (0 when either is zero).
-float ems_cos(const float *a, const float *b, int32_t d);
-// R(i, c) = cos(k_i, k_c) * cos(v_i, v_c) on the stored keys; a pair with a negative key or
-// value cosine gets -|product| (never similar).
-float ems_redundancy(const struct kv_list *l, int32_t d, int32_t i, int32_t c);
+// Entry i as float32 with its squared norms, computed once for its redundancy to every centre.
+struct ems_probe { float k[PYKV_MAX_HEAD_DIM], v[PYKV_MAX_HEAD_DIM]; double kk, vv; };
+void ems_probe_init(struct ems_probe *p, const struct kv_list *l, int32_t d, int32_t i);
+// R(i, c) = cos(k_i, k_c) * cos(v_i, v_c) on the stored keys, for the probe's entry i; a pair
+// with a negative key or value cosine gets -|product| (never similar).
+float ems_redundancy(const struct kv_list *l, int32_t d, const struct ems_probe *p, int32_t c);
 
 // Merge entries src[0..n_src) of list l into entry c (in place: c's key becomes the unit
 // direction, its value the weighted mean, its member norms the union). w_single[j] is the

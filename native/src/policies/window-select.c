@@ -44,6 +44,35 @@ static int by_score_desc(const void *pa, const void *pb) {
     return (a->i > b->i) - (a->i < b->i);   // ties -> lower index first
 }
 
+// Ranks below every score: NaN counts as -inf, and among equal scores the higher index is
+// the lower rank (the sort's tie rule, so both paths choose the same entries).
+static int ranks_below(float a, int64_t ia, float b, int64_t ib) {
+    if (isnan(a)) a = -INFINITY;
+    if (isnan(b)) b = -INFINITY;
+    return a < b || (a == b && ia > ib);
+}
+
+// A decode step drops one or two entries of a list: a few linear scans instead of a sort.
+static pykv_status drop_lowest(const float *s, int64_t n, int64_t n_drop, int64_t *idx) {
+    int64_t drop[4];
+    for (int64_t d = 0; d < n_drop; d++) {
+        int64_t lo = -1;
+        for (int64_t j = 0; j < n; j++) {
+            int taken = 0;
+            for (int64_t e = 0; e < d; e++) taken |= drop[e] == j;
+            if (!taken && (lo < 0 || ranks_below(s[j], j, s[lo], lo))) lo = j;
+        }
+        drop[d] = lo;
+    }
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        int dropped = 0;
+        for (int64_t e = 0; e < n_drop; e++) dropped |= drop[e] == j;
+        if (!dropped) idx[m++] = j;
+    }
+    return PYKV_OK;
+}
+
 pykv_status ws_select_top(const float *s, int64_t n, int64_t k, int64_t *idx, int64_t *n_out) {
     if (k > n) k = n;
     if (k < 0) k = 0;
@@ -53,6 +82,7 @@ pykv_status ws_select_top(const float *s, int64_t n, int64_t k, int64_t *idx, in
         for (int64_t j = 0; j < n; j++) idx[j] = j;
         return PYKV_OK;
     }
+    if (n - k <= 4) return drop_lowest(s, n, n - k, idx);
     struct ranked *r = malloc((size_t)n * sizeof(*r));
     unsigned char *mark = calloc((size_t)n, 1);
     if (!r || !mark) {
