@@ -166,6 +166,7 @@ def main():
                     key = f"{policy}|{pct}|{n}|{setting}"
                     results["accuracy"][key] = hits / len(tasks[n])
                     print(f"{key}: {hits}/{len(tasks[n])}  ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+                    save(args.json, results)   # a long run that is stopped keeps what it measured
     if not args.no_kl:
         text = haystack_text()
         with Llama(model, n_ctx=args.kl_prefix + args.kl_tokens + 8, n_threads=args.threads) as llm:
@@ -178,11 +179,16 @@ def main():
                 budget = max(1, int(round(len(prefix) * pct / 100)))
                 try:
                     results["kl"][f"{policy}|{pct}"] = kl_divergence(model, policy, budget, prefix, follow, args.threads)
+                    save(args.json, results)
                 except Exception as e:
                     print(f"# KL {policy} {pct}%: {e}", file=sys.stderr)
     print_tables(results, policies, budgets, lengths, settings)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    save(args.json, results)
+
+
+def save(path, results):
+    if path:
+        Path(path).write_text(json.dumps(results, indent=1))
 
 
 def print_tables(results, policies, budgets, lengths, settings):

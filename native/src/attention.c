@@ -7,100 +7,118 @@
 #include <string.h>
 
 // Merged entries: member m of entry j has logit norm_m * s_j, all members share v_j, so
-// entry j's weight is sum_m exp(norm_m * s_j - max) / Z (the EMS expansion).
-static float merged_max(const struct kv_list *l, int n, const float *w) {
+// entry j's weight is sum_m exp(norm_m * s_j - max) / Z (the EMS expansion). Member norms
+// are ascending (kv-cache.h) and positive, so an entry's largest member logit is s_j times
+// its last norm for s_j >= 0, its first otherwise (exactly: rounding is monotone).
+static float merged_max(float *const *norms, const int32_t *nm, int n, const float *w) {
     float max = -INFINITY;
     for (int j = 0; j < n; j++) {
-        const float *norm = l->member_norm[j];
-        if (!norm) { if (w[j] > max) max = w[j]; continue; }
-        for (int m = 0; m < l->n_members[j]; m++)
-            if (norm[m] * w[j] > max) max = norm[m] * w[j];
+        const float top = !norms[j] ? w[j] : w[j] * (w[j] >= 0.0f ? norms[j][nm[j] - 1] : norms[j][0]);
+        if (top > max) max = top;
     }
     return max;
 }
 
-// w[j] = entry j's unnormalised weight; returns their sum.
-static double merged_exp_scalar(const struct kv_list *l, int n, float max, float *w) {
+// Entries [j0, j0 + n) of a list with merged entries, logits w in place: w[j] becomes
+// sum_m exp(norm_m * w[j] - max), *max_out the largest member logit; returns the sum of the
+// w[j].
+static float merged_exp_scalar(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
+    float *const *norms = l->member_norm + j0;
+    const int32_t *nm = l->n_members + j0;
+    const float max = merged_max(norms, nm, n, w);
     double sum = 0.0;
     for (int j = 0; j < n; j++) {
-        const float *norm = l->member_norm[j];
         float e = 0.0f;
-        if (!norm) e = expf(w[j] - max);
-        else for (int m = 0; m < l->n_members[j]; m++) e += expf(norm[m] * w[j] - max);
+        if (!norms[j]) e = expf(w[j] - max);
+        else for (int m = 0; m < nm[j]; m++) e += expf(norms[j][m] * w[j] - max);
         w[j] = e;
         sum += e;
     }
-    return sum;
+    *max_out = max;
+    return (float)sum;
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #include "simd-avx2.h"
 
-// Members' logits norm_m * s_j in vectors of eight; the tail lanes of a member list are -inf.
-static inline AVX2_TGT __m256 member_logits(const float *norm, int m, int nm, __m256 s) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    if (m + 8 <= nm) return _mm256_mul_ps(_mm256_loadu_ps(norm + m), s);
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nm - m), lane);
-    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_mul_ps(_mm256_maskload_ps(norm + m, mask), s),
-                            _mm256_castsi256_ps(mask));
-}
-
-static AVX2_TGT float merged_max_avx2(const struct kv_list *l, int n, const float *w) {
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    float max = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        const float *norm = l->member_norm[j];
-        if (!norm) { if (w[j] > max) max = w[j]; continue; }
-        const __m256 s = _mm256_set1_ps(w[j]);
-        for (int m = 0; m < l->n_members[j]; m += 8) vmax = _mm256_max_ps(vmax, member_logits(norm, m, l->n_members[j], s));
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, vmax);
-    for (int i = 0; i < 8; i++) if (lanes[i] > max) max = lanes[i];
-    return max;
-}
-
-// The same sums, eight exponentials at a time: a merged entry's members in vectors (the
-// tail lanes set to -inf, whose exp is 0); single-token entries gathered in batches.
-static AVX2_TGT double merged_exp_avx2(const struct kv_list *l, int n, float max, float *w) {
-    enum { BATCH = 64 };
+// The same, eight exponentials at a time: the members' logits of consecutive small entries
+// are packed into one flat batch (a merged entry's in vectors, its tail lanes overwritten by
+// the next entry's), exponentiated together and summed back per entry; an entry of LONG or
+// more members is exponentiated and summed in vectors on its own.
+static AVX2_TGT float merged_exp_avx2(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
+    enum { BATCH = 256, LONG = 16 };
+    float *const *norms = l->member_norm + j0;
+    const int32_t *nm = l->n_members + j0;
+    const float max = merged_max(norms, nm, n, w);
     const __m256 vmax = _mm256_set1_ps(max);
-    float x[BATCH];
-    int idx[BATCH], nb = 0;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    float x[BATCH + 8];
+    int start[BATCH + 1];
     double sum = 0.0;
-    for (int j = 0; j <= n; j++) {
-        if (j < n && !l->member_norm[j]) {
-            idx[nb] = j;
-            x[nb++] = w[j] - max;
+    for (int j = 0; j < n;) {
+        // fill: entries [j, e), at most BATCH of them, whose small entries' members fit
+        int e = j, nb = 0;
+        for (; e < n && e - j < BATCH; e++) {
+            const int cnt = norms[e] ? nm[e] : 1;
+            start[e - j] = nb;
+            if (cnt >= LONG) {   // a big entry: its members in vectors, summed in vectors
+                const __m256 s = _mm256_set1_ps(w[e]);
+                __m256 acc = _mm256_setzero_ps();
+                for (int m = 0; m < cnt; m += 8) {
+                    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - m), lane);
+                    const __m256 z = _mm256_fmsub_ps(_mm256_maskload_ps(norms[e] + m, mask), s, vmax);
+                    acc = _mm256_add_ps(acc, _mm256_and_ps(exp_ps(z), _mm256_castsi256_ps(mask)));
+                }
+                w[e] = hsum_ps(acc);   // its batch segment stays empty
+                continue;
+            }
+            if (nb + cnt > BATCH) break;
+            if (!norms[e]) {
+                x[nb++] = w[e] - max;
+                continue;
+            }
+            const __m256 s = _mm256_set1_ps(w[e]);
+            for (int m = 0; m < cnt; m += 8) {
+                const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - m), lane);
+                _mm256_storeu_ps(x + nb + m, _mm256_fmsub_ps(_mm256_maskload_ps(norms[e] + m, mask), s, vmax));
+            }
+            nb += cnt;
         }
-        if (nb == BATCH || (j == n && nb > 0)) {   // flush the single-token batch
-            for (int b = nb; b % 8; b++) x[b] = -INFINITY;
-            for (int b = 0; b < nb; b += 8) _mm256_storeu_ps(x + b, exp_ps(_mm256_loadu_ps(x + b)));
-            for (int b = 0; b < nb; b++) { w[idx[b]] = x[b]; sum += x[b]; }
-            nb = 0;
+        start[e - j] = nb;
+        for (int b = nb; b % 8; b++) x[b] = -INFINITY;
+        for (int b = 0; b < nb; b += 8) _mm256_storeu_ps(x + b, exp_ps(_mm256_loadu_ps(x + b)));
+        for (int t = j; t < e; t++) {
+            const int a = start[t - j], b = start[t - j + 1];
+            if (b > a) {
+                float acc = 0.0f;
+                for (int i = a; i < b; i++) acc += x[i];
+                w[t] = acc;
+            }
+            sum += w[t];
         }
-        if (j == n || !l->member_norm[j]) continue;
-        const float *norm = l->member_norm[j];
-        const int nm = l->n_members[j];
-        const __m256 s = _mm256_set1_ps(w[j]);
-        __m256 acc = _mm256_setzero_ps();
-        for (int m = 0; m < nm; m += 8) acc = _mm256_add_ps(acc, exp_ps(_mm256_sub_ps(member_logits(norm, m, nm, s), vmax)));
-        w[j] = hsum_ps(acc);
-        sum += w[j];
+        j = e;
     }
-    return sum;
+    *max_out = max;
+    return (float)sum;
 }
 #endif
+
+static float merged_exp(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return merged_exp_avx2(l, j0, n, w, max_out);
+#endif
+    return merged_exp_scalar(l, j0, n, w, max_out);
+}
 
 static void merged_weights(const struct kv_list *l, int n, float *w) {
-    double sum;
-#if defined(__x86_64__) || defined(__i386__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) sum = merged_exp_avx2(l, n, merged_max_avx2(l, n, w), w);
-    else
-#endif
-        sum = merged_exp_scalar(l, n, merged_max(l, n, w), w);
-    const float inv = (float)(1.0 / sum);
+    float max;
+    const float inv = 1.0f / merged_exp(l, 0, n, w, &max);
     for (int j = 0; j < n; j++) w[j] *= inv;
+}
+
+// Unnormalised weights of entries [j0, j0 + n): exp(logit - max), members expanded.
+static float weights_exp(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
+    return l->n_members ? merged_exp(l, j0, n, w, max_out) : softmax_exp(w, n, max_out);
 }
 
 // logits[j] = scale * q . K[j] and out = sum_j p[j] V[j], the generic way (any head size,
@@ -225,9 +243,12 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
 
 void attention_group(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights, float *out) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (!l->n_members && use_avx2(d)) {
+    if (use_avx2(d)) {
         scores_avx2[l->f16][nq](q, l->k, n, d, 1.0f / sqrtf((float)d), weights);
-        for (int r = 0; r < nq; r++) softmax(weights + (size_t)r * n, n);
+        for (int r = 0; r < nq; r++) {
+            if (l->n_members) merged_weights(l, n, weights + (size_t)r * n);
+            else softmax(weights + (size_t)r * n, n);
+        }
         wsum_avx2[l->f16][nq](weights, l->v, n, d, out);
         return;
     }
@@ -256,7 +277,7 @@ void attention_group_partial(const float *q, int nq, const struct kv_list *l, in
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
         scores_avx2[l->f16][nq](q, kv_row(l, l->k, j0, d), n, d, scale, w);
-        for (int r = 0; r < nq; r++) lsum[r] = softmax_exp(w + (size_t)r * n, n, m + r);
+        for (int r = 0; r < nq; r++) lsum[r] = weights_exp(l, j0, n, w + (size_t)r * n, m + r);
         wsum_avx2[l->f16][nq](w, kv_row(l, l->v, j0, d), n, d, out);
         return;
     }
@@ -264,7 +285,19 @@ void attention_group_partial(const float *q, int nq, const struct kv_list *l, in
     for (int r = 0; r < nq; r++) {
         float *wr = w + (size_t)r * n;
         scores_generic(q + (size_t)r * d, l, j0, n, d, scale, wr);
-        lsum[r] = softmax_exp(wr, n, m + r);
+        lsum[r] = weights_exp(l, j0, n, wr, m + r);
         weighted_sum_generic(wr, l, j0, n, d, out + (size_t)r * d);
     }
+}
+
+void attention_dots(const float *x, const struct kv_list *l, int values, int n, int d, float *out) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (use_avx2(d)) {
+        scores_avx2[l->f16][1](x, values ? l->v : l->k, n, d, 1.0f, out);
+        return;
+    }
+#endif
+    float tmp[PYKV_MAX_HEAD_DIM];
+    for (int j = 0; j < n; j++)
+        out[j] = values ? dot_f32(x, kv_value_f32(l, j, d, tmp), d) : kv_key_dot(l, j, x, d);
 }

@@ -10,7 +10,7 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
 // The queries of one token that share a KV head (GQA): nq <= ATTENTION_TILE query vectors,
 // consecutive in q (nq * d floats), attend over the same first n entries of l; out gets
 // nq * d floats and weights nq rows of n probabilities. The tile streams each key and value
-// row once for all its queries. Merged lists take attention_head per query.
+// row once for all its queries, merged lists included.
 #define ATTENTION_TILE 4
 void attention_group(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights, float *out);
 // The weights alone (nq rows of n), for policies that read each entry's attention: the same
@@ -18,7 +18,7 @@ void attention_group(const float *q, int nq, const struct kv_list *l, int n, int
 void attention_weights(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights);
 
 // ---- Attention without a weights row (the forward pass's paths when no policy needs the
-// per-entry weights; lists without merged entries) ----
+// per-entry weights) ----
 
 // Prefill (attention-flash.c): a block of n_tok consecutive query tokens, each with its
 // n_rep query heads (row h of token i at q + i * q_stride + h * d), over one list; token i
@@ -34,10 +34,16 @@ void   attention_flash(const float *q, size_t q_stride, int n_tok, int n_rep, in
 void   attention_flash_scalar(const float *q, size_t q_stride, int n_tok, int n_rep, int n_vis0,
                               const struct kv_list *l, int d, float *out, size_t out_stride, float *work);
 
-// Decode (split lists): nq <= ATTENTION_TILE query rows over entries [j0, j1) of l only.
+// Prefill takes lists without merged entries only.
+// Decode (split lists, merged entries expanded): nq <= ATTENTION_TILE query rows over
+// entries [j0, j1) of l only.
 // Leaves per row the largest logit in m, the sum of exp(logit - m) in lsum and the
 // unnormalised output sum_j exp(logit_j - m) v_j in out (nq * d). w: nq * (j1 - j0) floats.
 void attention_group_partial(const float *q, int nq, const struct kv_list *l, int j0, int j1, int d, float *w,
                              float *out, float *m, float *lsum);
 // One query row's output from n_part such partials (m, lsum: n_part each; o: n_part * d).
 void attention_merge(int n_part, const float *m, const float *lsum, const float *o, int d, float *out);
+
+// out[j] = x . key j (values = 0) or x . value j (values = 1) for the first n entries of l,
+// as stored (EMS's similarity of one entry to every other).
+void attention_dots(const float *x, const struct kv_list *l, int values, int n, int d, float *out);

@@ -83,6 +83,21 @@ static int decode_segments(int n) {
     return s < 1 ? 1 : s > DECODE_MAX_SEGMENTS ? DECODE_MAX_SEGMENTS : s;
 }
 
+// A decode step's attention sums are its weights: the segments' unnormalised weights
+// (colsum, n entries) scaled by exp(m_seg - max) / total, as attention_merge combines them.
+static void normalize_colsum(float *colsum, int n, const float *m, const float *lsum) {
+    const int n_seg = decode_segments(n);
+    float mx = -INFINITY;
+    for (int p = 0; p < n_seg; p++) if (m[p] > mx) mx = m[p];
+    double total = 0.0;
+    for (int p = 0; p < n_seg; p++) total += (double)expf(m[p] - mx) * lsum[p];
+    for (int p = 0; p < n_seg; p++) {
+        const int j0 = (int)((long)n * p / n_seg), j1 = (int)((long)n * (p + 1) / n_seg);
+        const float f = (float)(expf(m[p] - mx) / total);
+        for (int j = j0; j < j1; j++) colsum[j] *= f;
+    }
+}
+
 static void decode_split_task(void *arg, int ith, int nth) {
     struct flash_job *job = arg;
     pykv_context *ctx = job->ctx;
@@ -94,10 +109,6 @@ static void decode_split_task(void *arg, int ith, int nth) {
     for (int it; (it = atomic_fetch_add(&job->next, 1)) < job->n_items;) {
         const int g = it / DECODE_MAX_SEGMENTS, seg = it % DECODE_MAX_SEGMENTS;
         const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
-        if (l->n_members) {
-            if (seg == 0) attend_group(ctx, job->layer, 1, g, 0, scores, NULL);
-            continue;
-        }
         const int n_seg = decode_segments(l->n);
         if (seg >= n_seg) continue;
         const int j0 = (int)((long)l->n * seg / n_seg), j1 = (int)((long)l->n * (seg + 1) / n_seg);
@@ -108,6 +119,9 @@ static void decode_split_task(void *arg, int ith, int nth) {
             attention_group_partial(b->q + (size_t)h0 * hd, nq, l, j0, j1, hd, scores, part_o, part_m, part_l);
             for (int r = 0; r < nq; r++) {
                 const size_t slot = (size_t)(h0 + r) * DECODE_MAX_SEGMENTS + seg;
+                if (b->attn_colsum)   // unnormalised; decode_attention scales them
+                    memcpy(b->attn_colsum + (size_t)(h0 + r) * ctx->n_ctx + j0, scores + (size_t)r * (j1 - j0),
+                           (size_t)(j1 - j0) * sizeof(float));
                 b->part_m[slot] = part_m[r];
                 b->part_l[slot] = part_l[r];
                 memcpy(b->part_o + slot * hd, part_o + (size_t)r * hd, (size_t)hd * sizeof(float));
@@ -125,10 +139,10 @@ static void decode_attention(pykv_context *ctx, int layer) {
     struct scratch *b = &ctx->buf;
     for (int h = 0; h < hp->n_head; h++) {
         const struct kv_list *l = kv_cache_list(&ctx->cache, layer, h / n_rep);
-        if (l->n_members) continue;   // attend_group wrote it
         const size_t slot = (size_t)h * DECODE_MAX_SEGMENTS;
         attention_merge(decode_segments(l->n), b->part_m + slot, b->part_l + slot, b->part_o + slot * hd, hd,
                         b->att + (size_t)h * hd);
+        if (b->attn_colsum) normalize_colsum(b->attn_colsum + (size_t)h * ctx->n_ctx, l->n, b->part_m + slot, b->part_l + slot);
     }
 }
 
@@ -209,7 +223,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         append_kv(ctx, layer, T);
         if (T == 1) decode_attention(ctx, layer);
         else prefill_attention(ctx, layer, T);
-        if (b->attn_colsum) {   // the policy reads every entry's attention: a second pass
+        if (b->attn_colsum && T > 1) {   // the policy reads every entry's attention: a second pass
             struct attention_job job = { ctx, layer, T };
             threadpool_run(ctx->pool, attention_colsum_task, &job);
         }

@@ -173,6 +173,14 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
         float *copy = malloc((size_t)n * sizeof(float));
         if (!copy) return pykv_error(PYKV_ERR_NOMEM, "out of memory merging KV entries");
         memcpy(copy, norms, (size_t)n * sizeof(float));
+        // ascending, so attention finds a merged entry's largest logit at either end; an
+        // insertion sort, as a merge appends a few norms to an already sorted list
+        for (int32_t a = 1; a < n; a++) {
+            const float x = copy[a];
+            int32_t b = a;
+            for (; b > 0 && copy[b - 1] > x; b--) copy[b] = copy[b - 1];
+            copy[b] = x;
+        }
         l->member_norm[j] = copy;
         l->n_members[j] = n;
         account(c, (int64_t)n * (int64_t)sizeof(float));

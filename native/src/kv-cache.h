@@ -20,7 +20,8 @@ struct kv_list {
     int32_t *pos;   // (cap) original sequence positions
     // Merged entries (EMS): NULL until a merging policy calls kv_list_enable_members. Entry
     // j then stands for n_members[j] tokens; when that is more than one, its key is a unit
-    // direction and member_norm[j] holds each member's key norm: attention expands the entry
+    // direction and member_norm[j] holds each member's key norm, in ascending order (kept by
+    // kv_list_set_members, whatever order it is given): attention expands the entry
     // into one logit per member, norm * (q . key) / sqrt(d), all sharing its value.
     int32_t *n_members;     // (cap)
     float  **member_norm;   // (cap) NULL for single-token entries

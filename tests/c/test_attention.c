@@ -19,24 +19,25 @@ static void unit(float *x) {
     for (int i = 0; i < D; i++) x[i] /= (float)sqrt(s);
 }
 
-// A longer list: more than 64 single-token entries (the AVX2 path exponentiates singles in
-// batches of 64) and merged entries of 8, 11 and 17 members (full vectors and tails).
+// A longer list: more members than one AVX2 batch (256 logits), merged entries of 8, 11 and
+// 17 members (full vectors and tails) and one of 300 (more than a batch: handled alone);
+// whole (attention_head) and in segments (attention_group_partial, the decode path).
 static void check_wide_list(void) {
     enum { N = 90 };
     int members[N], total = 0;
     for (int j = 0; j < N; j++) {
-        members[j] = j == 5 ? 8 : j == 40 ? 17 : j % 11 == 4 ? 11 : j % 7 == 1 ? 3 : 1;
+        members[j] = j == 5 ? 8 : j == 40 ? 17 : j == 60 ? 300 : j % 11 == 4 ? 11 : j % 7 == 1 ? 3 : 1;
         total += members[j];
     }
     struct kv_cache merged, expanded;
     CHECK(kv_cache_init(&merged, 1, 1, D, 256, 0) == PYKV_OK);
-    CHECK(kv_cache_init(&expanded, 1, 1, D, 512, 0) == PYKV_OK);
+    CHECK(kv_cache_init(&expanded, 1, 1, D, 1024, 0) == PYKV_OK);
     struct kv_list *lm = kv_cache_list(&merged, 0, 0), *le = kv_cache_list(&expanded, 0, 0);
     CHECK(kv_list_reserve(&merged, lm, N) == PYKV_OK && kv_list_reserve(&expanded, le, total) == PYKV_OK);
     CHECK(kv_list_enable_members(&merged, lm) == PYKV_OK);
     int pos = 0;
     for (int j = 0; j < N; j++) {
-        float k[D], v[D], norms[17], km[D];
+        float k[D], v[D], norms[300], km[D];
         for (int i = 0; i < D; i++) { k[i] = frand(); v[i] = frand(); }
         if (members[j] > 1) unit(k);
         kv_list_push(&merged, lm, k, v, j);
@@ -58,6 +59,14 @@ static void check_wide_list(void) {
             for (int m = 0; m < members[j]; m++) s += we[e++];
             CHECK_NEAR(wm[j], s, 1e-6 + 1e-5 * s);
         }
+        // the decode path: the list in segments (the 300-member entry alone in one), merged
+        // by log-sum-exp
+        const int cut[4] = { 0, 37, 61, N };
+        float pm[3], pl[3], po[3 * D], w2[N], out[D];
+        for (int p = 0; p < 3; p++)
+            attention_group_partial(q, 1, lm, cut[p], cut[p + 1], D, w2, po + p * D, pm + p, pl + p);
+        attention_merge(3, pm, pl, po, D, out);
+        for (int i = 0; i < D; i++) CHECK_NEAR(out[i], oe[i], 1e-5);
     }
     free(we);
     kv_cache_free(&merged);

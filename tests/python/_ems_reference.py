@@ -60,7 +60,8 @@ def redundancy(ki, vi, kc, vc):
 
 def ems_head(k, v, glo, loc, B, W, kernel, tau, gamma, eps=1e-4):
     """One list. Returns (entries, n_merged, ambiguous): entries = sorted list of
-    (pos, key, value, norms or None); ambiguous = a near-tie decided the outcome."""
+    (pos, key, value, norms or None, member positions); ambiguous = a near-tie decided the
+    outcome."""
     N = k.shape[0]
     if N <= B:
         return [(j, k[j], v[j], None) for j in range(N)], 0, False
@@ -89,19 +90,20 @@ def ems_head(k, v, glo, loc, B, W, kernel, tau, gamma, eps=1e-4):
     for c in cent:
         m = [int(c)] + sorted(members[int(c)])
         if len(m) == 1:
-            entries.append((int(c), k[c], v[c], None))
+            entries.append((int(c), k[c], v[c], None, m))
             continue
         w = np.maximum(loc[m], 1e-30)
         nk = np.linalg.norm(k[m], axis=1)
         ks = (w[:, None] * k[m] / nk[:, None]).sum(axis=0)
-        entries.append((int(c), ks / np.linalg.norm(ks), (w[:, None] * v[m]).sum(axis=0) / w.sum(), nk))
+        entries.append((int(c), ks / np.linalg.norm(ks), (w[:, None] * v[m]).sum(axis=0) / w.sum(), nk, m))
         n_merged += len(m) - 1
-    entries += [(j, k[j], v[j], None) for j in range(nc, N)]
+    entries += [(j, k[j], v[j], None, [j]) for j in range(nc, N)]
     return entries, n_merged, amb
 
 
-def ems_prefill(qs, ks, vs, B, W=32, kernel=7, tau=0.6, gamma=4):
-    """Per layer, per KV head: (entries, n_merged, ambiguous)."""
+def ems_prefill(qs, ks, vs, B, W=32, kernel=7, tau=0.6, gamma=4, scores=None):
+    """Per layer, per KV head: (entries, n_merged, ambiguous). With scores=[], also appends
+    per layer and KV head the (s_Glo, s_Loc) of every prompt token, for ems_decode_step."""
     out = []
     for q, k, v in zip(qs, ks, vs):
         N = q.shape[0]
@@ -109,12 +111,69 @@ def ems_prefill(qs, ks, vs, B, W=32, kernel=7, tau=0.6, gamma=4):
         loc = colsums(q, k, np.arange(max(0, N - W), N))
         out.append([ems_head(k[:, g], v[:, g], glo[g], loc[g], B, W, kernel, tau, gamma)
                     for g in range(k.shape[1])])
+        if scores is not None:
+            scores.append([(glo[g], loc[g]) for g in range(k.shape[1])])
     return out
 
 
-def decode_logits(model_path, prompt, token, lists):
+def ems_decode_step(lists, scores, new, B, W=32, tau=0.6, gamma=4, eps=1e-4):
+    """The first decode step after ems_prefill, per layer and KV head: (removed position,
+    members merged into another entry (0 when evicted), ambiguous). new: per layer the
+    decode token's (q (Hq, D), k (Hkv, D), v (Hkv, D), position).
+
+    The token is appended; s_Glo += its attention and s_Loc = s_Loc_past + s_Loc_cur, where a
+    merged entry's attention is its members' total and its s_Glo and s_Loc_past the sums of
+    its members' prompt scores. The weakest candidate (not among the last W) by
+    max(a s_Glo, s_Loc), a = sum s_Loc / sum s_Glo, merges into the candidate of largest R
+    (stored key: a merged entry's unit direction) when R >= tau, else is evicted."""
+    out = []
+    for il, (q, k_new, v_new, pos) in enumerate(new):
+        G = q.shape[0] // k_new.shape[0]
+        row = []
+        for g in range(k_new.shape[0]):
+            entries = lists[il][g][0]
+            glo_p, loc_p = scores[il][g]
+            keys, vals, owner = [], [], []
+            for j, (_, ke, ve, norms, _) in enumerate(entries):
+                for nm in (norms if norms is not None else [1.0]):
+                    keys.append(nm * ke), vals.append(ve), owner.append(j)
+            keys.append(k_new[g]), owner.append(len(entries))
+            K, owner = np.array(keys), np.array(owner)
+            att = np.zeros(len(entries) + 1)
+            for r in range(G):
+                z = K @ q[g * G + r] / np.sqrt(q.shape[1])
+                p = np.exp(z - z.max())
+                att += np.bincount(owner, weights=p / p.sum(), minlength=len(entries) + 1) / G
+            glo = np.array([glo_p[e[4]].sum() for e in entries] + [0.0]) + att
+            loc = np.array([loc_p[e[4]].sum() for e in entries] + [0.0]) + att
+            n = len(entries) + 1
+            if n <= B:
+                row.append((None, 0, False))
+                continue
+            nc = n - min(W, n)
+            a = loc.sum() / glo.sum()
+            gl = np.maximum(a * glo[:nc], loc[:nc])
+            weak = int(np.argmin(gl))
+            amb = bool(np.sum(gl <= gl[weak] * (1 + eps) + 1e-12) > 1)
+            members = sum(len(e[4]) for e in entries) + 1
+            merged = 0
+            if tau < 1 and members <= gamma * B and nc > 1:
+                kw, vw = entries[weak][1], entries[weak][2]
+                r = np.array([redundancy(kw, vw, entries[c][1], entries[c][2]) if c != weak else -np.inf
+                              for c in range(nc)])
+                b = int(np.argmax(r))
+                amb |= bool(abs(r[b] - tau) <= 1e-4 or np.sum(r >= r[b] - 1e-5) > 1)
+                if r[b] >= tau:
+                    merged = len(entries[weak][4])
+            row.append((entries[weak][0], merged, amb))
+        out.append(row)
+    return out
+
+
+def decode_logits(model_path, prompt, token, lists, new=None):
     """Logits (n_vocab,) of `token` at position len(prompt) over the compressed prompt cache
-    `lists` (ems_prefill's output), every merged entry expanded into its members."""
+    `lists` (ems_prefill's output), every merged entry expanded into its members. With
+    new=[], also appends per layer the token's (q, k, v, position) for ems_decode_step."""
     model = ref.load(model_path)
     hp = model.hp
     N = len(prompt)
@@ -128,10 +187,12 @@ def decode_logits(model_path, prompt, token, lists):
         v = (h @ model.w(p + "attn_v.weight").T).reshape(1, hp.n_head_kv, hp.head_dim)
         q = ref.rope_adjacent(q, np.array([N]), hp.n_rot, hp.rope_base)
         k = ref.rope_adjacent(k, np.array([N]), hp.n_rot, hp.rope_base)
+        if new is not None:
+            new.append((q[0], k[0], v[0], N))
         att = np.empty((hp.n_head, hp.head_dim))
         for g in range(hp.n_head_kv):
             keys, vals = [], []
-            for _, ke, ve, norms in lists[il][g][0]:
+            for _, ke, ve, norms, _ in lists[il][g][0]:
                 if norms is None:
                     keys.append(ke), vals.append(ve)
                 else:

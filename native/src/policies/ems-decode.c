@@ -21,17 +21,19 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
     struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
     const int32_t d = ev->hp->head_dim;
     const int64_t cap = (int64_t)o->gamma * B;
+    if (l->n <= B) return PYKV_OK;
+    const int32_t n0 = l->n;
+    float *loc = malloc((size_t)n0 * 4 * sizeof(float));   // loc, gl, r, tmp
+    int32_t *keep = malloc((size_t)n0 * sizeof(int32_t));
+    if (!loc || !keep) {
+        free(loc); free(keep);
+        return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory in the decode eviction");
+    }
+    float *gl = loc + n0, *r = gl + n0, *tmp = r + n0;
     pykv_status st = PYKV_OK;
     while (st == PYKV_OK && l->n > B) {
         const int32_t n = l->n, P = o->window < n ? o->window : n, nc = n - P;
         if (nc < 1) break;
-        float *loc = malloc((size_t)n * 2 * sizeof(float));
-        int32_t *keep = malloc((size_t)n * sizeof(int32_t));
-        if (!loc || !keep) {
-            free(loc); free(keep);
-            return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory in the decode eviction");
-        }
-        float *gl = loc + n;
         int64_t members = 0;
         for (int32_t j = 0; j < n; j++) {
             loc[j] = s->lp[j] + s->lc[j];
@@ -41,25 +43,22 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
         int32_t weak = 0;
         for (int32_t j = 1; j < nc; j++) if (gl[j] < gl[weak]) weak = j;
         int32_t best = -1;
-        float r_best = 0.0f;
-        if (o->tau < 1.0 && members <= cap) {
+        if (o->tau < 1.0 && members <= cap && nc > 1) {
             struct ems_probe probe;
             ems_probe_init(&probe, l, d, weak);
-            for (int32_t c = 0; c < nc; c++) {
-                if (c == weak) continue;
-                const float r = ems_redundancy(l, d, &probe, c);
-                if (best < 0 || r > r_best) { best = c; r_best = r; }
-            }
+            ems_redundancy_all(l, s, d, &probe, nc, r, tmp);
+            for (int32_t c = 0; c < nc; c++)
+                if (c != weak && (best < 0 || r[c] > r[best])) best = c;
         }
-        if (best >= 0 && (double)r_best >= o->tau) st = ems_merge_into(ev->cache, l, s, d, best, &weak, 1, loc);
+        if (best >= 0 && (double)r[best] >= o->tau) st = ems_merge_into(ev->cache, l, s, d, best, &weak, 1, loc);
         int32_t nk = 0;
         for (int32_t j = 0; j < n; j++) if (j != weak) keep[nk++] = j;
         if (st == PYKV_OK) {
             ems_list_compact(s, keep, nk);
             st = kv_list_retain(ev->cache, l, keep, nk);
         }
-        free(loc);
-        free(keep);
     }
+    free(loc);
+    free(keep);
     return st;
 }

@@ -14,6 +14,7 @@
 // reports a merged entry's attention as its members' total mass). A zero key sum keeps the
 // centre's own direction.
 #include "ems.h"
+#include "../attention.h"
 #include "../error.h"
 #include "../quant.h"
 
@@ -30,18 +31,33 @@ void ems_probe_init(struct ems_probe *p, const struct kv_list *l, int32_t d, int
     p->vv = dot_f32(p->v, p->v, d);
 }
 
-// Cosine from a dot product and two squared norms (0 when either vector is zero).
-static float cos_of(double ab, double aa, double bb) {
-    return aa <= 0.0 || bb <= 0.0 ? 0.0f : (float)(ab / sqrt(aa * bb));
+// R from the probe's dot products with entry c's key and value and c's squared norms:
+// cos_k * cos_v = dk dv / sqrt(|k_i|^2 |k_c|^2 |v_i|^2 |v_c|^2), one square root.
+static float redundancy_of(const struct ems_probe *p, double dk, double dv, double kk, double vv) {
+    const double nn = p->kk * kk * p->vv * vv;
+    if (!(nn > 0.0)) return 0.0f;
+    const float r = (float)(dk * dv / sqrt(nn));
+    return (dk < 0.0 || dv < 0.0) ? -fabsf(r) : r;
 }
 
 float ems_redundancy(const struct kv_list *l, int32_t d, const struct ems_probe *p, int32_t c) {
     float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
     const float *k = kv_key_f32(l, c, d, tk), *v = kv_value_f32(l, c, d, tv);
-    const float ck = cos_of(dot_f32(p->k, k, d), p->kk, dot_f32(k, k, d));
-    const float cv = cos_of(dot_f32(p->v, v, d), p->vv, dot_f32(v, v, d));
-    const float r = ck * cv;
-    return (ck < 0.0f || cv < 0.0f) ? -fabsf(r) : r;
+    return redundancy_of(p, dot_f32(p->k, k, d), dot_f32(p->v, v, d), dot_f32(k, k, d), dot_f32(v, v, d));
+}
+
+void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, const struct ems_probe *p,
+                        int32_t nc, float *r, float *tmp) {
+    float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
+    for (int32_t c = 0; c < nc; c++)
+        if (s->kk[c] < 0.0f) {
+            const float *k = kv_key_f32(l, c, d, tk), *v = kv_value_f32(l, c, d, tv);
+            s->kk[c] = dot_f32(k, k, d);
+            s->vv[c] = dot_f32(v, v, d);
+        }
+    attention_dots(p->k, l, 0, nc, d, r);
+    attention_dots(p->v, l, 1, nc, d, tmp);
+    for (int32_t c = 0; c < nc; c++) r[c] = redundancy_of(p, r[c], tmp[c], s->kk[c], s->vv[c]);
 }
 
 // Add entry e's weighted key direction and value to the sums; append its member norms.
@@ -104,6 +120,7 @@ pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems
     }
     for (int32_t i = 0; i < d; i++) v[i] = (float)(vs[i] / W);
     kv_list_set_kv(l, c, k, v, d);
+    s->kk[c] = s->vv[c] = -1.0f;
     s->wsum[c] = (float)W;
     s->kmag[c] = (float)(kn / W);
     pykv_status st = kv_list_enable_members(cache, l);

@@ -27,7 +27,7 @@
 //  * Policy args: window (L_win, default 32), kernel (odd, default 7), tau (in [0, 1], default
 //    0.6), gamma (integer >= 1, default 4). No sinks. Unknown keys are errors.
 //  * Merge metadata (member norms, flags) is allocated by the cache and counted in its bytes;
-//    the policy's own score arrays (5 floats per entry) are not cache bytes, as for h2o.
+//    the policy's own score arrays (7 floats per entry) are not cache bytes, as for h2o.
 #include "ems.h"
 #include "policy-args.h"
 #include "window-scores.h"
@@ -58,8 +58,8 @@ pykv_status ems_list_track(struct ems_list *s, int32_t n) {
     if (n < s->n) s->n = n;   // rolled back after a cancelled chunk
     if (n > s->cap) {
         int32_t cap = n + n / 4 + 16;
-        float **f[5] = { &s->glo, &s->lp, &s->lc, &s->wsum, &s->kmag };
-        for (int a = 0; a < 5; a++) {
+        float **f[7] = { &s->glo, &s->lp, &s->lc, &s->wsum, &s->kmag, &s->kk, &s->vv };
+        for (int a = 0; a < 7; a++) {
             float *x = realloc(*f[a], (size_t)cap * sizeof(float));
             if (!x) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
             *f[a] = x;
@@ -69,6 +69,7 @@ pykv_status ems_list_track(struct ems_list *s, int32_t n) {
     for (int32_t j = s->n; j < n; j++) {
         s->glo[j] = s->lp[j] = s->lc[j] = s->wsum[j] = 0.0f;
         s->kmag[j] = 1.0f;
+        s->kk[j] = s->vv[j] = -1.0f;
     }
     s->n = n;
     return PYKV_OK;
@@ -77,14 +78,16 @@ pykv_status ems_list_track(struct ems_list *s, int32_t n) {
 void ems_list_compact(struct ems_list *s, const int32_t *keep, int32_t n_keep) {
     for (int32_t j = 0; j < n_keep; j++) {
         const int32_t i = keep[j];
+        if (i == j) continue;
         s->glo[j] = s->glo[i]; s->lp[j] = s->lp[i]; s->lc[j] = s->lc[i];
         s->wsum[j] = s->wsum[i]; s->kmag[j] = s->kmag[i];
+        s->kk[j] = s->kk[i]; s->vv[j] = s->vv[i];
     }
     s->n = n_keep;
 }
 
 void ems_list_free(struct ems_list *s) {
-    free(s->glo); free(s->lp); free(s->lc); free(s->wsum); free(s->kmag);
+    free(s->glo); free(s->lp); free(s->lc); free(s->wsum); free(s->kmag); free(s->kk); free(s->vv);
     memset(s, 0, sizeof(*s));
 }
 

@@ -17,6 +17,7 @@ struct ems_list {
     float  *lc;     // s_Loc_cur: this decode block's attention
     float  *wsum;   // merged entries: sum of the members' merge weights (unused for single tokens)
     float  *kmag;   // merged entries: |sum_i w_i k̂_i| / wsum (so sum_i w_i k̂_i = wsum * kmag * k̂_e)
+    float  *kk, *vv;   // squared norms of the stored key and value; -1 = not computed yet
 };
 
 struct ems_opts {
@@ -41,6 +42,10 @@ void ems_probe_init(struct ems_probe *p, const struct kv_list *l, int32_t d, int
 // R(i, c) = cos(k_i, k_c) * cos(v_i, v_c) on the stored keys, for the probe's entry i; a pair
 // with a negative key or value cosine gets -|product| (never similar).
 float ems_redundancy(const struct kv_list *l, int32_t d, const struct ems_probe *p, int32_t c);
+// The same R of the probe against each of entries [0, nc): r[c] (tmp: nc floats), with the
+// entries' squared norms cached in s (computed where still unknown).
+void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, const struct ems_probe *p,
+                        int32_t nc, float *r, float *tmp);
 
 // Merge entries src[0..n_src) of list l into entry c (in place: c's key becomes the unit
 // direction, its value the weighted mean, its member norms the union). w_single[j] is the
