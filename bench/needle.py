@@ -110,11 +110,19 @@ def answer(llm, task: Task, aware: bool, n_new: int = 24) -> str:
     return llm.detokenize(out).decode("utf-8", "replace")
 
 
+def policy_spec(spec: str):
+    """'cake' or 'cake+decode_evict=none+gamma=0' -> (name, policy_kwargs or None)."""
+    name, *args = spec.split("+")
+    return name, dict(a.split("=", 1) for a in args) or None
+
+
 def kl_divergence(model, policy, budget, prefix, follow, threads):
     """Mean KL(full || policy) over the teacher-forced tokens after a compressed prefix."""
     dists = []
     for pol, bud in (("full", None), (policy, budget)):
-        with Llama(model, n_ctx=len(prefix) + len(follow) + 8, n_threads=threads, policy=pol, budget=bud) as llm:
+        name, kwargs = policy_spec(pol)
+        with Llama(model, n_ctx=len(prefix) + len(follow) + 8, n_threads=threads, policy=name, budget=bud,
+                   policy_kwargs=kwargs) as llm:
             llm.eval(prefix)
             rows = []
             for t in follow:
@@ -133,7 +141,8 @@ def main():
     ap.add_argument("--model", default=None, help="GGUF path (default: pykv pull smollm2)")
     ap.add_argument("--lengths", default="2048,4096,7168")
     ap.add_argument("--budgets", default="2,5,10,25", help="percent of the context")
-    ap.add_argument("--policies", default=",".join(list_policies()))
+    ap.add_argument("--policies", default=",".join(list_policies()),
+                    help="comma list; a policy's arguments follow its name: cake+decode_evict=none+gamma=0")
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--settings", default="aware,agnostic")
     ap.add_argument("--threads", type=int, default=2)
@@ -159,7 +168,9 @@ def main():
                     for task in tasks[n]:
                         budget = None if pct is None else max(1, int(round(len(task.context) * pct / 100)))
                         try:
-                            with Llama(model, n_ctx=n + 64, n_threads=args.threads, policy=policy, budget=budget) as llm:
+                            name, kwargs = policy_spec(policy)
+                            with Llama(model, n_ctx=n + 64, n_threads=args.threads, policy=name, budget=budget,
+                                       policy_kwargs=kwargs) as llm:
                                 hits += task.hit(answer(llm, task, setting == "aware"))
                         except Exception as e:   # a budget below a policy's window, say
                             print(f"# {policy} {pct}% {n} {setting}: {e}", file=sys.stderr)

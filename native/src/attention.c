@@ -13,6 +13,8 @@
 static float merged_max(float *const *norms, const int32_t *nm, int n, const float *w) {
     float max = -INFINITY;
     for (int j = 0; j < n; j++) {
+        // each member list is its own allocation: fetch a few entries ahead
+        if (j + 8 < n && norms[j + 8]) __builtin_prefetch(norms[j + 8]);
         const float top = !norms[j] ? w[j] : w[j] * (w[j] >= 0.0f ? norms[j][nm[j] - 1] : norms[j][0]);
         if (top > max) max = top;
     }
