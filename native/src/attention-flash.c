@@ -242,16 +242,23 @@ void attention_flash_scalar(const float *q, size_t q_stride, int n_tok, int n_re
     attention_flash_impl(q, q_stride, n_tok, n_rep, n_vis0, l, d, out, out_stride, work, 0);
 }
 
-void attention_merge(int n_part, const float *m, const float *lsum, const float *o, int d, float *out) {
+double attention_merge_scales(int n_part, const float *m, const float *lsum, float *f) {
     float mx = -INFINITY;
     for (int p = 0; p < n_part; p++) if (m[p] > mx) mx = m[p];
-    memset(out, 0, (size_t)d * sizeof(float));
     double total = 0.0;
     for (int p = 0; p < n_part; p++) {
-        const float w = expf(m[p] - mx);
-        total += (double)w * lsum[p];
-        for (int c = 0; c < d; c++) out[c] += w * o[(size_t)p * d + c];
+        f[p] = expf(m[p] - mx);
+        total += (double)f[p] * lsum[p];
     }
+    return total;
+}
+
+void attention_merge(int n_part, const float *m, const float *lsum, const float *o, int d, float *out) {
+    float f[ATTENTION_MAX_PARTS];
+    const double total = attention_merge_scales(n_part, m, lsum, f);
+    memset(out, 0, (size_t)d * sizeof(float));
+    for (int p = 0; p < n_part; p++)
+        for (int c = 0; c < d; c++) out[c] += f[p] * o[(size_t)p * d + c];
     const float inv = (float)(1.0 / total);
     for (int c = 0; c < d; c++) out[c] *= inv;
 }

@@ -7,15 +7,13 @@
 #include <string.h>
 
 // Merged entries: member m of entry j has logit norm_m * s_j, all members share v_j, so
-// entry j's weight is sum_m exp(norm_m * s_j - max) / Z (the EMS expansion). Member norms
-// are ascending (kv-cache.h) and positive, so an entry's largest member logit is s_j times
-// its last norm for s_j >= 0, its first otherwise (exactly: rounding is monotone).
-static float merged_max(float *const *norms, const int32_t *nm, int n, const float *w) {
+// entry j's weight is sum_m exp(norm_m * s_j - max) / Z (the EMS expansion).
+static float merged_max(const struct kv_list *l, int j0, int n, const float *w) {
     float max = -INFINITY;
     for (int j = 0; j < n; j++) {
         // each member list is its own allocation: fetch a few entries ahead
-        if (j + 8 < n && norms[j + 8]) __builtin_prefetch(norms[j + 8]);
-        const float top = !norms[j] ? w[j] : w[j] * (w[j] >= 0.0f ? norms[j][nm[j] - 1] : norms[j][0]);
+        if (j + 8 < n && l->member_norm[j0 + j + 8]) __builtin_prefetch(l->member_norm[j0 + j + 8]);
+        const float top = kv_member_logit_max(l, j0 + j, w[j]);
         if (top > max) max = top;
     }
     return max;
@@ -27,7 +25,7 @@ static float merged_max(float *const *norms, const int32_t *nm, int n, const flo
 static float merged_exp_scalar(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
     float *const *norms = l->member_norm + j0;
     const int32_t *nm = l->n_members + j0;
-    const float max = merged_max(norms, nm, n, w);
+    const float max = merged_max(l, j0, n, w);
     double sum = 0.0;
     for (int j = 0; j < n; j++) {
         float e = 0.0f;
@@ -47,13 +45,18 @@ static float merged_exp_scalar(const struct kv_list *l, int j0, int n, float *w,
 // are packed into one flat batch (a merged entry's in vectors, its tail lanes overwritten by
 // the next entry's), exponentiated together and summed back per entry; an entry of LONG or
 // more members is exponentiated and summed in vectors on its own.
+// Members m..m+7 of a member list of cnt: norm * s - max, and the mask of the lanes in it.
+static inline AVX2_TGT __m256 member_logits8(const float *norm, int m, int cnt, __m256 s, __m256 vmax, __m256i *mask) {
+    *mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_fmsub_ps(_mm256_maskload_ps(norm + m, *mask), s, vmax);
+}
+
 static AVX2_TGT float merged_exp_avx2(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
     enum { BATCH = 256, LONG = 16 };
     float *const *norms = l->member_norm + j0;
     const int32_t *nm = l->n_members + j0;
-    const float max = merged_max(norms, nm, n, w);
+    const float max = merged_max(l, j0, n, w);
     const __m256 vmax = _mm256_set1_ps(max);
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     float x[BATCH + 8];
     int start[BATCH + 1];
     double sum = 0.0;
@@ -67,8 +70,8 @@ static AVX2_TGT float merged_exp_avx2(const struct kv_list *l, int j0, int n, fl
                 const __m256 s = _mm256_set1_ps(w[e]);
                 __m256 acc = _mm256_setzero_ps();
                 for (int m = 0; m < cnt; m += 8) {
-                    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - m), lane);
-                    const __m256 z = _mm256_fmsub_ps(_mm256_maskload_ps(norms[e] + m, mask), s, vmax);
+                    __m256i mask;
+                    const __m256 z = member_logits8(norms[e], m, cnt, s, vmax, &mask);
                     acc = _mm256_add_ps(acc, _mm256_and_ps(exp_ps(z), _mm256_castsi256_ps(mask)));
                 }
                 w[e] = hsum_ps(acc);   // its batch segment stays empty
@@ -81,8 +84,8 @@ static AVX2_TGT float merged_exp_avx2(const struct kv_list *l, int j0, int n, fl
             }
             const __m256 s = _mm256_set1_ps(w[e]);
             for (int m = 0; m < cnt; m += 8) {
-                const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - m), lane);
-                _mm256_storeu_ps(x + nb + m, _mm256_fmsub_ps(_mm256_maskload_ps(norms[e] + m, mask), s, vmax));
+                __m256i mask;
+                _mm256_storeu_ps(x + nb + m, member_logits8(norms[e], m, cnt, s, vmax, &mask));
             }
             nb += cnt;
         }

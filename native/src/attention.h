@@ -41,8 +41,13 @@ void   attention_flash_scalar(const float *q, size_t q_stride, int n_tok, int n_
 // unnormalised output sum_j exp(logit_j - m) v_j in out (nq * d). w: nq * (j1 - j0) floats.
 void attention_group_partial(const float *q, int nq, const struct kv_list *l, int j0, int j1, int d, float *w,
                              float *out, float *m, float *lsum);
-// One query row's output from n_part such partials (m, lsum: n_part each; o: n_part * d).
+// One query row's output from n_part <= ATTENTION_MAX_PARTS such partials (m, lsum: n_part
+// each; o: n_part * d).
+#define ATTENTION_MAX_PARTS 64
 void attention_merge(int n_part, const float *m, const float *lsum, const float *o, int d, float *out);
+// The factors attention_merge weighs the partials with: f[p] = exp(m[p] - max m); returns
+// the normaliser sum_p f[p] lsum[p] (partial p's share of the softmax is f[p] / total).
+double attention_merge_scales(int n_part, const float *m, const float *lsum, float *f);
 
 // out[j] = x . key j (values = 0) or x . value j (values = 1) for the first n entries of l,
 // as stored (EMS's similarity of one entry to every other).

@@ -82,19 +82,22 @@ static int decode_segments(int n) {
     const int s = (n + DECODE_SEGMENT - 1) / DECODE_SEGMENT;
     return s < 1 ? 1 : s > DECODE_MAX_SEGMENTS ? DECODE_MAX_SEGMENTS : s;
 }
+_Static_assert(DECODE_MAX_SEGMENTS <= ATTENTION_MAX_PARTS, "attention_merge takes every segment");
+
+// First entry of segment p of a list of n entries cut into n_seg (p = n_seg: n).
+static int segment_start(int n, int n_seg, int p) {
+    return (int)((long)n * p / n_seg);
+}
 
 // A decode step's attention sums are its weights: the segments' unnormalised weights
 // (colsum, n entries) scaled by exp(m_seg - max) / total, as attention_merge combines them.
 static void normalize_colsum(float *colsum, int n, const float *m, const float *lsum) {
     const int n_seg = decode_segments(n);
-    float mx = -INFINITY;
-    for (int p = 0; p < n_seg; p++) if (m[p] > mx) mx = m[p];
-    double total = 0.0;
-    for (int p = 0; p < n_seg; p++) total += (double)expf(m[p] - mx) * lsum[p];
+    float f[DECODE_MAX_SEGMENTS];
+    const double total = attention_merge_scales(n_seg, m, lsum, f);
     for (int p = 0; p < n_seg; p++) {
-        const int j0 = (int)((long)n * p / n_seg), j1 = (int)((long)n * (p + 1) / n_seg);
-        const float f = (float)(expf(m[p] - mx) / total);
-        for (int j = j0; j < j1; j++) colsum[j] *= f;
+        const float scale = (float)(f[p] / total);
+        for (int j = segment_start(n, n_seg, p); j < segment_start(n, n_seg, p + 1); j++) colsum[j] *= scale;
     }
 }
 
@@ -111,7 +114,7 @@ static void decode_split_task(void *arg, int ith, int nth) {
         const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
         const int n_seg = decode_segments(l->n);
         if (seg >= n_seg) continue;
-        const int j0 = (int)((long)l->n * seg / n_seg), j1 = (int)((long)l->n * (seg + 1) / n_seg);
+        const int j0 = segment_start(l->n, n_seg, seg), j1 = segment_start(l->n, n_seg, seg + 1);
         for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
             const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
             const int h0 = g * n_rep + r0;

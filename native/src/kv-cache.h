@@ -49,6 +49,14 @@ static inline struct kv_list *kv_cache_list(struct kv_cache *c, int layer, int h
     return &c->lists[(size_t)layer * c->n_head_kv + head];
 }
 
+// The largest logit among entry j's members for q . key j = s (s itself for a single
+// token): norms are positive and ascending, so it is s times the last norm for s >= 0, the
+// first otherwise (exactly: rounding is monotone).
+static inline float kv_member_logit_max(const struct kv_list *l, int32_t j, float s) {
+    const float *norm = l->n_members ? l->member_norm[j] : NULL;
+    return !norm ? s : s * (s >= 0.0f ? norm[l->n_members[j] - 1] : norm[0]);
+}
+
 // Make room for `extra` more entries in a list.
 pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra);
 

@@ -40,9 +40,8 @@ static void loc_head(const struct loc_job *job, int hq, float *z, double *acc) {
         float mx = -INFINITY;
         for (int32_t j = 0; j < n_vis; j++) {
             z[j] = kv_key_dot(l, j, q, hd) * scale;
-            const float *nm = l->n_members ? l->member_norm[j] : NULL;
-            if (!nm) { if (z[j] > mx) mx = z[j]; continue; }
-            for (int32_t m = 0; m < l->n_members[j]; m++) if (nm[m] * z[j] > mx) mx = nm[m] * z[j];
+            const float top = kv_member_logit_max(l, j, z[j]);
+            if (top > mx) mx = top;
         }
         double sum = 0.0;
         for (int32_t j = 0; j < n_vis; j++) {
