@@ -6,124 +6,171 @@
 #include <math.h>
 #include <string.h>
 
+static int scalar_only;   // tests: the reference path on any CPU
+
+void attention_force_scalar(int on) { scalar_only = on; }
+
 // Merged entries: member m of entry j has logit norm_m * s_j, all members share v_j, so
-// entry j's weight is sum_m exp(norm_m * s_j - max) / Z (the EMS expansion).
-static float merged_max(const struct kv_list *l, int j0, int n, const float *w) {
-    float max = -INFINITY;
+// entry j's weight is sum_m exp(norm_m * s_j - max) / Z (the EMS expansion). Every function
+// below takes nq rows of logits (w, row stride n) over the same entries, so each entry's
+// member norms are fetched once for all the query heads of a tile.
+
+// max[r]: the largest member logit of row r.
+static void merged_max(const struct kv_list *l, int j0, int n, int nq, const float *w, float *max) {
+    for (int r = 0; r < nq; r++) max[r] = -INFINITY;
     for (int j = 0; j < n; j++) {
         // each member list is its own allocation: fetch a few entries ahead
         if (j + 8 < n && l->member_norm[j0 + j + 8]) __builtin_prefetch(l->member_norm[j0 + j + 8]);
-        const float top = kv_member_logit_max(l, j0 + j, w[j]);
-        if (top > max) max = top;
+        for (int r = 0; r < nq; r++) {
+            const float top = kv_member_logit_max(l, j0 + j, w[(size_t)r * n + j]);
+            if (top > max[r]) max[r] = top;
+        }
     }
-    return max;
 }
 
-// Entries [j0, j0 + n) of a list with merged entries, logits w in place: w[j] becomes
-// sum_m exp(norm_m * w[j] - max), *max_out the largest member logit; returns the sum of the
-// w[j].
-static float merged_exp_scalar(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
+// Entries [j0, j0 + n) of a list with merged entries, nq rows of logits w in place: w[r][j]
+// becomes sum_m exp(norm_m * w[r][j] - max[r]), max_out[r] the row's largest member logit,
+// sum_out[r] the sum of its w[r][j].
+static void merged_exp_scalar(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out,
+                              float *sum_out) {
     float *const *norms = l->member_norm + j0;
     const int32_t *nm = l->n_members + j0;
-    const float max = merged_max(l, j0, n, w);
-    double sum = 0.0;
-    for (int j = 0; j < n; j++) {
-        float e = 0.0f;
-        if (!norms[j]) e = expf(w[j] - max);
-        else for (int m = 0; m < nm[j]; m++) e += expf(norms[j][m] * w[j] - max);
-        w[j] = e;
-        sum += e;
+    merged_max(l, j0, n, nq, w, max_out);
+    for (int r = 0; r < nq; r++) {
+        float *wr = w + (size_t)r * n;
+        const float max = max_out[r];
+        double sum = 0.0;
+        for (int j = 0; j < n; j++) {
+            float e = 0.0f;
+            if (!norms[j]) e = expf(wr[j] - max);
+            else for (int m = 0; m < nm[j]; m++) e += expf(norms[j][m] * wr[j] - max);
+            wr[j] = e;
+            sum += e;
+        }
+        sum_out[r] = (float)sum;
     }
-    *max_out = max;
-    return (float)sum;
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #include "simd-avx2.h"
 
-// The same, eight exponentials at a time: the members' logits of consecutive small entries
-// are packed into one flat batch (a merged entry's in vectors, its tail lanes overwritten by
-// the next entry's), exponentiated together and summed back per entry; an entry of LONG or
-// more members is exponentiated and summed in vectors on its own.
-// Members m..m+7 of a member list of cnt: norm * s - max, and the mask of the lanes in it.
-static inline AVX2_TGT __m256 member_logits8(const float *norm, int m, int cnt, __m256 s, __m256 vmax, __m256i *mask) {
+// The same with vectors, in two passes over eight entries at a time. Single-token entries
+// (most of a list) take the plain softmax path; the merged ones among them, found by
+// a compare on their member counts, are visited one by one: their largest member logit in
+// the first pass, the sum of their members' exponentials (in vectors) in the second.
+// Members m..m+7 of a member list of cnt, and the mask of the lanes in it.
+static inline AVX2_TGT __m256 member_norms8(const float *norm, int m, int cnt, __m256i *mask) {
     *mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    return _mm256_fmsub_ps(_mm256_maskload_ps(norm + m, *mask), s, vmax);
+    return _mm256_maskload_ps(norm + m, *mask);
 }
 
-static AVX2_TGT float merged_exp_avx2(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
-    enum { BATCH = 256, LONG = 16 };
-    float *const *norms = l->member_norm + j0;
+// Entries j..j+7 (those below n): the lanes in range, the single-token ones among them, and
+// the merged ones as a bit mask.
+static inline AVX2_TGT unsigned entry_lanes8(const int32_t *nm, int j, int n, __m256i *valid, __m256i *single) {
+    *valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i cnt = _mm256_maskload_epi32(nm + j, *valid);
+    *single = _mm256_and_si256(_mm256_cmpeq_epi32(cnt, _mm256_set1_epi32(1)), *valid);
+    return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_andnot_si256(*single, *valid)));
+}
+
+static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out,
+                                     float *sum_out) {
     const int32_t *nm = l->n_members + j0;
-    const float max = merged_max(l, j0, n, w);
-    const __m256 vmax = _mm256_set1_ps(max);
-    float x[BATCH + 8];
-    int start[BATCH + 1];
-    double sum = 0.0;
-    for (int j = 0; j < n;) {
-        // fill: entries [j, e), at most BATCH of them, whose small entries' members fit
-        int e = j, nb = 0;
-        for (; e < n && e - j < BATCH; e++) {
-            const int cnt = norms[e] ? nm[e] : 1;
-            start[e - j] = nb;
-            if (cnt >= LONG) {   // a big entry: its members in vectors, summed in vectors
-                const __m256 s = _mm256_set1_ps(w[e]);
+    float *const *norms = l->member_norm + j0;
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax[ATTENTION_TILE], vsum[ATTENTION_TILE];
+    float top[ATTENTION_TILE], merged_sum[ATTENTION_TILE];
+    for (int r = 0; r < nq; r++) {
+        vmax[r] = ninf;
+        top[r] = -INFINITY;
+    }
+    // each member list is its own allocation, likely out of cache: request them all first
+    for (int j = 0; j < n; j += 8) {
+        __m256i valid, single;
+        for (unsigned bits = entry_lanes8(nm, j, n, &valid, &single); bits; bits &= bits - 1)
+            __builtin_prefetch(norms[j + __builtin_ctz(bits)]);
+    }
+    for (int j = 0; j < n; j += 8) {
+        __m256i valid, single;
+        for (unsigned bits = entry_lanes8(nm, j, n, &valid, &single); bits; bits &= bits - 1) {
+            const int e = j + __builtin_ctz(bits);
+            for (int r = 0; r < nq; r++) {
+                const float t = kv_member_logit_max(l, j0 + e, w[(size_t)r * n + e]);
+                if (t > top[r]) top[r] = t;
+            }
+        }
+        for (int r = 0; r < nq; r++) {
+            const __m256 s = _mm256_maskload_ps(w + (size_t)r * n + j, single);
+            vmax[r] = _mm256_max_ps(vmax[r], _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(single)));
+        }
+    }
+    for (int r = 0; r < nq; r++) {
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax[r]), _mm256_extractf128_ps(vmax[r], 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float vm = _mm_cvtss_f32(m);
+        max_out[r] = vm > top[r] ? vm : top[r];
+        vmax[r] = _mm256_set1_ps(max_out[r]);
+        vsum[r] = _mm256_setzero_ps();
+        merged_sum[r] = 0.0f;
+    }
+    for (int j = 0; j < n; j += 8) {
+        __m256i valid, single;
+        const unsigned merged = entry_lanes8(nm, j, n, &valid, &single);
+        for (int r = 0; r < nq; r++) {   // single tokens: exp(s - max) in place
+            float *wr = w + (size_t)r * n + j;
+            const __m256 e = exp_ps(_mm256_sub_ps(_mm256_maskload_ps(wr, single), vmax[r]));
+            _mm256_maskstore_ps(wr, single, e);
+            vsum[r] = _mm256_add_ps(vsum[r], _mm256_and_ps(e, _mm256_castsi256_ps(single)));
+        }
+        for (unsigned bits = merged; bits; bits &= bits - 1) {   // merged: the sum over members
+            const int e = j + __builtin_ctz(bits), cnt = nm[e];
+            for (int r = 0; r < nq; r++) {
+                float *wr = w + (size_t)r * n + e;
+                const __m256 s = _mm256_set1_ps(*wr);
                 __m256 acc = _mm256_setzero_ps();
                 for (int m = 0; m < cnt; m += 8) {
                     __m256i mask;
-                    const __m256 z = member_logits8(norms[e], m, cnt, s, vmax, &mask);
+                    const __m256 z = _mm256_fmsub_ps(member_norms8(norms[e], m, cnt, &mask), s, vmax[r]);
                     acc = _mm256_add_ps(acc, _mm256_and_ps(exp_ps(z), _mm256_castsi256_ps(mask)));
                 }
-                w[e] = hsum_ps(acc);   // its batch segment stays empty
-                continue;
+                *wr = hsum_ps(acc);
+                merged_sum[r] += *wr;
             }
-            if (nb + cnt > BATCH) break;
-            if (!norms[e]) {
-                x[nb++] = w[e] - max;
-                continue;
-            }
-            const __m256 s = _mm256_set1_ps(w[e]);
-            for (int m = 0; m < cnt; m += 8) {
-                __m256i mask;
-                _mm256_storeu_ps(x + nb + m, member_logits8(norms[e], m, cnt, s, vmax, &mask));
-            }
-            nb += cnt;
         }
-        start[e - j] = nb;
-        for (int b = nb; b % 8; b++) x[b] = -INFINITY;
-        for (int b = 0; b < nb; b += 8) _mm256_storeu_ps(x + b, exp_ps(_mm256_loadu_ps(x + b)));
-        for (int t = j; t < e; t++) {
-            const int a = start[t - j], b = start[t - j + 1];
-            if (b > a) {
-                float acc = 0.0f;
-                for (int i = a; i < b; i++) acc += x[i];
-                w[t] = acc;
-            }
-            sum += w[t];
-        }
-        j = e;
     }
-    *max_out = max;
-    return (float)sum;
+    for (int r = 0; r < nq; r++) sum_out[r] = hsum_ps(vsum[r]) + merged_sum[r];
 }
 #endif
 
-static float merged_exp(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
+static void merged_exp(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out, float *sum_out) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return merged_exp_avx2(l, j0, n, w, max_out);
+    if (!scalar_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        merged_exp_avx2(l, j0, n, nq, w, max_out, sum_out);
+        return;
+    }
 #endif
-    return merged_exp_scalar(l, j0, n, w, max_out);
+    merged_exp_scalar(l, j0, n, nq, w, max_out, sum_out);
 }
 
-static void merged_weights(const struct kv_list *l, int n, float *w) {
-    float max;
-    const float inv = 1.0f / merged_exp(l, 0, n, w, &max);
-    for (int j = 0; j < n; j++) w[j] *= inv;
+// nq rows of n logits over the list's first n entries become probabilities.
+static void merged_weights(const struct kv_list *l, int n, int nq, float *w) {
+    float max[ATTENTION_TILE], sum[ATTENTION_TILE];
+    merged_exp(l, 0, n, nq, w, max, sum);
+    for (int r = 0; r < nq; r++) {
+        const float inv = 1.0f / sum[r];
+        for (int j = 0; j < n; j++) w[(size_t)r * n + j] *= inv;
+    }
 }
 
-// Unnormalised weights of entries [j0, j0 + n): exp(logit - max), members expanded.
-static float weights_exp(const struct kv_list *l, int j0, int n, float *w, float *max_out) {
-    return l->n_members ? merged_exp(l, j0, n, w, max_out) : softmax_exp(w, n, max_out);
+// Unnormalised weights of nq rows over entries [j0, j0 + n): exp(logit - max), members
+// expanded; max[r] and lsum[r] per row.
+static void weights_exp(const struct kv_list *l, int j0, int n, int nq, float *w, float *max, float *lsum) {
+    if (l->n_members) {
+        merged_exp(l, j0, n, nq, w, max, lsum);
+        return;
+    }
+    for (int r = 0; r < nq; r++) lsum[r] = softmax_exp(w + (size_t)r * n, n, max + r);
 }
 
 // logits[j] = scale * q . K[j] and out = sum_j p[j] V[j], the generic way (any head size,
@@ -225,7 +272,7 @@ static const wsum_fn wsum_avx2[2][ATTENTION_TILE + 1] = {
 };
 
 static int use_avx2(int d) {
-    return d % 16 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return !scalar_only && d % 16 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 #endif
 
@@ -234,14 +281,14 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
         scores_avx2[l->f16][1](q, l->k, n, d, scale, weights);
-        if (l->n_members) merged_weights(l, n, weights);
+        if (l->n_members) merged_weights(l, n, 1, weights);
         else softmax(weights, n);
         wsum_avx2[l->f16][1](weights, l->v, n, d, out);
         return;
     }
 #endif
     scores_generic(q, l, 0, n, d, scale, weights);
-    if (l->n_members) merged_weights(l, n, weights);
+    if (l->n_members) merged_weights(l, n, 1, weights);
     else softmax(weights, n);
     weighted_sum_generic(weights, l, 0, n, d, out);
 }
@@ -250,10 +297,8 @@ void attention_group(const float *q, int nq, const struct kv_list *l, int n, int
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
         scores_avx2[l->f16][nq](q, l->k, n, d, 1.0f / sqrtf((float)d), weights);
-        for (int r = 0; r < nq; r++) {
-            if (l->n_members) merged_weights(l, n, weights + (size_t)r * n);
-            else softmax(weights + (size_t)r * n, n);
-        }
+        if (l->n_members) merged_weights(l, n, nq, weights);
+        else for (int r = 0; r < nq; r++) softmax(weights + (size_t)r * n, n);
         wsum_avx2[l->f16][nq](weights, l->v, n, d, out);
         return;
     }
@@ -269,10 +314,8 @@ void attention_weights(const float *q, int nq, const struct kv_list *l, int n, i
     else
 #endif
         for (int r = 0; r < nq; r++) scores_generic(q + (size_t)r * d, l, 0, n, d, scale, weights + (size_t)r * n);
-    for (int r = 0; r < nq; r++) {
-        if (l->n_members) merged_weights(l, n, weights + (size_t)r * n);
-        else softmax(weights + (size_t)r * n, n);
-    }
+    if (l->n_members) merged_weights(l, n, nq, weights);
+    else for (int r = 0; r < nq; r++) softmax(weights + (size_t)r * n, n);
 }
 
 void attention_group_partial(const float *q, int nq, const struct kv_list *l, int j0, int j1, int d, float *w,
@@ -282,17 +325,14 @@ void attention_group_partial(const float *q, int nq, const struct kv_list *l, in
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
         scores_avx2[l->f16][nq](q, kv_row(l, l->k, j0, d), n, d, scale, w);
-        for (int r = 0; r < nq; r++) lsum[r] = weights_exp(l, j0, n, w + (size_t)r * n, m + r);
+        weights_exp(l, j0, n, nq, w, m, lsum);
         wsum_avx2[l->f16][nq](w, kv_row(l, l->v, j0, d), n, d, out);
         return;
     }
 #endif
-    for (int r = 0; r < nq; r++) {
-        float *wr = w + (size_t)r * n;
-        scores_generic(q + (size_t)r * d, l, j0, n, d, scale, wr);
-        lsum[r] = weights_exp(l, j0, n, wr, m + r);
-        weighted_sum_generic(wr, l, j0, n, d, out + (size_t)r * d);
-    }
+    for (int r = 0; r < nq; r++) scores_generic(q + (size_t)r * d, l, j0, n, d, scale, w + (size_t)r * n);
+    weights_exp(l, j0, n, nq, w, m, lsum);
+    for (int r = 0; r < nq; r++) weighted_sum_generic(w + (size_t)r * n, l, j0, n, d, out + (size_t)r * d);
 }
 
 void attention_dots(const float *x, const struct kv_list *l, int values, int n, int d, float *out) {

@@ -52,3 +52,7 @@ double attention_merge_scales(int n_part, const float *m, const float *lsum, flo
 // out[j] = x . key j (values = 0) or x . value j (values = 1) for the first n entries of l,
 // as stored (EMS's similarity of one entry to every other).
 void attention_dots(const float *x, const struct kv_list *l, int values, int n, int d, float *out);
+
+// Tests: nonzero makes this file's kernels take their scalar paths, to check the SIMD ones
+// against them. Not thread-safe; never set by the library.
+void attention_force_scalar(int on);

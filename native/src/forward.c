@@ -2,8 +2,9 @@
 //
 // Reads top to bottom as the math (llama2.c style): embed, then per layer
 // { RMSNorm -> Q,K,V -> RoPE -> append K/V to each KV head's list -> attention over each
-// head's list -> output projection -> residual -> RMSNorm -> SwiGLU FFN -> residual },
-// final norm, classifier. Only the matrix multiplies and attention run on the pool.
+// head's list -> the policy's after_layer hook -> output projection -> residual -> RMSNorm
+// -> SwiGLU FFN -> residual }, final norm, classifier. Only the matrix multiplies, attention
+// and the policies' scoring run on the pool.
 #include "attention.h"
 #include "context.h"
 #include "error.h"
@@ -230,18 +231,8 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
             struct attention_job job = { ctx, layer, T };
             threadpool_run(ctx->pool, attention_colsum_task, &job);
         }
-        matmul(ctx->pool, b->xb, &w->wo, b->att, T, &b->matmul);
-        for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
-
-        // feed-forward
-        for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->ffn_norm, dim, hp->rms_eps);
-        float *gate_up[2] = { b->gate, b->up };
-        const struct tensor *w_gate_up[2] = { &w->w_gate, &w->w_up };
-        matmul_many(ctx->pool, 2, gate_up, w_gate_up, b->xb, T, &b->matmul);
-        swiglu(b->gate, b->gate, b->up, T * hp->n_ff);
-        matmul(ctx->pool, b->xb, &w->w_down, b->gate, T, &b->matmul);
-        for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
-
+        // the policy's hook runs while the layer's lists are still in cache (it reads no
+        // more than the attention; the layer's output does not depend on it)
         if (ctx->policy->ops->after_layer) {
             struct policy_event ev = ctx->event;
             ev.layer = layer;
@@ -258,6 +249,17 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
             struct kv_list *l = kv_cache_list(&ctx->cache, layer, g);
             kv_list_truncate(&ctx->cache, l, l->n - n_probe);
         }
+        matmul(ctx->pool, b->xb, &w->wo, b->att, T, &b->matmul);
+        for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
+
+        // feed-forward
+        for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->ffn_norm, dim, hp->rms_eps);
+        float *gate_up[2] = { b->gate, b->up };
+        const struct tensor *w_gate_up[2] = { &w->w_gate, &w->w_up };
+        matmul_many(ctx->pool, 2, gate_up, w_gate_up, b->xb, T, &b->matmul);
+        swiglu(b->gate, b->gate, b->up, T * hp->n_ff);
+        matmul(ctx->pool, b->xb, &w->w_down, b->gate, T, &b->matmul);
+        for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
     }
 
     if (want_logits) {

@@ -3,6 +3,7 @@
 #include "error.h"
 #include "quant.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,8 +20,10 @@ static int64_t entry_bytes(const struct kv_cache *c, const struct kv_list *l) {
 }
 
 static void account(struct kv_cache *c, int64_t delta) {
-    c->bytes += delta;
-    if (c->bytes > c->peak_bytes) c->peak_bytes = c->bytes;
+    const int64_t now = atomic_fetch_add_explicit(&c->bytes, delta, memory_order_relaxed) + delta;
+    int64_t peak = atomic_load_explicit(&c->peak_bytes, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak_explicit(&c->peak_bytes, &peak, now, memory_order_relaxed,
+                                                                memory_order_relaxed)) {}
 }
 
 static void free_members(struct kv_cache *c, struct kv_list *l, int32_t j) {
@@ -189,38 +192,72 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
     return PYKV_OK;
 }
 
-pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
-    const size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
-    for (int32_t j = 0; j < n_keep; j++) {
-        int32_t i = keep[j];
-        if (i < j || i >= l->n || (j > 0 && i <= keep[j - 1]))
-            return pykv_error(PYKV_ERR_INTERNAL, "kv_list_retain: keep indices must be ascending and in range");
-        if (i == j) continue;
-        if (l->n_members) {
-            // entries j..i-1 not kept so far are dropped: free their members first
-            for (int32_t d = (j > 0 ? keep[j - 1] + 1 : 0); d < i; d++) free_members(c, l, d);
-            l->n_members[j] = l->n_members[i];
-            l->member_norm[j] = l->member_norm[i];
-            l->n_members[i] = 1;
-            l->member_norm[i] = NULL;
-        }
-        memcpy((char *)l->k + (size_t)j * row, (char *)l->k + (size_t)i * row, row);
-        memcpy((char *)l->v + (size_t)j * row, (char *)l->v + (size_t)i * row, row);
-        l->pos[j] = l->pos[i];
-    }
-    if (l->n_members)
-        for (int32_t d = n_keep ? keep[n_keep - 1] + 1 : 0; d < l->n; d++) free_members(c, l, d);
-    c->evicted += l->n - n_keep;
-    const int32_t n_before = l->n;
+// The list now holds n_keep entries: count the rest as evicted and give their memory back
+// now, as the bytes reported are the bytes held. A decode step that drops an entry or two
+// keeps the room (at most one growth step of an eighth), so a fixed-budget policy reuses it
+// on the next token instead of shrinking and regrowing every list on every step.
+static pykv_status shrink_after_drop(struct kv_cache *c, struct kv_list *l, int32_t n_keep) {
+    const int32_t dropped = l->n - n_keep;
+    c->evicted += dropped;
     l->n = n_keep;
-    // Give the memory of the dropped entries back now: the bytes reported are the bytes held.
-    // A decode step that drops an entry or two keeps the room (at most one growth step of an
-    // eighth), so a fixed-budget policy reuses it on the next token instead of shrinking
-    // and regrowing every list on every step.
-    const int32_t dropped = n_before - n_keep;
-    int32_t cap = n_keep > KV_MIN_CAP ? n_keep : KV_MIN_CAP;
+    const int32_t cap = n_keep > KV_MIN_CAP ? n_keep : KV_MIN_CAP;
     if (dropped <= KV_DECODE_DROP && l->cap - n_keep <= n_keep / 8 + KV_DECODE_DROP) return PYKV_OK;
     return cap < l->cap ? list_resize(c, l, cap) : PYKV_OK;
+}
+
+void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j) {
+    memmove((char *)base + (size_t)j * row_bytes, (char *)base + (size_t)(j + 1) * row_bytes, (size_t)(n - 1 - j) * row_bytes);
+}
+
+void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t n_keep) {
+    for (int32_t j = 0; j < n_keep;) {
+        const int32_t i = keep[j];
+        int32_t run = 1;
+        while (j + run < n_keep && keep[j + run] == i + run) run++;
+        if (i != j) memmove((char *)base + (size_t)j * row_bytes, (char *)base + (size_t)i * row_bytes, (size_t)run * row_bytes);
+        j += run;
+    }
+}
+
+pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
+    for (int32_t j = 0; j < n_keep; j++)   // checked first, so that a bad list changes nothing
+        if (keep[j] < j || keep[j] >= l->n || (j > 0 && keep[j] <= keep[j - 1]))
+            return pykv_error(PYKV_ERR_INTERNAL, "kv_list_retain: keep indices must be ascending and in range");
+    if (l->n_members) {   // the dropped entries' members go first
+        for (int32_t j = 0, d = 0; d < l->n; d++) {
+            if (j < n_keep && keep[j] == d) j++;
+            else free_members(c, l, d);
+        }
+    }
+    const size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
+    kv_compact_rows(l->k, row, keep, n_keep);
+    kv_compact_rows(l->v, row, keep, n_keep);
+    kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
+    if (l->n_members) {
+        kv_compact_rows(l->n_members, sizeof(int32_t), keep, n_keep);
+        kv_compact_rows(l->member_norm, sizeof(float *), keep, n_keep);
+        for (int32_t d = n_keep; d < l->n; d++) {   // stale copies of moved entries
+            l->n_members[d] = 1;
+            l->member_norm[d] = NULL;
+        }
+    }
+    return shrink_after_drop(c, l, n_keep);
+}
+
+pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j) {
+    if (j < 0 || j >= l->n) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
+    const size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
+    free_members(c, l, j);
+    kv_drop_row(l->k, row, l->n, j);
+    kv_drop_row(l->v, row, l->n, j);
+    kv_drop_row(l->pos, sizeof(int32_t), l->n, j);
+    if (l->n_members) {
+        kv_drop_row(l->n_members, sizeof(int32_t), l->n, j);
+        kv_drop_row(l->member_norm, sizeof(float *), l->n, j);
+        l->n_members[l->n - 1] = 1;   // a stale copy of the moved last entry
+        l->member_norm[l->n - 1] = NULL;
+    }
+    return shrink_after_drop(c, l, l->n - 1);
 }
 
 void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n) {

@@ -7,6 +7,7 @@
 // IEEE halves (the default, as llama.cpp) or as floats (the exact path); code outside
 // kv-cache.c and the attention kernels reads them through the accessors below.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 #include "pykv.h"
 
@@ -35,10 +36,11 @@ struct kv_cache {
     int32_t         max_entries;   // per list (n_ctx)
     int32_t         f16;           // 1: keys and values stored as halves
     struct kv_list *lists;         // (n_layer * n_head_kv)
-    int64_t         bytes;
-    int64_t         peak_bytes;
-    int64_t         evicted;
-    int64_t         merged;
+    // Counters: atomic, as a policy may evict from different lists on different threads.
+    _Atomic int64_t bytes;
+    _Atomic int64_t peak_bytes;
+    _Atomic int64_t evicted;
+    _Atomic int64_t merged;
 };
 
 pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int f16);
@@ -50,11 +52,14 @@ static inline struct kv_list *kv_cache_list(struct kv_cache *c, int layer, int h
 }
 
 // The largest logit among entry j's members for q . key j = s (s itself for a single
-// token): norms are positive and ascending, so it is s times the last norm for s >= 0, the
-// first otherwise (exactly: rounding is monotone).
+// token): with positive norms it is s times the largest norm for s >= 0, the smallest
+// otherwise, i.e. the larger of the two products (exactly: rounding is monotone). Norms are
+// kept ascending, so those are the first and the last.
 static inline float kv_member_logit_max(const struct kv_list *l, int32_t j, float s) {
     const float *norm = l->n_members ? l->member_norm[j] : NULL;
-    return !norm ? s : s * (s >= 0.0f ? norm[l->n_members[j] - 1] : norm[0]);
+    if (!norm) return s;
+    const float lo = s * norm[0], hi = s * norm[l->n_members[j] - 1];
+    return lo > hi ? lo : hi;
 }
 
 // Make room for `extra` more entries in a list.
@@ -80,6 +85,15 @@ void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const f
 // give back the memory no longer needed (a decode step's one or two dropped entries leave
 // their room for the next token). Counts the dropped entries as evicted.
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep);
+
+// Drop entry j alone (a decode step's eviction): the entries after it move down by one.
+// Counts it as evicted; keeps the room for the next token, as kv_list_retain does.
+pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j);
+
+// Move rows keep[0..n_keep) (ascending) of an array of rows to its front, in order: one
+// memmove per run of consecutive indices. kv_drop_row: remove row j of n the same way.
+void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t n_keep);
+void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j);
 
 // Turn on merged-entry bookkeeping for a list (every existing entry is a single token).
 pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l);

@@ -2,7 +2,8 @@
 //
 // A policy is a vtable plus its own state. The context calls its hooks at fixed points of
 // the forward pass; each policy declares which hooks it needs (DESIGN.md item 4):
-//   after_layer   - a layer of a prefill chunk has appended its K/V (cascading policies)
+//   after_layer   - a layer has appended its K/V and attended (cascading policies; also decode
+//                   steps for policies that evict per layer); the pool is idle, free to use
 //   after_chunk   - every layer of a prefill chunk is done (chunked policies such as TAKE)
 //   after_prefill - the last chunk of a multi-token pykv_decode() is done (SnapKV-style)
 //   after_decode  - a single-token step is done (H2O, decode-time eviction)

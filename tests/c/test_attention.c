@@ -1,7 +1,7 @@
 // test_attention.c - attention over merged entries (EMS) equals attention over the same
 // tokens written out one by one: member i of a merged entry has key norm_i * unit_key and
-// the entry's value. Also: compaction moves member lists with their entries and the byte
-// count follows every allocation.
+// the entry's value. Also: compaction and single drops move member lists with their
+// entries and the byte count follows every allocation.
 #include "attention.h"
 #include "check.h"
 #include "kv-cache.h"
@@ -19,9 +19,10 @@ static void unit(float *x) {
     for (int i = 0; i < D; i++) x[i] /= (float)sqrt(s);
 }
 
-// A longer list: more members than one AVX2 batch (256 logits), merged entries of 8, 11 and
-// 17 members (full vectors and tails) and one of 300 (more than a batch: handled alone);
-// whole (attention_head) and in segments (attention_group_partial, the decode path).
+// A longer list: merged entries of 3, 8, 11, 17 and 300 members (vector tails, full
+// vectors, many vectors) among single tokens, groups of eight entries with none, one or
+// several merged; whole (attention_head) and in segments (attention_group_partial, the
+// decode path), one query row or a tile of three sharing the list.
 static void check_wide_list(void) {
     enum { N = 90 };
     int members[N], total = 0;
@@ -67,6 +68,24 @@ static void check_wide_list(void) {
             attention_group_partial(q, 1, lm, cut[p], cut[p + 1], D, w2, po + p * D, pm + p, pl + p);
         attention_merge(3, pm, pl, po, D, out);
         for (int i = 0; i < D; i++) CHECK_NEAR(out[i], oe[i], 1e-5);
+    }
+    // a tile of three query rows: each row as the expanded list's attention for that query
+    enum { NQ = 3 };
+    float q3[NQ * D], w3[NQ * N], pm3[3 * NQ], pl3[3 * NQ], po3[3 * NQ * D], oe3[NQ * D];
+    for (int i = 0; i < NQ * D; i++) q3[i] = 3.0f * frand();
+    for (int r = 0; r < NQ; r++) attention_head(q3 + r * D, le, le->n, D, we, oe3 + r * D);
+    const int cut3[4] = { 0, 37, 61, N };
+    for (int p = 0; p < 3; p++)
+        attention_group_partial(q3, NQ, lm, cut3[p], cut3[p + 1], D, w3, po3 + p * NQ * D, pm3 + p * NQ, pl3 + p * NQ);
+    for (int r = 0; r < NQ; r++) {
+        float m[3], ls[3], o[3 * D], out[D];
+        for (int p = 0; p < 3; p++) {
+            m[p] = pm3[p * NQ + r];
+            ls[p] = pl3[p * NQ + r];
+            for (int i = 0; i < D; i++) o[p * D + i] = po3[(p * NQ + r) * D + i];
+        }
+        attention_merge(3, m, ls, o, D, out);
+        for (int i = 0; i < D; i++) CHECK_NEAR(out[i], oe3[r * D + i], 1e-5);
     }
     free(we);
     kv_cache_free(&merged);
@@ -123,11 +142,22 @@ int main(void) {
     CHECK(lm->n == 3 && lm->n_members[0] == 1 && lm->n_members[1] == 5 && lm->n_members[2] == 1);
     CHECK(lm->member_norm[1] != NULL && lm->member_norm[0] == NULL && lm->pos[1] == 4);
     CHECK(merged.bytes == (int64_t)lm->cap * base + 5 * 4);
+    // dropping one entry (a decode step) moves the later ones down, members included
+    CHECK(kv_list_drop(&merged, lm, 0) == PYKV_OK);
+    CHECK(lm->n == 2 && lm->n_members[0] == 5 && lm->member_norm[0] != NULL && lm->pos[0] == 4 && lm->pos[1] == 5);
+    CHECK(lm->n_members[1] == 1 && lm->member_norm[1] == NULL && lm->member_norm[2] == NULL);
+    CHECK(merged.evicted == 4 && merged.bytes == (int64_t)lm->cap * base + 5 * 4);
+    CHECK(kv_list_drop(&merged, lm, 0) == PYKV_OK);
+    CHECK(lm->n == 1 && lm->pos[0] == 5 && lm->member_norm[0] == NULL && merged.bytes == (int64_t)lm->cap * base);
+    CHECK(kv_list_drop(&merged, lm, 1) == PYKV_ERR_INTERNAL && lm->n == 1);
     kv_list_truncate(&merged, lm, 1);
     CHECK(merged.bytes == (int64_t)lm->cap * base);
 
     kv_cache_free(&merged);
     kv_cache_free(&expanded);
     check_wide_list();
+    attention_force_scalar(1);   // the scalar kernels against the same expanded lists
+    check_wide_list();
+    attention_force_scalar(0);
     return check_report("test_attention");
 }

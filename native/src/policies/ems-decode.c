@@ -24,11 +24,7 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
     if (l->n <= B) return PYKV_OK;
     const int32_t n0 = l->n;
     float *loc = malloc((size_t)n0 * 4 * sizeof(float));   // loc, gl, r, tmp
-    int32_t *keep = malloc((size_t)n0 * sizeof(int32_t));
-    if (!loc || !keep) {
-        free(loc); free(keep);
-        return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory in the decode eviction");
-    }
+    if (!loc) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory in the decode eviction");
     float *gl = loc + n0, *r = gl + n0, *tmp = r + n0;
     pykv_status st = PYKV_OK;
     while (st == PYKV_OK && l->n > B) {
@@ -51,14 +47,11 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
                 if (c != weak && (best < 0 || r[c] > r[best])) best = c;
         }
         if (best >= 0 && (double)r[best] >= o->tau) st = ems_merge_into(ev->cache, l, s, d, best, &weak, 1, loc);
-        int32_t nk = 0;
-        for (int32_t j = 0; j < n; j++) if (j != weak) keep[nk++] = j;
         if (st == PYKV_OK) {
-            ems_list_compact(s, keep, nk);
-            st = kv_list_retain(ev->cache, l, keep, nk);
+            ems_list_drop(s, weak);
+            st = kv_list_drop(ev->cache, l, weak);
         }
     }
     free(loc);
-    free(keep);
     return st;
 }

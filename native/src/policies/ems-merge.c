@@ -24,40 +24,42 @@
 
 #define EMS_W_FLOOR 1e-30f
 
+// 1 / (|k| |v|) from the squared norms; 0 when either is zero (R is then 0).
+static float inverse_norms(double kk, double vv) {
+    const double nn = kk * vv;
+    return nn > 0.0 ? (float)(1.0 / sqrt(nn)) : 0.0f;
+}
+
 void ems_probe_init(struct ems_probe *p, const struct kv_list *l, int32_t d, int32_t i) {
     memcpy(p->k, kv_key_f32(l, i, d, p->k), (size_t)d * sizeof(float));
     memcpy(p->v, kv_value_f32(l, i, d, p->v), (size_t)d * sizeof(float));
-    p->kk = dot_f32(p->k, p->k, d);
-    p->vv = dot_f32(p->v, p->v, d);
+    p->inv = inverse_norms(dot_f32(p->k, p->k, d), dot_f32(p->v, p->v, d));
 }
 
-// R from the probe's dot products with entry c's key and value and c's squared norms:
-// cos_k * cos_v = dk dv / sqrt(|k_i|^2 |k_c|^2 |v_i|^2 |v_c|^2), one square root.
-static float redundancy_of(const struct ems_probe *p, double dk, double dv, double kk, double vv) {
-    const double nn = p->kk * kk * p->vv * vv;
-    if (!(nn > 0.0)) return 0.0f;
-    const float r = (float)(dk * dv / sqrt(nn));
-    return (dk < 0.0 || dv < 0.0) ? -fabsf(r) : r;
+// R from the probe's dot products with an entry's key and value and the entry's inverse
+// norms: cos_k * cos_v = dk dv / (|k_i| |v_i| |k_c| |v_c|), no square root per entry.
+static inline float redundancy_of(float dk, float dv, float inv_p, float inv_c) {
+    const float r = dk * dv * inv_p * inv_c;
+    return (dk < 0.0f || dv < 0.0f) ? -fabsf(r) : r;
 }
 
 float ems_redundancy(const struct kv_list *l, int32_t d, const struct ems_probe *p, int32_t c) {
     float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
     const float *k = kv_key_f32(l, c, d, tk), *v = kv_value_f32(l, c, d, tv);
-    return redundancy_of(p, dot_f32(p->k, k, d), dot_f32(p->v, v, d), dot_f32(k, k, d), dot_f32(v, v, d));
+    return redundancy_of(dot_f32(p->k, k, d), dot_f32(p->v, v, d), p->inv, inverse_norms(dot_f32(k, k, d), dot_f32(v, v, d)));
 }
 
 void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, const struct ems_probe *p,
                         int32_t nc, float *r, float *tmp) {
     float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
     for (int32_t c = 0; c < nc; c++)
-        if (s->kk[c] < 0.0f) {
+        if (s->inv[c] < 0.0f) {
             const float *k = kv_key_f32(l, c, d, tk), *v = kv_value_f32(l, c, d, tv);
-            s->kk[c] = dot_f32(k, k, d);
-            s->vv[c] = dot_f32(v, v, d);
+            s->inv[c] = inverse_norms(dot_f32(k, k, d), dot_f32(v, v, d));
         }
     attention_dots(p->k, l, 0, nc, d, r);
     attention_dots(p->v, l, 1, nc, d, tmp);
-    for (int32_t c = 0; c < nc; c++) r[c] = redundancy_of(p, r[c], tmp[c], s->kk[c], s->vv[c]);
+    for (int32_t c = 0; c < nc; c++) r[c] = redundancy_of(r[c], tmp[c], p->inv, s->inv[c]);
 }
 
 // Add entry e's weighted key direction and value to the sums; append its member norms.
@@ -120,7 +122,7 @@ pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems
     }
     for (int32_t i = 0; i < d; i++) v[i] = (float)(vs[i] / W);
     kv_list_set_kv(l, c, k, v, d);
-    s->kk[c] = s->vv[c] = -1.0f;
+    s->inv[c] = -1.0f;
     s->wsum[c] = (float)W;
     s->kmag[c] = (float)(kn / W);
     pykv_status st = kv_list_enable_members(cache, l);

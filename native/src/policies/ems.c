@@ -27,13 +27,16 @@
 //  * Policy args: window (L_win, default 32), kernel (odd, default 7), tau (in [0, 1], default
 //    0.6), gamma (integer >= 1, default 4). No sinks. Unknown keys are errors.
 //  * Merge metadata (member norms, flags) is allocated by the cache and counted in its bytes;
-//    the policy's own score arrays (7 floats per entry) are not cache bytes, as for h2o.
+//    the policy's own score arrays (6 floats per entry) are not cache bytes, as for h2o.
 #include "ems.h"
 #include "policy-args.h"
 #include "window-scores.h"
 #include "../error.h"
+#include "../threadpool.h"
 #include "../model.h"
 
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,8 +61,8 @@ pykv_status ems_list_track(struct ems_list *s, int32_t n) {
     if (n < s->n) s->n = n;   // rolled back after a cancelled chunk
     if (n > s->cap) {
         int32_t cap = n + n / 4 + 16;
-        float **f[7] = { &s->glo, &s->lp, &s->lc, &s->wsum, &s->kmag, &s->kk, &s->vv };
-        for (int a = 0; a < 7; a++) {
+        float **f[6] = { &s->glo, &s->lp, &s->lc, &s->wsum, &s->kmag, &s->inv };
+        for (int a = 0; a < 6; a++) {
             float *x = realloc(*f[a], (size_t)cap * sizeof(float));
             if (!x) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
             *f[a] = x;
@@ -69,25 +72,26 @@ pykv_status ems_list_track(struct ems_list *s, int32_t n) {
     for (int32_t j = s->n; j < n; j++) {
         s->glo[j] = s->lp[j] = s->lc[j] = s->wsum[j] = 0.0f;
         s->kmag[j] = 1.0f;
-        s->kk[j] = s->vv[j] = -1.0f;
+        s->inv[j] = -1.0f;
     }
     s->n = n;
     return PYKV_OK;
 }
 
 void ems_list_compact(struct ems_list *s, const int32_t *keep, int32_t n_keep) {
-    for (int32_t j = 0; j < n_keep; j++) {
-        const int32_t i = keep[j];
-        if (i == j) continue;
-        s->glo[j] = s->glo[i]; s->lp[j] = s->lp[i]; s->lc[j] = s->lc[i];
-        s->wsum[j] = s->wsum[i]; s->kmag[j] = s->kmag[i];
-        s->kk[j] = s->kk[i]; s->vv[j] = s->vv[i];
-    }
+    float *f[6] = { s->glo, s->lp, s->lc, s->wsum, s->kmag, s->inv };
+    for (int a = 0; a < 6; a++) kv_compact_rows(f[a], sizeof(float), keep, n_keep);
     s->n = n_keep;
 }
 
+void ems_list_drop(struct ems_list *s, int32_t j) {
+    float *f[6] = { s->glo, s->lp, s->lc, s->wsum, s->kmag, s->inv };
+    for (int a = 0; a < 6; a++) kv_drop_row(f[a], sizeof(float), s->n, j);
+    s->n--;
+}
+
 void ems_list_free(struct ems_list *s) {
-    free(s->glo); free(s->lp); free(s->lc); free(s->wsum); free(s->kmag); free(s->kk); free(s->vv);
+    free(s->glo); free(s->lp); free(s->lc); free(s->wsum); free(s->kmag); free(s->inv);
     memset(s, 0, sizeof(*s));
 }
 
@@ -175,6 +179,41 @@ static pykv_status prefill_end(struct ems *p, const struct policy_event *ev) {
     return st;
 }
 
+// One decode step of list g of ev->layer: s_Glo and s_Loc_cur take the step's attention,
+// s_Loc_cur replaces s_Loc_past every L_win steps, then the list goes back to the budget.
+static pykv_status decode_step(struct ems *p, const struct policy_event *ev, int32_t g) {
+    struct ems_list *s = &p->lists[ev->layer * ev->hp->n_head_kv + g];
+    PYKV_TRY(ems_list_track(s, kv_cache_list(ev->cache, ev->layer, g)->n));
+    accumulate(s, ev, g, 1);
+    if (p->steps[ev->layer] % p->o.window == 0) {
+        memcpy(s->lp, s->lc, (size_t)s->n * sizeof(float));
+        memset(s->lc, 0, (size_t)s->n * sizeof(float));
+    }
+    return p->budget ? ems_decode_list(ev, &p->o, p->budget, g, s) : PYKV_OK;
+}
+
+// A layer's lists are independent: the pool's threads take them one at a time. The first
+// failure's status and message are kept (messages are per thread).
+struct decode_job {
+    struct ems                *p;
+    const struct policy_event *ev;
+    atomic_int                 next, failed;
+    pykv_status                st;
+    char                       msg[256];
+};
+
+static void decode_task(void *arg, int ith, int nth) {
+    struct decode_job *job = arg;
+    (void)ith; (void)nth;
+    for (int g; (g = atomic_fetch_add(&job->next, 1)) < job->ev->hp->n_head_kv;) {
+        const pykv_status st = decode_step(job->p, job->ev, g);
+        if (st != PYKV_OK && !atomic_exchange(&job->failed, 1)) {
+            job->st = st;
+            snprintf(job->msg, sizeof(job->msg), "%s", pykv_last_error());
+        }
+    }
+}
+
 static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     struct ems *p = (struct ems *)base;
     const int32_t hkv = ev->hp->n_head_kv;
@@ -186,24 +225,21 @@ static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_e
         if (!p->lists || !p->steps) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
     }
     if (!ev->attn_colsum) return pykv_error(PYKV_ERR_INTERNAL, "ems: the forward pass gave no attention sums");
-    const int decoding = ev->n_prompt == 1;
+    if (ev->n_prompt == 1) {
+        if (p->budget == 0 && base->cfg.budget > 0) p->budget = base->cfg.budget;
+        ++p->steps[ev->layer];
+        struct decode_job job = { .p = p, .ev = ev };
+        atomic_init(&job.next, 0);
+        atomic_init(&job.failed, 0);
+        threadpool_run(ev->pool, decode_task, &job);
+        return atomic_load(&job.failed) ? pykv_error(job.st, "%s", job.msg) : PYKV_OK;
+    }
     for (int32_t g = 0; g < hkv; g++) {
         struct ems_list *s = &p->lists[ev->layer * hkv + g];
         PYKV_TRY(ems_list_track(s, kv_cache_list(ev->cache, ev->layer, g)->n));
-        accumulate(s, ev, g, decoding);
+        accumulate(s, ev, g, 0);
     }
-    if (ev->n_prompt > 1) return ev->is_last_chunk ? prefill_end(p, ev) : PYKV_OK;
-    if (p->budget == 0 && base->cfg.budget > 0) p->budget = base->cfg.budget;
-    if (++p->steps[ev->layer] % p->o.window == 0)
-        for (int32_t g = 0; g < hkv; g++) {
-            struct ems_list *s = &p->lists[ev->layer * hkv + g];
-            memcpy(s->lp, s->lc, (size_t)s->n * sizeof(float));
-            memset(s->lc, 0, (size_t)s->n * sizeof(float));
-        }
-    if (p->budget == 0) return PYKV_OK;
-    for (int32_t g = 0; g < hkv; g++)
-        PYKV_TRY(ems_decode_list(ev, &p->o, p->budget, g, &p->lists[ev->layer * hkv + g]));
-    return PYKV_OK;
+    return ev->is_last_chunk ? prefill_end(p, ev) : PYKV_OK;
 }
 
 const struct policy_ops policy_ems = {

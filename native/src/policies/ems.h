@@ -17,7 +17,7 @@ struct ems_list {
     float  *lc;     // s_Loc_cur: this decode block's attention
     float  *wsum;   // merged entries: sum of the members' merge weights (unused for single tokens)
     float  *kmag;   // merged entries: |sum_i w_i k̂_i| / wsum (so sum_i w_i k̂_i = wsum * kmag * k̂_e)
-    float  *kk, *vv;   // squared norms of the stored key and value; -1 = not computed yet
+    float  *inv;    // 1 / (|key| |value|) as stored (0 if either is zero); -1 = not computed yet
 };
 
 struct ems_opts {
@@ -29,6 +29,7 @@ struct ems_opts {
 
 pykv_status ems_list_track(struct ems_list *s, int32_t n);
 void        ems_list_compact(struct ems_list *s, const int32_t *keep, int32_t n_keep);
+void        ems_list_drop(struct ems_list *s, int32_t j);   // entry j leaves; the rest move down
 void        ems_list_free(struct ems_list *s);
 
 // s_Loc of every entry of every list of ev->layer over the last `rows` queries of the chunk
@@ -36,14 +37,14 @@ void        ems_list_free(struct ems_list *s);
 // floats for KV head g. Deterministic for any thread count.
 pykv_status ems_local_scores(const struct policy_event *ev, int32_t rows, float **out);
 
-// Entry i as float32 with its squared norms, computed once for its redundancy to every centre.
-struct ems_probe { float k[PYKV_MAX_HEAD_DIM], v[PYKV_MAX_HEAD_DIM]; double kk, vv; };
+// Entry i as float32 with its inverse norms, computed once for its redundancy to every centre.
+struct ems_probe { float k[PYKV_MAX_HEAD_DIM], v[PYKV_MAX_HEAD_DIM]; float inv; };
 void ems_probe_init(struct ems_probe *p, const struct kv_list *l, int32_t d, int32_t i);
 // R(i, c) = cos(k_i, k_c) * cos(v_i, v_c) on the stored keys, for the probe's entry i; a pair
 // with a negative key or value cosine gets -|product| (never similar).
 float ems_redundancy(const struct kv_list *l, int32_t d, const struct ems_probe *p, int32_t c);
 // The same R of the probe against each of entries [0, nc): r[c] (tmp: nc floats), with the
-// entries' squared norms cached in s (computed where still unknown).
+// entries' inverse norms cached in s (computed where still unknown).
 void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, const struct ems_probe *p,
                         int32_t nc, float *r, float *tmp);
 

@@ -104,8 +104,7 @@ static void accumulate(float *s, const struct policy_event *ev, int32_t g, int32
 // Keep the entries at ascending indices keep[0..n_keep) of list i, scores included.
 static pykv_status retain(struct h2o *p, const struct policy_event *ev, int32_t i, struct kv_list *l,
                           const int32_t *keep, int32_t n_keep) {
-    float *s = p->scores[i];
-    for (int32_t j = 0; j < n_keep; j++) s[j] = s[keep[j]];
+    kv_compact_rows(p->scores[i], sizeof(float), keep, n_keep);
     p->n_scored[i] = n_keep;
     return kv_list_retain(ev->cache, l, keep, n_keep);
 }
