@@ -139,10 +139,7 @@ void block_scores_avx2(const float *const *q, const int nr, const float *Kt, int
 static inline AVX2_TGT void row_update_avx2(float *s, int nv, const float *Vb, int d, float *m, float *lsum, float *o) {
     __m256 v0 = _mm256_loadu_ps(s), v1 = _mm256_loadu_ps(s + 8), v2 = _mm256_loadu_ps(s + 16), v3 = _mm256_loadu_ps(s + 24);
     const __m256 mx = _mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float mb = _mm_cvtss_f32(h);
+    const float mb = hmax_ps(mx);
     float corr = 1.0f;
     if (mb > *m) {
         corr = expf(*m - mb);   // 0 on the first block (m = -inf)

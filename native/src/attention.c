@@ -105,10 +105,7 @@ static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int
         }
     }
     for (int r = 0; r < nq; r++) {
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax[r]), _mm256_extractf128_ps(vmax[r], 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float vm = _mm_cvtss_f32(m);
+        const float vm = hmax_ps(vmax[r]);
         max_out[r] = vm > top[r] ? vm : top[r];
         vmax[r] = _mm256_set1_ps(max_out[r]);
         vsum[r] = _mm256_setzero_ps();

@@ -100,13 +100,6 @@ const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES] = {
     [PYKV_TYPE_Q8_0] = q8dot_q8_0,
 };
 
-static inline AVX2_TGT float hmax_ps(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
 static inline AVX2_TGT __m256i round_i32(__m256 v, __m256 id) {
     return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }

@@ -15,6 +15,13 @@ static inline AVX2_TGT float hsum_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static inline AVX2_TGT float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 // exp of eight floats (see softmax.c for the method); inputs below -87.3, -inf included, give 0.
 static inline AVX2_TGT __m256 exp_ps(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.3f);

@@ -37,10 +37,7 @@ static AVX2_TGT float softmax_exp_avx2(float *x, int n, float *max_out) {
     int i = 0;
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    float max = _mm_cvtss_f32(m);
+    float max = hmax_ps(vmax);
     for (; i < n; i++) if (x[i] > max) max = x[i];
 
     const __m256 vm = _mm256_set1_ps(max);

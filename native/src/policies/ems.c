@@ -57,12 +57,19 @@ struct ems {
 
 // ---- per-list score arrays -------------------------------------------------------------
 
+// Every per-entry array of s, for the loops that treat them alike.
+#define EMS_SCORE_ARRAYS 6
+static void score_arrays(struct ems_list *s, float **f[EMS_SCORE_ARRAYS]) {
+    f[0] = &s->glo; f[1] = &s->lp; f[2] = &s->lc; f[3] = &s->wsum; f[4] = &s->kmag; f[5] = &s->inv;
+}
+
 pykv_status ems_list_track(struct ems_list *s, int32_t n) {
     if (n < s->n) s->n = n;   // rolled back after a cancelled chunk
     if (n > s->cap) {
         int32_t cap = n + n / 4 + 16;
-        float **f[6] = { &s->glo, &s->lp, &s->lc, &s->wsum, &s->kmag, &s->inv };
-        for (int a = 0; a < 6; a++) {
+        float **f[EMS_SCORE_ARRAYS];
+        score_arrays(s, f);
+        for (int a = 0; a < EMS_SCORE_ARRAYS; a++) {
             float *x = realloc(*f[a], (size_t)cap * sizeof(float));
             if (!x) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
             *f[a] = x;
@@ -79,19 +86,23 @@ pykv_status ems_list_track(struct ems_list *s, int32_t n) {
 }
 
 void ems_list_compact(struct ems_list *s, const int32_t *keep, int32_t n_keep) {
-    float *f[6] = { s->glo, s->lp, s->lc, s->wsum, s->kmag, s->inv };
-    for (int a = 0; a < 6; a++) kv_compact_rows(f[a], sizeof(float), keep, n_keep);
+    float **f[EMS_SCORE_ARRAYS];
+    score_arrays(s, f);
+    for (int a = 0; a < EMS_SCORE_ARRAYS; a++) kv_compact_rows(*f[a], sizeof(float), keep, n_keep);
     s->n = n_keep;
 }
 
 void ems_list_drop(struct ems_list *s, int32_t j) {
-    float *f[6] = { s->glo, s->lp, s->lc, s->wsum, s->kmag, s->inv };
-    for (int a = 0; a < 6; a++) kv_drop_row(f[a], sizeof(float), s->n, j);
+    float **f[EMS_SCORE_ARRAYS];
+    score_arrays(s, f);
+    for (int a = 0; a < EMS_SCORE_ARRAYS; a++) kv_drop_row(*f[a], sizeof(float), s->n, j);
     s->n--;
 }
 
 void ems_list_free(struct ems_list *s) {
-    free(s->glo); free(s->lp); free(s->lc); free(s->wsum); free(s->kmag); free(s->inv);
+    float **f[EMS_SCORE_ARRAYS];
+    score_arrays(s, f);
+    for (int a = 0; a < EMS_SCORE_ARRAYS; a++) free(*f[a]);
     memset(s, 0, sizeof(*s));
 }
 
