@@ -73,6 +73,16 @@ static inline AVX2_TGT unsigned entry_lanes8(const int32_t *nm, int j, int n, __
     return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_andnot_si256(*single, *valid)));
 }
 
+// tot[r] = the sum of the lanes of acc[r], r < nq <= 4, with one shared reduction tree.
+static inline AVX2_TGT void hsum_rows(const __m256 *acc, int nq, float *tot) {
+    const __m256 z = _mm256_setzero_ps();
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], nq > 1 ? acc[1] : z),
+                                    _mm256_hadd_ps(nq > 2 ? acc[2] : z, nq > 3 ? acc[3] : z));
+    float t[4];
+    _mm_storeu_ps(t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    for (int r = 0; r < nq; r++) tot[r] = t[r];
+}
+
 static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out,
                                      float *sum_out) {
     const int32_t *nm = l->n_members + j0;
@@ -122,17 +132,23 @@ static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int
         }
         for (unsigned bits = merged; bits; bits &= bits - 1) {   // merged: the sum over members
             const int e = j + __builtin_ctz(bits), cnt = nm[e];
+            __m256 s[ATTENTION_TILE], acc[ATTENTION_TILE];
             for (int r = 0; r < nq; r++) {
-                float *wr = w + (size_t)r * n + e;
-                const __m256 s = _mm256_set1_ps(*wr);
-                __m256 acc = _mm256_setzero_ps();
-                for (int m = 0; m < cnt; m += 8) {
-                    __m256i mask;
-                    const __m256 z = _mm256_fmsub_ps(member_norms8(norms[e], m, cnt, &mask), s, vmax[r]);
-                    acc = _mm256_add_ps(acc, _mm256_and_ps(exp_ps(z), _mm256_castsi256_ps(mask)));
-                }
-                *wr = hsum_ps(acc);
-                merged_sum[r] += *wr;
+                s[r] = _mm256_set1_ps(w[(size_t)r * n + e]);
+                acc[r] = _mm256_setzero_ps();
+            }
+            for (int m = 0; m < cnt; m += 8) {   // each slice of norms serves every row
+                __m256i mask;
+                const __m256 nv = member_norms8(norms[e], m, cnt, &mask);
+                for (int r = 0; r < nq; r++)
+                    acc[r] = _mm256_add_ps(acc[r], _mm256_and_ps(exp_ps(_mm256_fmsub_ps(nv, s[r], vmax[r])),
+                                                                 _mm256_castsi256_ps(mask)));
+            }
+            float tot[ATTENTION_TILE];
+            hsum_rows(acc, nq, tot);
+            for (int r = 0; r < nq; r++) {
+                w[(size_t)r * n + e] = tot[r];
+                merged_sum[r] += tot[r];
             }
         }
     }
@@ -186,30 +202,51 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 #if defined(__x86_64__) || defined(__i386__)
 
 // Tiles of nq <= ATTENTION_TILE queries (w: nq rows of n weights; out: nq rows of d), head
-// size a multiple of 16. Scores: two entries at a time, one accumulator per (query, entry);
-// each key row is loaded once for every query of the tile.
+// size a multiple of 16. A fused multiply-add waits ~4 cycles for its accumulator and two
+// issue per cycle, so each kernel keeps 8 to 12 independent accumulators in flight
+// (fewer leave the FMA units idle; more spill the 16 vector registers).
+
+// Sums of E accumulators, one per entry, into w[0..E) (E = 2, 4 or 8), times scale.
+static inline __attribute__((always_inline)) AVX2_TGT void store_sums(const __m256 *a, const int E, float scale, float *w) {
+    if (E == 2) {
+        const __m256 h = _mm256_hadd_ps(a[0], a[1]);   // lanes: e0 e0 e1 e1 | e0 e0 e1 e1
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storel_pi((__m64 *)w, _mm_mul_ps(_mm_hadd_ps(s, s), _mm_set1_ps(scale)));
+        return;
+    }
+    // lanes of h0: e0 e1 e2 e3 | e0 e1 e2 e3, each half a partial sum
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    if (E == 4) {
+        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h0), _mm256_extractf128_ps(h0, 1));
+        _mm_storeu_ps(w, _mm_mul_ps(s, _mm_set1_ps(scale)));
+        return;
+    }
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+    _mm256_storeu_ps(w, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+}
+
+// Scores: E entries at a time (8 for one query, 4 for two or three, 2 for four), one
+// accumulator per (query, entry); each key row is loaded once for every query of the tile.
 static inline __attribute__((always_inline)) AVX2_TGT
 void scores_tile(const float *q, const int nq, const void *K, const int f16, int n, int d, float scale, float *w) {
+    enum { EMAX = 8 };
+    const int E = nq == 1 ? 8 : nq <= 3 ? 4 : 2;
     const size_t row = (size_t)d * (f16 ? 2 : 4);
     int j = 0;
-    for (; j + 2 <= n; j += 2) {
-        const char *k0 = (const char *)K + (size_t)j * row, *k1 = k0 + row;
-        __m256 a[ATTENTION_TILE][2];
-        for (int r = 0; r < nq; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (; j + E <= n; j += E) {
+        const char *k0 = (const char *)K + (size_t)j * row;
+        __m256 a[ATTENTION_TILE][EMAX];
+        for (int r = 0; r < nq; r++)
+            for (int e = 0; e < E; e++) a[r][e] = _mm256_setzero_ps();
         for (int i = 0; i < d; i += 8) {
-            const __m256 x0 = load8_kv(k0, i, f16), x1 = load8_kv(k1, i, f16);
-            for (int r = 0; r < nq; r++) {
-                const __m256 qi = _mm256_loadu_ps(q + (size_t)r * d + i);
-                a[r][0] = _mm256_fmadd_ps(qi, x0, a[r][0]);
-                a[r][1] = _mm256_fmadd_ps(qi, x1, a[r][1]);
+            for (int e = 0; e < E; e++) {
+                const __m256 x = load8_kv(k0 + (size_t)e * row, i, f16);
+                for (int r = 0; r < nq; r++)
+                    a[r][e] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), x, a[r][e]);
             }
         }
-        for (int r = 0; r < nq; r++) {
-            const __m256 h = _mm256_hadd_ps(a[r][0], a[r][1]);   // lanes: e0 e0 e1 e1 | e0 e0 e1 e1
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            s = _mm_mul_ps(_mm_hadd_ps(s, s), _mm_set1_ps(scale));
-            _mm_storel_pi((__m64 *)(w + (size_t)r * n + j), s);
-        }
+        for (int r = 0; r < nq; r++) store_sums(a[r], E, scale, w + (size_t)r * n + j);
     }
     for (; j < n; j++) {
         const char *k0 = (const char *)K + (size_t)j * row;
@@ -221,27 +258,44 @@ void scores_tile(const float *q, const int nq, const void *K, const int f16, int
     }
 }
 
-// Weighted sum: 16 output dims per pass for every query of the tile, so each pass reads a
-// 16-element slice of each value row once.
+// Weighted sum: C output dims per pass (32 for one or two queries when d allows, else 16)
+// for every query of the tile, over U entries at a time with their own accumulators (2 for
+// one or three queries), so each pass reads a C-element slice of each value row once.
 static inline __attribute__((always_inline)) AVX2_TGT
 void weighted_sum_tile(const float *w, const int nq, const void *V, const int f16, int n, int d, float *out) {
+    enum { CMAX = 4, UMAX = 2 };   // C / 8 and U at most
+    const int C8 = nq <= 2 && d % 32 == 0 ? 4 : 2, U = nq == 1 || nq == 3 ? 2 : 1;
     const size_t row = (size_t)d * (f16 ? 2 : 4);
-    for (int c = 0; c < d; c += 16) {
-        __m256 a[ATTENTION_TILE][2];
-        for (int r = 0; r < nq; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
-        for (int j = 0; j < n; j++) {
-            const char *v = (const char *)V + (size_t)j * row;
-            const __m256 v0 = load8_kv(v, c, f16), v1 = load8_kv(v, c + 8, f16);
-            for (int r = 0; r < nq; r++) {
-                const __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j);
-                a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
-                a[r][1] = _mm256_fmadd_ps(p, v1, a[r][1]);
+    for (int c = 0; c < d; c += 8 * C8) {
+        __m256 a[UMAX][ATTENTION_TILE][CMAX];
+        for (int u = 0; u < U; u++)
+            for (int r = 0; r < nq; r++)
+                for (int x = 0; x < C8; x++) a[u][r][x] = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + U <= n; j += U) {
+            for (int u = 0; u < U; u++) {
+                const char *v = (const char *)V + (size_t)(j + u) * row;
+                __m256 vx[CMAX];
+                for (int x = 0; x < C8; x++) vx[x] = load8_kv(v, c + 8 * x, f16);
+                for (int r = 0; r < nq; r++) {
+                    const __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j + u);
+                    for (int x = 0; x < C8; x++) a[u][r][x] = _mm256_fmadd_ps(p, vx[x], a[u][r][x]);
+                }
             }
         }
-        for (int r = 0; r < nq; r++) {
-            _mm256_storeu_ps(out + (size_t)r * d + c, a[r][0]);
-            _mm256_storeu_ps(out + (size_t)r * d + c + 8, a[r][1]);
+        for (; j < n; j++) {   // the odd entry out
+            const char *v = (const char *)V + (size_t)j * row;
+            for (int r = 0; r < nq; r++) {
+                const __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j);
+                for (int x = 0; x < C8; x++) a[0][r][x] = _mm256_fmadd_ps(p, load8_kv(v, c + 8 * x, f16), a[0][r][x]);
+            }
         }
+        for (int r = 0; r < nq; r++)
+            for (int x = 0; x < C8; x++) {
+                __m256 sum = a[0][r][x];
+                for (int u = 1; u < U; u++) sum = _mm256_add_ps(sum, a[u][r][x]);
+                _mm256_storeu_ps(out + (size_t)r * d + c + 8 * x, sum);
+            }
     }
 }
 

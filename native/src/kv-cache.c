@@ -205,8 +205,11 @@ static pykv_status shrink_after_drop(struct kv_cache *c, struct kv_list *l, int3
     return cap < l->cap ? list_resize(c, l, cap) : PYKV_OK;
 }
 
-void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j) {
-    memmove((char *)base + (size_t)j * row_bytes, (char *)base + (size_t)(j + 1) * row_bytes, (size_t)(n - 1 - j) * row_bytes);
+void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j, int32_t tail) {
+    char *b = base;
+    const int32_t h = n - tail > j + 1 ? n - tail : j + 1;   // rows [h, n) move down by one
+    if (h - 1 > j) memcpy(b + (size_t)j * row_bytes, b + (size_t)(h - 1) * row_bytes, row_bytes);
+    memmove(b + (size_t)(h - 1) * row_bytes, b + (size_t)h * row_bytes, (size_t)(n - h) * row_bytes);
 }
 
 void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t n_keep) {
@@ -244,16 +247,16 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
     return shrink_after_drop(c, l, n_keep);
 }
 
-pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j) {
-    if (j < 0 || j >= l->n) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
+pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
+    if (j < 0 || j >= l->n || tail < 0) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
     const size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
     free_members(c, l, j);
-    kv_drop_row(l->k, row, l->n, j);
-    kv_drop_row(l->v, row, l->n, j);
-    kv_drop_row(l->pos, sizeof(int32_t), l->n, j);
+    kv_drop_row(l->k, row, l->n, j, tail);
+    kv_drop_row(l->v, row, l->n, j, tail);
+    kv_drop_row(l->pos, sizeof(int32_t), l->n, j, tail);
     if (l->n_members) {
-        kv_drop_row(l->n_members, sizeof(int32_t), l->n, j);
-        kv_drop_row(l->member_norm, sizeof(float *), l->n, j);
+        kv_drop_row(l->n_members, sizeof(int32_t), l->n, j, tail);
+        kv_drop_row(l->member_norm, sizeof(float *), l->n, j, tail);
         l->n_members[l->n - 1] = 1;   // a stale copy of the moved last entry
         l->member_norm[l->n - 1] = NULL;
     }

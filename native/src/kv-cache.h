@@ -86,14 +86,18 @@ void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const f
 // their room for the next token). Counts the dropped entries as evicted.
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep);
 
-// Drop entry j alone (a decode step's eviction): the entries after it move down by one.
-// Counts it as evicted; keeps the room for the next token, as kv_list_retain does.
-pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j);
+// Drop entry j alone (a decode step's eviction). The last `tail` entries (a window) stay
+// last and in order; the entry just before them fills slot j, so a step moves tail + 1
+// entries instead of every entry after j (the others' order changes). tail = n makes it
+// an ordered drop. Counts it as evicted; keeps the room for the next token, as
+// kv_list_retain does.
+pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail);
 
 // Move rows keep[0..n_keep) (ascending) of an array of rows to its front, in order: one
-// memmove per run of consecutive indices. kv_drop_row: remove row j of n the same way.
+// memmove per run of consecutive indices. kv_drop_row: remove row j of n as kv_list_drop
+// does (the last `tail` rows stay last, in order).
 void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t n_keep);
-void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j);
+void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j, int32_t tail);
 
 // Turn on merged-entry bookkeeping for a list (every existing entry is a single token).
 pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l);

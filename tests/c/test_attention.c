@@ -92,6 +92,37 @@ static void check_wide_list(void) {
     kv_cache_free(&expanded);
 }
 
+// kv_list_drop with a tail: the last `tail` entries stay last and in order, the entry just
+// before them fills the freed slot, members travel with their entries.
+static void check_tail_drop(void) {
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, 1, D, 16, 1) == PYKV_OK);
+    struct kv_list *l = kv_cache_list(&c, 0, 0);
+    CHECK(kv_list_reserve(&c, l, 7) == PYKV_OK && kv_list_enable_members(&c, l) == PYKV_OK);
+    for (int j = 0; j < 7; j++) {
+        float k[D], v[D];
+        for (int i = 0; i < D; i++) { k[i] = (float)(10 * j + i % 3); v[i] = -k[i]; }
+        kv_list_push(&c, l, k, v, 100 + j);
+    }
+    const float norms[2] = { 1.0f, 2.0f };
+    CHECK(kv_list_set_members(&c, l, 4, norms, 2) == PYKV_OK);
+    // drop entry 1 of 7, tail 2: entry 4 (merged) moves into slot 1, entries 5 and 6 down
+    CHECK(kv_list_drop(&c, l, 1, 2) == PYKV_OK);
+    const int want[6] = { 100, 104, 102, 103, 105, 106 };
+    float tmp[D];
+    for (int j = 0; j < 6; j++) {
+        CHECK(l->pos[j] == want[j]);
+        CHECK_NEAR(kv_key_f32(l, j, D, tmp)[1], (float)(10 * (want[j] - 100) + 1), 0);
+        CHECK_NEAR(kv_value_f32(l, j, D, tmp)[2], -(float)(10 * (want[j] - 100) + 2), 0);
+        CHECK(l->n_members[j] == (want[j] == 104 ? 2 : 1) && (l->member_norm[j] != NULL) == (want[j] == 104));
+    }
+    CHECK(l->member_norm[6] == NULL && l->n_members[6] == 1 && c.evicted == 1);
+    // inside the tail, or just before it: an ordered drop
+    CHECK(kv_list_drop(&c, l, 4, 2) == PYKV_OK && l->pos[4] == 106 && l->pos[3] == 103);
+    CHECK(kv_list_drop(&c, l, 3, 1) == PYKV_OK && l->n == 4 && l->pos[3] == 106 && l->pos[1] == 104);
+    kv_cache_free(&c);
+}
+
 int main(void) {
     srand(7);
     struct kv_cache merged, expanded;
@@ -142,19 +173,21 @@ int main(void) {
     CHECK(lm->n == 3 && lm->n_members[0] == 1 && lm->n_members[1] == 5 && lm->n_members[2] == 1);
     CHECK(lm->member_norm[1] != NULL && lm->member_norm[0] == NULL && lm->pos[1] == 4);
     CHECK(merged.bytes == (int64_t)lm->cap * base + 5 * 4);
-    // dropping one entry (a decode step) moves the later ones down, members included
-    CHECK(kv_list_drop(&merged, lm, 0) == PYKV_OK);
+    // dropping one entry (a decode step) with the whole list as tail moves the later ones
+    // down, members included
+    CHECK(kv_list_drop(&merged, lm, 0, 3) == PYKV_OK);
     CHECK(lm->n == 2 && lm->n_members[0] == 5 && lm->member_norm[0] != NULL && lm->pos[0] == 4 && lm->pos[1] == 5);
     CHECK(lm->n_members[1] == 1 && lm->member_norm[1] == NULL && lm->member_norm[2] == NULL);
     CHECK(merged.evicted == 4 && merged.bytes == (int64_t)lm->cap * base + 5 * 4);
-    CHECK(kv_list_drop(&merged, lm, 0) == PYKV_OK);
+    CHECK(kv_list_drop(&merged, lm, 0, 2) == PYKV_OK);
     CHECK(lm->n == 1 && lm->pos[0] == 5 && lm->member_norm[0] == NULL && merged.bytes == (int64_t)lm->cap * base);
-    CHECK(kv_list_drop(&merged, lm, 1) == PYKV_ERR_INTERNAL && lm->n == 1);
+    CHECK(kv_list_drop(&merged, lm, 1, 0) == PYKV_ERR_INTERNAL && lm->n == 1);
     kv_list_truncate(&merged, lm, 1);
     CHECK(merged.bytes == (int64_t)lm->cap * base);
 
     kv_cache_free(&merged);
     kv_cache_free(&expanded);
+    check_tail_drop();
     check_wide_list();
     attention_force_scalar(1);   // the scalar kernels against the same expanded lists
     check_wide_list();

@@ -4,9 +4,12 @@
 // rest). The new token has just been appended, so the oldest window token has become a
 // centre. While the list is longer than B: the weakest centre by the mean-aligned s_GL
 // (s_Loc = s_Loc_past + s_Loc_cur; [decide] no pooling at decode: the centres are not
-// adjacent tokens any more; ties -> lower index) is demoted to a TBM token and merged into
-// its most similar other centre (R on the stored keys, ties -> lower index) when R >= tau
-// (tau = 1: evict only), else evicted. [decide] Member cap: the list's total member count
+// adjacent tokens any more; ties -> lower position) is demoted to a TBM token and merged
+// into its most similar other centre (R on the stored keys, ties -> lower position) when
+// R >= tau (tau = 1: evict only), else evicted. The newest centre takes the freed slot
+// (kv_list_drop with the window as tail), so the centres are not in position order after
+// a decode step; nothing here depends on their order, and a later prefill's pooling runs
+// over the list as it is. [decide] Member cap: the list's total member count
 // is kept <= gamma * B by evicting instead of merging when the list is over the cap (a merge
 // keeps the count, the new token adds one, an eviction removes the entry's members), rather
 // than dropping single member mappings from a look-up table.
@@ -36,20 +39,22 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
             members += ems_members(l, j);
         }
         ems_global_local(s->glo, loc, n, nc, gl);
+        const int32_t *pos = l->pos;
         int32_t weak = 0;
-        for (int32_t j = 1; j < nc; j++) if (gl[j] < gl[weak]) weak = j;
+        for (int32_t j = 1; j < nc; j++)
+            if (gl[j] < gl[weak] || (gl[j] == gl[weak] && pos[j] < pos[weak])) weak = j;
         int32_t best = -1;
         if (o->tau < 1.0 && members <= cap && nc > 1) {
             struct ems_probe probe;
             ems_probe_init(&probe, l, d, weak);
             ems_redundancy_all(l, s, d, &probe, nc, r, tmp);
             for (int32_t c = 0; c < nc; c++)
-                if (c != weak && (best < 0 || r[c] > r[best])) best = c;
+                if (c != weak && (best < 0 || r[c] > r[best] || (r[c] == r[best] && pos[c] < pos[best]))) best = c;
         }
         if (best >= 0 && (double)r[best] >= o->tau) st = ems_merge_into(ev->cache, l, s, d, best, &weak, 1, loc);
         if (st == PYKV_OK) {
-            ems_list_drop(s, weak);
-            st = kv_list_drop(ev->cache, l, weak);
+            ems_list_drop(s, weak, P);
+            st = kv_list_drop(ev->cache, l, weak, P);
         }
     }
     free(loc);

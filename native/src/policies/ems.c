@@ -92,10 +92,10 @@ void ems_list_compact(struct ems_list *s, const int32_t *keep, int32_t n_keep) {
     s->n = n_keep;
 }
 
-void ems_list_drop(struct ems_list *s, int32_t j) {
+void ems_list_drop(struct ems_list *s, int32_t j, int32_t tail) {
     float **f[EMS_SCORE_ARRAYS];
     score_arrays(s, f);
-    for (int a = 0; a < EMS_SCORE_ARRAYS; a++) kv_drop_row(*f[a], sizeof(float), s->n, j);
+    for (int a = 0; a < EMS_SCORE_ARRAYS; a++) kv_drop_row(*f[a], sizeof(float), s->n, j, tail);
     s->n--;
 }
 

@@ -29,7 +29,7 @@ struct ems_opts {
 
 pykv_status ems_list_track(struct ems_list *s, int32_t n);
 void        ems_list_compact(struct ems_list *s, const int32_t *keep, int32_t n_keep);
-void        ems_list_drop(struct ems_list *s, int32_t j);   // entry j leaves; the rest move down
+void        ems_list_drop(struct ems_list *s, int32_t j, int32_t tail);   // as kv_list_drop moves the entries
 void        ems_list_free(struct ems_list *s);
 
 // s_Loc of every entry of every list of ev->layer over the last `rows` queries of the chunk
