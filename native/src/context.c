@@ -70,7 +70,8 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->part_o = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS * hp->head_dim, &failed);
     b->matmul.dequant = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
     b->matmul.xq = calloc(matmul_max_cols(hp) / QK8_ACT + 1, sizeof(block_q8_act));
-    failed |= !b->matmul.xq;
+    b->segments_left = calloc((size_t)hp->n_head_kv, sizeof(atomic_int));
+    failed |= !b->matmul.xq || !b->segments_left;
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
     if (ctx->policy->ops->wants_attention_sums)
         b->attn_colsum = alloc_floats((size_t)hp->n_head * (size_t)ctx->n_ctx, &failed);
@@ -86,7 +87,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
 static void free_scratch(struct scratch *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
     free(b->gate); free(b->up); free(b->scores); free(b->matmul.dequant); free(b->matmul.xq); free(b->rope_inv_freq); free(b->attn_colsum);
-    free(b->flash_work); free(b->part_m); free(b->part_l); free(b->part_o);
+    free(b->flash_work); free(b->part_m); free(b->part_l); free(b->part_o); free(b->segments_left);
 }
 
 static pykv_status validate_params(const pykv_model *m, const struct pykv_context_params *p) {

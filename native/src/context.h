@@ -28,6 +28,7 @@ struct scratch {
     size_t flash_work_stride;
     float *part_m, *part_l; // (n_head, DECODE_MAX_SEGMENTS) a decode step's split attention
     float *part_o;          // (n_head, DECODE_MAX_SEGMENTS, head_dim)
+    atomic_int *segments_left;   // (n_head_kv) a decode step's segments still to attend per list
 };
 
 // A decode step splits each list into segments of at least DECODE_SEGMENT entries, at most

@@ -2,8 +2,9 @@
 //
 // Reads top to bottom as the math (llama2.c style): embed, then per layer
 // { RMSNorm -> Q,K,V -> RoPE -> append K/V to each KV head's list -> attention over each
-// head's list -> the policy's after_layer hook -> output projection -> residual -> RMSNorm
-// -> SwiGLU FFN -> residual }, final norm, classifier. Only the matrix multiplies, attention
+// head's list (a decode step: the policy's decode_list on each list as it finishes) -> the
+// policy's after_layer hook -> output projection -> residual -> RMSNorm -> SwiGLU FFN ->
+// residual }, final norm, classifier. Only the matrix multiplies, attention
 // and the policies' scoring run on the pool.
 #include "attention.h"
 #include "context.h"
@@ -13,6 +14,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 struct attention_job {
@@ -102,8 +104,41 @@ static void normalize_colsum(float *colsum, int n, const float *m, const float *
     }
 }
 
+// A decode step's job: (list, segment) items, and what finishing a list takes.
+struct decode_job {
+    pykv_context              *ctx;
+    int                        layer, n_items;
+    atomic_int                 next;
+    const struct policy_event *ev;   // the policy's decode_list runs per list, or NULL
+    atomic_int                 failed;
+    pykv_status                st;
+    char                       msg[256];
+};
+
+// List g's segments are all done: its query heads' outputs and attention sums, then the
+// policy's work on the list (no other thread reads it any more in this layer).
+static void finish_list(struct decode_job *job, int g) {
+    pykv_context *ctx = job->ctx;
+    const struct hparams *hp = &ctx->model->hp;
+    const int n_rep = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    struct scratch *b = &ctx->buf;
+    const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
+    for (int h = g * n_rep; h < (g + 1) * n_rep; h++) {
+        const size_t slot = (size_t)h * DECODE_MAX_SEGMENTS;
+        attention_merge(decode_segments(l->n), b->part_m + slot, b->part_l + slot, b->part_o + slot * hd, hd,
+                        b->att + (size_t)h * hd);
+        if (b->attn_colsum) normalize_colsum(b->attn_colsum + (size_t)h * ctx->n_ctx, l->n, b->part_m + slot, b->part_l + slot);
+    }
+    if (!job->ev) return;
+    const pykv_status st = ctx->policy->ops->decode_list(ctx->policy, job->ev, g);
+    if (st != PYKV_OK && !atomic_exchange(&job->failed, 1)) {   // the first failure's message
+        job->st = st;
+        snprintf(job->msg, sizeof(job->msg), "%s", pykv_last_error());
+    }
+}
+
 static void decode_split_task(void *arg, int ith, int nth) {
-    struct flash_job *job = arg;
+    struct decode_job *job = arg;
     pykv_context *ctx = job->ctx;
     const struct hparams *hp = &ctx->model->hp;
     const int n_rep = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
@@ -123,7 +158,7 @@ static void decode_split_task(void *arg, int ith, int nth) {
             attention_group_partial(b->q + (size_t)h0 * hd, nq, l, j0, j1, hd, scores, part_o, part_m, part_l);
             for (int r = 0; r < nq; r++) {
                 const size_t slot = (size_t)(h0 + r) * DECODE_MAX_SEGMENTS + seg;
-                if (b->attn_colsum)   // unnormalised; decode_attention scales them
+                if (b->attn_colsum)   // unnormalised; finish_list scales them
                     memcpy(b->attn_colsum + (size_t)(h0 + r) * ctx->n_ctx + j0, scores + (size_t)r * (j1 - j0),
                            (size_t)(j1 - j0) * sizeof(float));
                 b->part_m[slot] = part_m[r];
@@ -131,23 +166,22 @@ static void decode_split_task(void *arg, int ith, int nth) {
                 memcpy(b->part_o + slot * hd, part_o + (size_t)r * hd, (size_t)hd * sizeof(float));
             }
         }
+        // the thread that attends a list's last segment finishes the list (the decrement
+        // orders every segment's results before it)
+        if (atomic_fetch_sub(&b->segments_left[g], 1) == 1) finish_list(job, g);
     }
 }
 
-static void decode_attention(pykv_context *ctx, int layer) {
+// ev: the policy's decode_list runs on each list as soon as it has attended (NULL: none).
+static pykv_status decode_attention(pykv_context *ctx, int layer, const struct policy_event *ev) {
     const struct hparams *hp = &ctx->model->hp;
-    const int n_rep = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
-    struct flash_job job = { .ctx = ctx, .layer = layer, .n_items = hp->n_head_kv * DECODE_MAX_SEGMENTS };
+    struct decode_job job = { .ctx = ctx, .layer = layer, .n_items = hp->n_head_kv * DECODE_MAX_SEGMENTS, .ev = ev };
     atomic_init(&job.next, 0);
+    atomic_init(&job.failed, 0);
+    for (int g = 0; g < hp->n_head_kv; g++)
+        atomic_init(&ctx->buf.segments_left[g], decode_segments(kv_cache_list(&ctx->cache, layer, g)->n));
     threadpool_run(ctx->pool, decode_split_task, &job);
-    struct scratch *b = &ctx->buf;
-    for (int h = 0; h < hp->n_head; h++) {
-        const struct kv_list *l = kv_cache_list(&ctx->cache, layer, h / n_rep);
-        const size_t slot = (size_t)h * DECODE_MAX_SEGMENTS;
-        attention_merge(decode_segments(l->n), b->part_m + slot, b->part_l + slot, b->part_o + slot * hd, hd,
-                        b->att + (size_t)h * hd);
-        if (b->attn_colsum) normalize_colsum(b->attn_colsum + (size_t)h * ctx->n_ctx, l->n, b->part_m + slot, b->part_l + slot);
-    }
+    return atomic_load(&job.failed) ? pykv_error(job.st, "%s", job.msg) : PYKV_OK;
 }
 
 static void prefill_attention(pykv_context *ctx, int layer, int T) {
@@ -225,26 +259,27 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
             rope(b->k + (size_t)t * kv_dim, hp->n_head_kv, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
         }
         append_kv(ctx, layer, T);
-        if (T == 1) decode_attention(ctx, layer);
+        // the policy's hooks run while the layer's lists are still in cache (they read no
+        // more than the attention; the layer's output does not depend on them)
+        struct policy_event ev = ctx->event;
+        ev.layer = layer;
+        ev.n_past = ctx->n_past + T - n_probe;
+        ev.n_probe = n_probe;
+        ev.rope_inv_freq = b->rope_inv_freq;
+        ev.q = b->q;
+        ev.T = T;
+        ev.attn_colsum = b->attn_colsum;
+        ev.attn_colsum_stride = ctx->n_ctx;
+        const struct policy_ops *ops = ctx->policy->ops;
+        const int per_list = T == 1 && ops->decode_list;   // evicts each list as it finishes
+        if (per_list && ops->after_layer) PYKV_TRY(ops->after_layer(ctx->policy, &ev));
+        if (T == 1) PYKV_TRY(decode_attention(ctx, layer, per_list ? &ev : NULL));
         else prefill_attention(ctx, layer, T);
         if (b->attn_colsum && T > 1) {   // the policy reads every entry's attention: a second pass
             struct attention_job job = { ctx, layer, T };
             threadpool_run(ctx->pool, attention_colsum_task, &job);
         }
-        // the policy's hook runs while the layer's lists are still in cache (it reads no
-        // more than the attention; the layer's output does not depend on it)
-        if (ctx->policy->ops->after_layer) {
-            struct policy_event ev = ctx->event;
-            ev.layer = layer;
-            ev.n_past = ctx->n_past + T - n_probe;
-            ev.n_probe = n_probe;
-            ev.rope_inv_freq = b->rope_inv_freq;
-            ev.q = b->q;
-            ev.T = T;
-            ev.attn_colsum = b->attn_colsum;
-            ev.attn_colsum_stride = ctx->n_ctx;
-            PYKV_TRY(ctx->policy->ops->after_layer(ctx->policy, &ev));
-        }
+        if (!per_list && ops->after_layer) PYKV_TRY(ops->after_layer(ctx->policy, &ev));
         for (int g = 0; n_probe && g < hp->n_head_kv; g++) {   // the probe's K/V are never kept
             struct kv_list *l = kv_cache_list(&ctx->cache, layer, g);
             kv_list_truncate(&ctx->cache, l, l->n - n_probe);

@@ -7,6 +7,8 @@
 //   after_chunk   - every layer of a prefill chunk is done (chunked policies such as TAKE)
 //   after_prefill - the last chunk of a multi-token pykv_decode() is done (SnapKV-style)
 //   after_decode  - a single-token step is done (H2O, decode-time eviction)
+//   decode_list   - a decode step: one list has attended (per-list eviction, overlapped with
+//                   the attention of the layer's other lists)
 // A NULL hook is never called. Policies see the cache and the context's configuration.
 #pragma once
 #include <stdint.h>
@@ -28,7 +30,7 @@ struct policy_event {
     struct kv_cache      *cache;
     const struct hparams *hp;
     struct threadpool    *pool;          // for parallel scoring (threadpool_run)
-    int32_t               layer;         // after_layer only; -1 otherwise
+    int32_t               layer;         // after_layer and decode_list only; -1 otherwise
     int32_t               n_past;        // tokens in the sequence, this chunk included
     int32_t               n_prompt;      // tokens of the current pykv_decode() call (1 = decode step)
     int32_t               is_last_chunk; // this chunk ends the current pykv_decode() call
@@ -36,7 +38,7 @@ struct policy_event {
     // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
     const float          *q;
     int32_t               T;
-    // after_layer, for policies with wants_attention_sums: the attention each entry of the
+    // after_layer and decode_list, for policies with wants_attention_sums: the attention each entry of the
     // layer's lists received from this chunk's queries, per query head: row h (stride
     // attn_colsum_stride) holds one value per entry of KV head h / (n_head / n_head_kv).
     const float          *attn_colsum;
@@ -61,6 +63,12 @@ struct policy_ops {
     pykv_status (*after_chunk)(struct kv_policy *p, const struct policy_event *ev);
     pykv_status (*after_prefill)(struct kv_policy *p, const struct policy_event *ev);
     pykv_status (*after_decode)(struct kv_policy *p, const struct policy_event *ev);
+    // Decode steps only: list g of ev->layer has attended (new entry appended, its attention
+    // sums final). Runs on a pool thread inside the attention's task while other threads
+    // attend the layer's other lists, so calls for different g may run at the same time and
+    // must not use the pool. A policy that sets it gets after_layer on decode steps before
+    // the layer's attention instead of after it (per-layer bookkeeping).
+    pykv_status (*decode_list)(struct kv_policy *p, const struct policy_event *ev, int32_t g);
     // Tokens the last prefill chunk must hold (the observation window), or NULL for none:
     // the context shortens the chunk before it so the window's queries arrive together.
     int32_t     (*last_chunk_min)(const struct kv_policy *p);

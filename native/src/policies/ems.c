@@ -16,8 +16,10 @@
 //    direction attention.c can expand (no per-member re-rotation). No protected centres (the
 //    paper's PPL setting). One-shot weighted average, w = s_Loc. R with a negative key or value
 //    cosine never merges. tau = 1 is evict-only; gamma = 1 has no TBM tokens.
-//  * Decode (P4, ems-decode.c): fixed budget B per list, window -> centre, weakest centre by
-//    unpooled s_GL merged (R >= tau) or evicted; s_Glo += the step's attention; s_Loc =
+//  * Decode (P4, ems-decode.c; each list as soon as it has attended, through decode_list,
+//    overlapped with the attention of the layer's other lists): fixed budget B per list,
+//    window -> centre, weakest centre by unpooled s_GL merged (R >= tau) or evicted;
+//    s_Glo += the step's attention; s_Loc =
 //    s_Loc_past + s_Loc_cur, s_Loc_cur accumulates decode queries and replaces s_Loc_past every
 //    L_win steps (counted per layer since the last prefill); member count <= gamma * B per list
 //    (evict instead of merge when over it).
@@ -32,11 +34,8 @@
 #include "policy-args.h"
 #include "window-scores.h"
 #include "../error.h"
-#include "../threadpool.h"
 #include "../model.h"
 
-#include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -203,26 +202,13 @@ static pykv_status decode_step(struct ems *p, const struct policy_event *ev, int
     return p->budget ? ems_decode_list(ev, &p->o, p->budget, g, s) : PYKV_OK;
 }
 
-// A layer's lists are independent: the pool's threads take them one at a time. The first
-// failure's status and message are kept (messages are per thread).
-struct decode_job {
-    struct ems                *p;
-    const struct policy_event *ev;
-    atomic_int                 next, failed;
-    pykv_status                st;
-    char                       msg[256];
-};
-
-static void decode_task(void *arg, int ith, int nth) {
-    struct decode_job *job = arg;
-    (void)ith; (void)nth;
-    for (int g; (g = atomic_fetch_add(&job->next, 1)) < job->ev->hp->n_head_kv;) {
-        const pykv_status st = decode_step(job->p, job->ev, g);
-        if (st != PYKV_OK && !atomic_exchange(&job->failed, 1)) {
-            job->st = st;
-            snprintf(job->msg, sizeof(job->msg), "%s", pykv_last_error());
-        }
-    }
+// A decode step's work on list g, run by the forward pass as soon as the list has attended
+// (while other threads attend the layer's other lists); after_layer did the layer's
+// bookkeeping before the attention.
+static pykv_status ems_decode_list_hook(struct kv_policy *base, const struct policy_event *ev, int32_t g) {
+    struct ems *p = (struct ems *)base;
+    if (!ev->attn_colsum) return pykv_error(PYKV_ERR_INTERNAL, "ems: the forward pass gave no attention sums");
+    return decode_step(p, ev, g);
 }
 
 static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_event *ev) {
@@ -236,14 +222,10 @@ static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_e
         if (!p->lists || !p->steps) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
     }
     if (!ev->attn_colsum) return pykv_error(PYKV_ERR_INTERNAL, "ems: the forward pass gave no attention sums");
-    if (ev->n_prompt == 1) {
+    if (ev->n_prompt == 1) {   // before the layer's attention: decode_list does the lists
         if (p->budget == 0 && base->cfg.budget > 0) p->budget = base->cfg.budget;
         ++p->steps[ev->layer];
-        struct decode_job job = { .p = p, .ev = ev };
-        atomic_init(&job.next, 0);
-        atomic_init(&job.failed, 0);
-        threadpool_run(ev->pool, decode_task, &job);
-        return atomic_load(&job.failed) ? pykv_error(job.st, "%s", job.msg) : PYKV_OK;
+        return PYKV_OK;
     }
     for (int32_t g = 0; g < hkv; g++) {
         struct ems_list *s = &p->lists[ev->layer * hkv + g];
@@ -259,6 +241,7 @@ const struct policy_ops policy_ems = {
     .init = ems_init,
     .free = ems_free,
     .after_layer = ems_after_layer,
+    .decode_list = ems_decode_list_hook,
     .last_chunk_min = ems_last_chunk_min,
     .reset = ems_reset,
     .wants_attention_sums = 1,
