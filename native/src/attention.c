@@ -54,35 +54,51 @@ static void merged_exp_scalar(const struct kv_list *l, int j0, int n, int nq, fl
 #if defined(__x86_64__) || defined(__i386__)
 #include "simd-avx2.h"
 
-// The same with vectors, in two passes over eight entries at a time. Single-token entries
-// (most of a list) take the plain softmax path; the merged ones among them, found by
-// a compare on their member counts, are visited one by one: their largest member logit in
-// the first pass, the sum of their members' exponentials (in vectors) in the second.
+// The mask of lanes 0..k-1 (all eight for k >= 8).
+static inline AVX2_TGT __m256i lanes_below(int k) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // Members m..m+7 of a member list of cnt, and the mask of the lanes in it.
 static inline AVX2_TGT __m256 member_norms8(const float *norm, int m, int cnt, __m256i *mask) {
-    *mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt - m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    *mask = lanes_below(cnt - m);
     return _mm256_maskload_ps(norm + m, *mask);
 }
 
 // Entries j..j+7 (those below n): the lanes in range, the single-token ones among them, and
 // the merged ones as a bit mask.
 static inline AVX2_TGT unsigned entry_lanes8(const int32_t *nm, int j, int n, __m256i *valid, __m256i *single) {
-    *valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    *valid = lanes_below(n - j);
     const __m256i cnt = _mm256_maskload_epi32(nm + j, *valid);
     *single = _mm256_and_si256(_mm256_cmpeq_epi32(cnt, _mm256_set1_epi32(1)), *valid);
     return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_andnot_si256(*single, *valid)));
 }
 
-// tot[r] = the sum of the lanes of acc[r], r < nq <= 4, with one shared reduction tree.
-static inline AVX2_TGT void hsum_rows(const __m256 *acc, int nq, float *tot) {
-    const __m256 z = _mm256_setzero_ps();
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], nq > 1 ? acc[1] : z),
-                                    _mm256_hadd_ps(nq > 2 ? acc[2] : z, nq > 3 ? acc[3] : z));
-    float t[4];
-    _mm_storeu_ps(t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-    for (int r = 0; r < nq; r++) tot[r] = t[r];
+// Sums of E accumulators, one per entry, into w[0..E) (E = 2, 4 or 8), times scale.
+static inline __attribute__((always_inline)) AVX2_TGT void store_sums(const __m256 *a, const int E, float scale, float *w) {
+    if (E == 2) {
+        const __m256 h = _mm256_hadd_ps(a[0], a[1]);   // lanes: e0 e0 e1 e1 | e0 e0 e1 e1
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storel_pi((__m64 *)w, _mm_mul_ps(_mm_hadd_ps(s, s), _mm_set1_ps(scale)));
+        return;
+    }
+    // lanes of h0: e0 e1 e2 e3 | e0 e1 e2 e3, each half a partial sum
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    if (E == 4) {
+        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h0), _mm256_extractf128_ps(h0, 1));
+        _mm_storeu_ps(w, _mm_mul_ps(s, _mm_set1_ps(scale)));
+        return;
+    }
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+    _mm256_storeu_ps(w, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
 }
+_Static_assert(ATTENTION_TILE == 2 || ATTENTION_TILE == 4 || ATTENTION_TILE == 8, "store_sums reduces a tile's rows");
 
+// The same with vectors, in two passes over eight entries at a time. Single-token entries
+// (most of a list) take the plain softmax path; the merged ones among them, found by
+// a compare on their member counts, are visited one by one: their largest member logit in
+// the first pass, the sum of their members' exponentials (in vectors) in the second.
 static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out,
                                      float *sum_out) {
     const int32_t *nm = l->n_members + j0;
@@ -144,8 +160,9 @@ static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int
                     acc[r] = _mm256_add_ps(acc[r], _mm256_and_ps(exp_ps(_mm256_fmsub_ps(nv, s[r], vmax[r])),
                                                                  _mm256_castsi256_ps(mask)));
             }
-            float tot[ATTENTION_TILE];
-            hsum_rows(acc, nq, tot);
+            for (int r = nq; r < ATTENTION_TILE; r++) acc[r] = _mm256_setzero_ps();
+            float tot[ATTENTION_TILE];   // the rows' sums in one reduction tree
+            store_sums(acc, ATTENTION_TILE, 1.0f, tot);
             for (int r = 0; r < nq; r++) {
                 w[(size_t)r * n + e] = tot[r];
                 merged_sum[r] += tot[r];
@@ -205,26 +222,6 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 // size a multiple of 16. A fused multiply-add waits ~4 cycles for its accumulator and two
 // issue per cycle, so each kernel keeps 8 to 12 independent accumulators in flight
 // (fewer leave the FMA units idle; more spill the 16 vector registers).
-
-// Sums of E accumulators, one per entry, into w[0..E) (E = 2, 4 or 8), times scale.
-static inline __attribute__((always_inline)) AVX2_TGT void store_sums(const __m256 *a, const int E, float scale, float *w) {
-    if (E == 2) {
-        const __m256 h = _mm256_hadd_ps(a[0], a[1]);   // lanes: e0 e0 e1 e1 | e0 e0 e1 e1
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        _mm_storel_pi((__m64 *)w, _mm_mul_ps(_mm_hadd_ps(s, s), _mm_set1_ps(scale)));
-        return;
-    }
-    // lanes of h0: e0 e1 e2 e3 | e0 e1 e2 e3, each half a partial sum
-    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    if (E == 4) {
-        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h0), _mm256_extractf128_ps(h0, 1));
-        _mm_storeu_ps(w, _mm_mul_ps(s, _mm_set1_ps(scale)));
-        return;
-    }
-    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-    _mm256_storeu_ps(w, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
-}
 
 // Scores: E entries at a time (8 for one query, 4 for two or three, 2 for four), one
 // accumulator per (query, entry); each key row is loaded once for every query of the tile.

@@ -24,16 +24,16 @@
 
 #define EMS_W_FLOOR 1e-30f
 
-// 1 / (|k| |v|) from the squared norms; 0 when either is zero (R is then 0).
-static float inverse_norms(double kk, double vv) {
-    const double nn = kk * vv;
+// 1 / (|k| |v|) of a key and a value; 0 when either is zero (R is then 0).
+static float inverse_norms(const float *k, const float *v, int32_t d) {
+    const double nn = (double)dot_f32(k, k, d) * (double)dot_f32(v, v, d);
     return nn > 0.0 ? (float)(1.0 / sqrt(nn)) : 0.0f;
 }
 
 void ems_probe_init(struct ems_probe *p, const struct kv_list *l, int32_t d, int32_t i) {
     memcpy(p->k, kv_key_f32(l, i, d, p->k), (size_t)d * sizeof(float));
     memcpy(p->v, kv_value_f32(l, i, d, p->v), (size_t)d * sizeof(float));
-    p->inv = inverse_norms(dot_f32(p->k, p->k, d), dot_f32(p->v, p->v, d));
+    p->inv = inverse_norms(p->k, p->v, d);
 }
 
 // R from the probe's dot products with an entry's key and value and the entry's inverse
@@ -46,7 +46,7 @@ static inline float redundancy_of(float dk, float dv, float inv_p, float inv_c) 
 float ems_redundancy(const struct kv_list *l, int32_t d, const struct ems_probe *p, int32_t c) {
     float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
     const float *k = kv_key_f32(l, c, d, tk), *v = kv_value_f32(l, c, d, tv);
-    return redundancy_of(dot_f32(p->k, k, d), dot_f32(p->v, v, d), p->inv, inverse_norms(dot_f32(k, k, d), dot_f32(v, v, d)));
+    return redundancy_of(dot_f32(p->k, k, d), dot_f32(p->v, v, d), p->inv, inverse_norms(k, v, d));
 }
 
 void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, const struct ems_probe *p,
@@ -55,7 +55,7 @@ void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, 
     for (int32_t c = 0; c < nc; c++)
         if (s->inv[c] < 0.0f) {
             const float *k = kv_key_f32(l, c, d, tk), *v = kv_value_f32(l, c, d, tv);
-            s->inv[c] = inverse_norms(dot_f32(k, k, d), dot_f32(v, v, d));
+            s->inv[c] = inverse_norms(k, v, d);
         }
     attention_dots(p->k, l, 0, nc, d, r);
     attention_dots(p->v, l, 1, nc, d, tmp);

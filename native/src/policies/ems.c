@@ -19,9 +19,8 @@
 //  * Decode (P4, ems-decode.c; each list as soon as it has attended, through decode_list,
 //    overlapped with the attention of the layer's other lists): fixed budget B per list,
 //    window -> centre, weakest centre by unpooled s_GL merged (R >= tau) or evicted;
-//    s_Glo += the step's attention; s_Loc =
-//    s_Loc_past + s_Loc_cur, s_Loc_cur accumulates decode queries and replaces s_Loc_past every
-//    L_win steps (counted per layer since the last prefill); member count <= gamma * B per list
+//    s_Glo += the step's attention; s_Loc = s_Loc_past + s_Loc_cur, s_Loc_cur accumulates
+//    decode queries and replaces s_Loc_past every L_win steps (counted per layer since the last prefill); member count <= gamma * B per list
 //    (evict instead of merge when over it).
 //  * Budget B = policy_budget(cfg, n_prompt) at the end of each prefill call (decoding with no
 //    prefill before uses the absolute budget); B > L_win is required; a prompt of at most B
@@ -189,9 +188,13 @@ static pykv_status prefill_end(struct ems *p, const struct policy_event *ev) {
     return st;
 }
 
-// One decode step of list g of ev->layer: s_Glo and s_Loc_cur take the step's attention,
-// s_Loc_cur replaces s_Loc_past every L_win steps, then the list goes back to the budget.
-static pykv_status decode_step(struct ems *p, const struct policy_event *ev, int32_t g) {
+// One decode step of list g of ev->layer (decode_list: run by the forward pass as soon as
+// the list has attended, while other threads attend the layer's other lists; after_layer
+// did the layer's bookkeeping and checks before the attention): s_Glo and s_Loc_cur take
+// the step's attention, s_Loc_cur replaces s_Loc_past every L_win steps, then the list goes
+// back to the budget.
+static pykv_status ems_decode_step(struct kv_policy *base, const struct policy_event *ev, int32_t g) {
+    struct ems *p = (struct ems *)base;
     struct ems_list *s = &p->lists[ev->layer * ev->hp->n_head_kv + g];
     PYKV_TRY(ems_list_track(s, kv_cache_list(ev->cache, ev->layer, g)->n));
     accumulate(s, ev, g, 1);
@@ -200,15 +203,6 @@ static pykv_status decode_step(struct ems *p, const struct policy_event *ev, int
         memset(s->lc, 0, (size_t)s->n * sizeof(float));
     }
     return p->budget ? ems_decode_list(ev, &p->o, p->budget, g, s) : PYKV_OK;
-}
-
-// A decode step's work on list g, run by the forward pass as soon as the list has attended
-// (while other threads attend the layer's other lists); after_layer did the layer's
-// bookkeeping before the attention.
-static pykv_status ems_decode_list_hook(struct kv_policy *base, const struct policy_event *ev, int32_t g) {
-    struct ems *p = (struct ems *)base;
-    if (!ev->attn_colsum) return pykv_error(PYKV_ERR_INTERNAL, "ems: the forward pass gave no attention sums");
-    return decode_step(p, ev, g);
 }
 
 static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_event *ev) {
@@ -241,7 +235,7 @@ const struct policy_ops policy_ems = {
     .init = ems_init,
     .free = ems_free,
     .after_layer = ems_after_layer,
-    .decode_list = ems_decode_list_hook,
+    .decode_list = ems_decode_step,
     .last_chunk_min = ems_last_chunk_min,
     .reset = ems_reset,
     .wants_attention_sums = 1,
