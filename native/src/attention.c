@@ -19,8 +19,6 @@ void attention_force_scalar(int on) { scalar_only = on; }
 static void merged_max(const struct kv_list *l, int j0, int n, int nq, const float *w, float *max) {
     for (int r = 0; r < nq; r++) max[r] = -INFINITY;
     for (int j = 0; j < n; j++) {
-        // each member list is its own allocation: fetch a few entries ahead
-        if (j + 8 < n && l->member_norm[j0 + j + 8]) __builtin_prefetch(l->member_norm[j0 + j + 8]);
         for (int r = 0; r < nq; r++) {
             const float top = kv_member_logit_max(l, j0 + j, w[(size_t)r * n + j]);
             if (top > max[r]) max[r] = top;
@@ -33,7 +31,6 @@ static void merged_max(const struct kv_list *l, int j0, int n, int nq, const flo
 // sum_out[r] the sum of its w[r][j].
 static void merged_exp_scalar(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out,
                               float *sum_out) {
-    float *const *norms = l->member_norm + j0;
     const int32_t *nm = l->n_members + j0;
     merged_max(l, j0, n, nq, w, max_out);
     for (int r = 0; r < nq; r++) {
@@ -41,9 +38,10 @@ static void merged_exp_scalar(const struct kv_list *l, int j0, int n, int nq, fl
         const float max = max_out[r];
         double sum = 0.0;
         for (int j = 0; j < n; j++) {
+            const float *norm = kv_member_norms(l, j0 + j);
             float e = 0.0f;
-            if (!norms[j]) e = expf(wr[j] - max);
-            else for (int m = 0; m < nm[j]; m++) e += expf(norms[j][m] * wr[j] - max);
+            if (!norm) e = expf(wr[j] - max);
+            else for (int m = 0; m < nm[j]; m++) e += expf(norm[m] * wr[j] - max);
             wr[j] = e;
             sum += e;
         }
@@ -101,20 +99,13 @@ _Static_assert(ATTENTION_TILE == 2 || ATTENTION_TILE == 4 || ATTENTION_TILE == 8
 // the first pass, the sum of their members' exponentials (in vectors) in the second.
 static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out,
                                      float *sum_out) {
-    const int32_t *nm = l->n_members + j0;
-    float *const *norms = l->member_norm + j0;
+    const int32_t *nm = l->n_members + j0, *at = l->member_at + j0;
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax[ATTENTION_TILE], vsum[ATTENTION_TILE];
     float top[ATTENTION_TILE], merged_sum[ATTENTION_TILE];
     for (int r = 0; r < nq; r++) {
         vmax[r] = ninf;
         top[r] = -INFINITY;
-    }
-    // each member list is its own allocation, likely out of cache: request them all first
-    for (int j = 0; j < n; j += 8) {
-        __m256i valid, single;
-        for (unsigned bits = entry_lanes8(nm, j, n, &valid, &single); bits; bits &= bits - 1)
-            __builtin_prefetch(norms[j + __builtin_ctz(bits)]);
     }
     for (int j = 0; j < n; j += 8) {
         __m256i valid, single;
@@ -155,7 +146,7 @@ static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int
             }
             for (int m = 0; m < cnt; m += 8) {   // each slice of norms serves every row
                 __m256i mask;
-                const __m256 nv = member_norms8(norms[e], m, cnt, &mask);
+                const __m256 nv = member_norms8(l->member_pool + at[e], m, cnt, &mask);
                 for (int r = 0; r < nq; r++)
                     acc[r] = _mm256_add_ps(acc[r], _mm256_and_ps(exp_ps(_mm256_fmsub_ps(nv, s[r], vmax[r])),
                                                                  _mm256_castsi256_ps(mask)));
@@ -223,6 +214,11 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 // issue per cycle, so each kernel keeps 8 to 12 independent accumulators in flight
 // (fewer leave the FMA units idle; more spill the 16 vector registers).
 
+// At depth the lists come from memory (the weights streamed since the last step have pushed
+// them out of cache), faster than the hardware prefetcher asks for them: each pass over
+// keys or values requests the rows this many bytes ahead.
+#define ATTENTION_PREFETCH 1024
+
 // Scores: E entries at a time (8 for one query, 4 for two or three, 2 for four), one
 // accumulator per (query, entry); each key row is loaded once for every query of the tile.
 static inline __attribute__((always_inline)) AVX2_TGT
@@ -233,6 +229,7 @@ void scores_tile(const float *q, const int nq, const void *K, const int f16, int
     int j = 0;
     for (; j + E <= n; j += E) {
         const char *k0 = (const char *)K + (size_t)j * row;
+        for (size_t b = 0; b < (size_t)E * row; b += 64) __builtin_prefetch(k0 + ATTENTION_PREFETCH + b);
         __m256 a[ATTENTION_TILE][EMAX];
         for (int r = 0; r < nq; r++)
             for (int e = 0; e < E; e++) a[r][e] = _mm256_setzero_ps();
@@ -270,6 +267,9 @@ void weighted_sum_tile(const float *w, const int nq, const void *V, const int f1
                 for (int x = 0; x < C8; x++) a[u][r][x] = _mm256_setzero_ps();
         int j = 0;
         for (; j + U <= n; j += U) {
+            if (c == 0)   // the first pass brings the rows in
+                for (size_t b = 0; b < (size_t)U * row; b += 64)
+                    __builtin_prefetch((const char *)V + (size_t)j * row + ATTENTION_PREFETCH + b);
             for (int u = 0; u < U; u++) {
                 const char *v = (const char *)V + (size_t)(j + u) * row;
                 __m256 vx[CMAX];

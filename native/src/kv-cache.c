@@ -15,7 +15,7 @@ static int64_t elem_bytes(const struct kv_cache *c) { return c->f16 ? 2 : 4; }
 // Bytes per allocated entry: key, value, position, and the merge bookkeeping if enabled.
 static int64_t entry_bytes(const struct kv_cache *c, const struct kv_list *l) {
     int64_t b = (int64_t)2 * c->head_dim * elem_bytes(c) + (int64_t)sizeof(int32_t);
-    if (l->n_members) b += (int64_t)sizeof(int32_t) + (int64_t)sizeof(float *);
+    if (l->n_members) b += (int64_t)2 * sizeof(int32_t);
     return b;
 }
 
@@ -26,24 +26,52 @@ static void account(struct kv_cache *c, int64_t delta) {
                                                                 memory_order_relaxed)) {}
 }
 
+static void pool_free(struct kv_cache *c, struct kv_list *l) {
+    account(c, -(int64_t)l->pool_cap * (int64_t)sizeof(float));
+    free(l->member_pool);
+    l->member_pool = NULL;
+    l->pool_used = l->pool_cap = l->pool_live = 0;
+}
+
+// Entry j becomes a single token again; its norms leave a gap in the pool (the pool goes
+// when nothing in it is used any more).
 static void free_members(struct kv_cache *c, struct kv_list *l, int32_t j) {
-    if (!l->n_members || !l->member_norm[j]) return;
-    account(c, -(int64_t)l->n_members[j] * (int64_t)sizeof(float));
-    free(l->member_norm[j]);
-    l->member_norm[j] = NULL;
+    if (!l->n_members || l->n_members[j] <= 1) return;
+    l->pool_live -= l->n_members[j];
     l->n_members[j] = 1;
+    if (l->pool_live == 0) pool_free(c, l);
+}
+
+// A new pool of cap floats (at least the live ones) holding the merged entries' norms
+// without gaps, in entry order.
+static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t cap) {
+    float *pool = malloc((size_t)(cap > 0 ? cap : 1) * sizeof(float));
+    if (!pool) return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+    int32_t used = 0;
+    for (int32_t j = 0; j < l->n; j++) {
+        if (l->n_members[j] <= 1) continue;
+        memcpy(pool + used, l->member_pool + l->member_at[j], (size_t)l->n_members[j] * sizeof(float));
+        l->member_at[j] = used;
+        used += l->n_members[j];
+    }
+    free(l->member_pool);
+    account(c, (int64_t)(cap - l->pool_cap) * (int64_t)sizeof(float));
+    l->member_pool = pool;
+    l->pool_used = used;
+    l->pool_cap = cap;
+    return PYKV_OK;
 }
 
 static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
     if (cap == l->cap) return PYKV_OK;
     if (cap == 0) {
-        for (int32_t j = 0; j < l->n; j++) free_members(c, l, j);
-        free(l->k); free(l->v); free(l->pos); free(l->n_members); free(l->member_norm);
+        if (l->member_pool) pool_free(c, l);
+        free(l->k); free(l->v); free(l->pos); free(l->n_members); free(l->member_at);
         l->k = l->v = NULL;
         l->pos = NULL;
         account(c, -(int64_t)l->cap * entry_bytes(c, l));
         l->n_members = NULL;
-        l->member_norm = NULL;
+        l->member_at = NULL;
         l->cap = 0;
         return PYKV_OK;
     }
@@ -61,9 +89,9 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
         int32_t *nm = realloc(l->n_members, (size_t)cap * sizeof(int32_t));
         if (!nm) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache");
         l->n_members = nm;
-        float **mn = realloc(l->member_norm, (size_t)cap * sizeof(float *));
-        if (!mn) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache");
-        l->member_norm = mn;
+        int32_t *at = realloc(l->member_at, (size_t)cap * sizeof(int32_t));
+        if (!at) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache");
+        l->member_at = at;
     }
     account(c, (int64_t)(cap - l->cap) * entry_bytes(c, l));
     l->cap = cap;
@@ -144,10 +172,7 @@ float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d) 
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos) {
     kv_list_set_kv(l, l->n, k, v, c->head_dim);
     l->pos[l->n] = pos;
-    if (l->n_members) {
-        l->n_members[l->n] = 1;
-        l->member_norm[l->n] = NULL;
-    }
+    if (l->n_members) l->n_members[l->n] = 1;
     l->n++;
 }
 
@@ -155,15 +180,15 @@ pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l) {
     if (l->n_members) return PYKV_OK;
     int32_t cap = l->cap ? l->cap : 1;
     l->n_members = malloc((size_t)cap * sizeof(int32_t));
-    l->member_norm = calloc((size_t)cap, sizeof(float *));
-    if (!l->n_members || !l->member_norm) {
-        free(l->n_members); free(l->member_norm);
+    l->member_at = calloc((size_t)cap, sizeof(int32_t));
+    if (!l->n_members || !l->member_at) {
+        free(l->n_members); free(l->member_at);
         l->n_members = NULL;
-        l->member_norm = NULL;
+        l->member_at = NULL;
         return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
     }
     for (int32_t j = 0; j < cap; j++) l->n_members[j] = 1;
-    account(c, (int64_t)l->cap * (int64_t)(sizeof(int32_t) + sizeof(float *)));
+    account(c, (int64_t)l->cap * (int64_t)(2 * sizeof(int32_t)));
     return PYKV_OK;
 }
 
@@ -173,8 +198,9 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
     int32_t before = l->n_members[j];
     free_members(c, l, j);
     if (n > 1) {
-        float *copy = malloc((size_t)n * sizeof(float));
-        if (!copy) return pykv_error(PYKV_ERR_NOMEM, "out of memory merging KV entries");
+        // appended; when full, the pool is rebuilt without its gaps at twice what is live
+        if (l->pool_used + (int64_t)n > l->pool_cap) PYKV_TRY(pool_rebuild(c, l, 2 * (l->pool_live + n)));
+        float *copy = l->member_pool + l->pool_used;
         memcpy(copy, norms, (size_t)n * sizeof(float));
         // ascending, so attention finds a merged entry's largest logit at either end; an
         // insertion sort, as a merge appends a few norms to an already sorted list
@@ -184,9 +210,10 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
             for (; b > 0 && copy[b - 1] > x; b--) copy[b] = copy[b - 1];
             copy[b] = x;
         }
-        l->member_norm[j] = copy;
+        l->member_at[j] = l->pool_used;
         l->n_members[j] = n;
-        account(c, (int64_t)n * (int64_t)sizeof(float));
+        l->pool_used += n;
+        l->pool_live += n;
     }
     if (n > before) c->merged += n - before;
     return PYKV_OK;
@@ -238,13 +265,12 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
     kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
     if (l->n_members) {
         kv_compact_rows(l->n_members, sizeof(int32_t), keep, n_keep);
-        kv_compact_rows(l->member_norm, sizeof(float *), keep, n_keep);
-        for (int32_t d = n_keep; d < l->n; d++) {   // stale copies of moved entries
-            l->n_members[d] = 1;
-            l->member_norm[d] = NULL;
-        }
+        kv_compact_rows(l->member_at, sizeof(int32_t), keep, n_keep);
+        for (int32_t d = n_keep; d < l->n; d++) l->n_members[d] = 1;   // stale copies of moved entries
     }
-    return shrink_after_drop(c, l, n_keep);
+    PYKV_TRY(shrink_after_drop(c, l, n_keep));
+    // a compaction (end of a prefill) gives the pool's gaps and spare room back too
+    return l->member_pool && l->pool_cap > l->pool_live ? pool_rebuild(c, l, l->pool_live) : PYKV_OK;
 }
 
 pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
@@ -256,9 +282,8 @@ pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32
     kv_drop_row(l->pos, sizeof(int32_t), l->n, j, tail);
     if (l->n_members) {
         kv_drop_row(l->n_members, sizeof(int32_t), l->n, j, tail);
-        kv_drop_row(l->member_norm, sizeof(float *), l->n, j, tail);
+        kv_drop_row(l->member_at, sizeof(int32_t), l->n, j, tail);
         l->n_members[l->n - 1] = 1;   // a stale copy of the moved last entry
-        l->member_norm[l->n - 1] = NULL;
     }
     return shrink_after_drop(c, l, l->n - 1);
 }

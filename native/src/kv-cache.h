@@ -21,11 +21,17 @@ struct kv_list {
     int32_t *pos;   // (cap) original sequence positions
     // Merged entries (EMS): NULL until a merging policy calls kv_list_enable_members. Entry
     // j then stands for n_members[j] tokens; when that is more than one, its key is a unit
-    // direction and member_norm[j] holds each member's key norm, in ascending order (kept by
-    // kv_list_set_members, whatever order it is given): attention expands the entry
-    // into one logit per member, norm * (q . key) / sqrt(d), all sharing its value.
+    // direction and its members' key norms, in ascending order (kept by kv_list_set_members,
+    // whatever order it is given), are member_pool[member_at[j] ..] (kv_member_norms):
+    // attention expands the entry into one logit per member, norm * (q . key) / sqrt(d),
+    // all sharing its value. One pool per list, so that attention reads the norms of a
+    // list's merged entries from one block instead of one allocation each.
     int32_t *n_members;     // (cap)
-    float  **member_norm;   // (cap) NULL for single-token entries
+    int32_t *member_at;     // (cap) offset of a merged entry's norms in member_pool
+    float   *member_pool;   // (pool_cap) norms; a merge appends, a drop leaves a gap
+    int32_t  pool_used;     // floats appended since the pool was last rebuilt
+    int32_t  pool_cap;      // floats allocated
+    int32_t  pool_live;     // floats that belong to entries (the rest are gaps)
     int32_t  f16;           // the cache's element type, copied here for the kernels
 };
 
@@ -51,12 +57,17 @@ static inline struct kv_list *kv_cache_list(struct kv_cache *c, int layer, int h
     return &c->lists[(size_t)layer * c->n_head_kv + head];
 }
 
+// Entry j's member norms (ascending, n_members[j] of them), or NULL for a single token.
+static inline const float *kv_member_norms(const struct kv_list *l, int32_t j) {
+    return l->n_members && l->n_members[j] > 1 ? l->member_pool + l->member_at[j] : NULL;
+}
+
 // The largest logit among entry j's members for q . key j = s (s itself for a single
 // token): with positive norms it is s times the largest norm for s >= 0, the smallest
 // otherwise, i.e. the larger of the two products (exactly: rounding is monotone). Norms are
 // kept ascending, so those are the first and the last.
 static inline float kv_member_logit_max(const struct kv_list *l, int32_t j, float s) {
-    const float *norm = l->n_members ? l->member_norm[j] : NULL;
+    const float *norm = kv_member_norms(l, j);
     if (!norm) return s;
     const float lo = s * norm[0], hi = s * norm[l->n_members[j] - 1];
     return lo > hi ? lo : hi;
@@ -102,8 +113,9 @@ void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j, int32_t tai
 // Turn on merged-entry bookkeeping for a list (every existing entry is a single token).
 pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l);
 
-// Make entry j stand for n tokens with these key norms (copied); n == 1 makes it a plain
-// entry again (its key must then be the token's own key). Counts new members as merged.
+// Make entry j stand for n tokens with these key norms (copied; not from the list's own
+// pool, which may move); n == 1 makes it a plain entry again (its key must then be the
+// token's own key). Counts new members as merged.
 pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j, const float *norms, int32_t n);
 
 // Drop entries past n (rolls back a cancelled chunk); not counted as evicted.

@@ -114,12 +114,63 @@ static void check_tail_drop(void) {
         CHECK(l->pos[j] == want[j]);
         CHECK_NEAR(kv_key_f32(l, j, D, tmp)[1], (float)(10 * (want[j] - 100) + 1), 0);
         CHECK_NEAR(kv_value_f32(l, j, D, tmp)[2], -(float)(10 * (want[j] - 100) + 2), 0);
-        CHECK(l->n_members[j] == (want[j] == 104 ? 2 : 1) && (l->member_norm[j] != NULL) == (want[j] == 104));
+        CHECK(l->n_members[j] == (want[j] == 104 ? 2 : 1) && (kv_member_norms(l, j) != NULL) == (want[j] == 104));
     }
-    CHECK(l->member_norm[6] == NULL && l->n_members[6] == 1 && c.evicted == 1);
+    CHECK(kv_member_norms(l, 1)[0] == 1.0f && kv_member_norms(l, 1)[1] == 2.0f);
+    CHECK(l->n_members[6] == 1 && c.evicted == 1);
     // inside the tail, or just before it: an ordered drop
     CHECK(kv_list_drop(&c, l, 4, 2) == PYKV_OK && l->pos[4] == 106 && l->pos[3] == 103);
     CHECK(kv_list_drop(&c, l, 3, 1) == PYKV_OK && l->n == 4 && l->pos[3] == 106 && l->pos[1] == 104);
+    kv_cache_free(&c);
+}
+
+// Member norms in the list's pool under a long run of merges, drops and compactions: each
+// entry keeps its own norms (checked against a copy kept by position), and the bytes are
+// the entries' plus the pool's allocation.
+static void check_member_pool(void) {
+    enum { N = 40, MAXM = 6, MAXPOS = 16384 };
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, 1, D, 4 * N, 1) == PYKV_OK);
+    struct kv_list *l = kv_cache_list(&c, 0, 0);
+    CHECK(kv_list_reserve(&c, l, N) == PYKV_OK && kv_list_enable_members(&c, l) == PYKV_OK);
+    static float want[MAXPOS][MAXM];   // by position
+    static int count[MAXPOS];
+    int next_pos = 0;
+    float k[D] = { 0 }, v[D] = { 0 };
+    for (int round = 0; round < 400; round++) {
+        while (l->n < N && next_pos < MAXPOS) {
+            CHECK(kv_list_reserve(&c, l, 1) == PYKV_OK);
+            kv_list_push(&c, l, k, v, next_pos);
+            count[next_pos++] = 1;
+        }
+        const int j = rand() % l->n, op = rand() % 4;
+        if (op < 2) {   // merge: new norms (ascending) for entry j
+            float norms[MAXM];
+            const int n = 1 + rand() % MAXM;
+            for (int m = 0; m < n; m++) norms[m] = (float)(m + 1) + 0.01f * (float)(rand() % 100);
+            CHECK(kv_list_set_members(&c, l, j, norms, n) == PYKV_OK);
+            count[l->pos[j]] = n;
+            for (int m = 0; m < n; m++) want[l->pos[j]][m] = norms[m];
+        } else if (op == 2) {
+            CHECK(kv_list_drop(&c, l, j, rand() % 8) == PYKV_OK);
+        } else {   // keep every other entry
+            int32_t keep[N];
+            int nk = 0;
+            for (int i = 0; i < l->n; i += 2) keep[nk++] = i;
+            CHECK(kv_list_retain(&c, l, keep, nk) == PYKV_OK);
+            CHECK(l->pool_cap == l->pool_live);   // a compaction leaves no gaps or spare room
+        }
+        int64_t live = 0;
+        for (int i = 0; i < l->n; i++) {
+            const int p = l->pos[i];
+            const float *norms = kv_member_norms(l, i);
+            CHECK(l->n_members[i] == count[p] && (norms != NULL) == (count[p] > 1));
+            for (int m = 0; norms && m < count[p]; m++) CHECK(norms[m] == want[p][m]);
+            live += count[p] > 1 ? count[p] : 0;
+        }
+        CHECK(l->pool_live == live && l->pool_used <= l->pool_cap);
+        CHECK(c.bytes == (int64_t)l->cap * (2 * D * 2 + 3 * 4) + (int64_t)l->pool_cap * 4);
+    }
     kv_cache_free(&c);
 }
 
@@ -166,21 +217,22 @@ int main(void) {
     }
 
     // compaction keeps member lists with their entries and frees the others' bytes
-    const int64_t base = 2 * D * 4 + 4 + 4 + (int64_t)sizeof(float *);   // float32 cache
-    CHECK(merged.bytes == (int64_t)lm->cap * base + (3 + 5) * 4);
+    const int64_t base = 2 * D * 4 + 4 + 4 + 4;   // float32 cache: K, V, pos, n_members, member_at
+    CHECK(lm->pool_live == 3 + 5 && lm->pool_cap >= 8 && merged.bytes == (int64_t)lm->cap * base + lm->pool_cap * 4);
     int32_t keep[3] = { 0, 4, 5 };
     CHECK(kv_list_retain(&merged, lm, keep, 3) == PYKV_OK);
     CHECK(lm->n == 3 && lm->n_members[0] == 1 && lm->n_members[1] == 5 && lm->n_members[2] == 1);
-    CHECK(lm->member_norm[1] != NULL && lm->member_norm[0] == NULL && lm->pos[1] == 4);
+    CHECK(kv_member_norms(lm, 1) != NULL && kv_member_norms(lm, 0) == NULL && lm->pos[1] == 4);
     CHECK(merged.bytes == (int64_t)lm->cap * base + 5 * 4);
     // dropping one entry (a decode step) with the whole list as tail moves the later ones
     // down, members included
     CHECK(kv_list_drop(&merged, lm, 0, 3) == PYKV_OK);
-    CHECK(lm->n == 2 && lm->n_members[0] == 5 && lm->member_norm[0] != NULL && lm->pos[0] == 4 && lm->pos[1] == 5);
-    CHECK(lm->n_members[1] == 1 && lm->member_norm[1] == NULL && lm->member_norm[2] == NULL);
+    CHECK(lm->n == 2 && lm->n_members[0] == 5 && kv_member_norms(lm, 0) != NULL && lm->pos[0] == 4 && lm->pos[1] == 5);
+    CHECK(lm->n_members[1] == 1 && lm->n_members[2] == 1);
     CHECK(merged.evicted == 4 && merged.bytes == (int64_t)lm->cap * base + 5 * 4);
     CHECK(kv_list_drop(&merged, lm, 0, 2) == PYKV_OK);
-    CHECK(lm->n == 1 && lm->pos[0] == 5 && lm->member_norm[0] == NULL && merged.bytes == (int64_t)lm->cap * base);
+    CHECK(lm->n == 1 && lm->pos[0] == 5 && kv_member_norms(lm, 0) == NULL && merged.bytes == (int64_t)lm->cap * base);
+    CHECK(lm->member_pool == NULL);   // nothing merged is left: the pool is gone
     CHECK(kv_list_drop(&merged, lm, 1, 0) == PYKV_ERR_INTERNAL && lm->n == 1);
     kv_list_truncate(&merged, lm, 1);
     CHECK(merged.bytes == (int64_t)lm->cap * base);
@@ -188,6 +240,7 @@ int main(void) {
     kv_cache_free(&merged);
     kv_cache_free(&expanded);
     check_tail_drop();
+    check_member_pool();
     check_wide_list();
     attention_force_scalar(1);   // the scalar kernels against the same expanded lists
     check_wide_list();

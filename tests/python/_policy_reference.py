@@ -229,10 +229,10 @@ def same_selection(got, want, scores, k, rtol):
 
 def kv_bytes_range(stats, head_dim):
     """(lo, hi) bytes a compacted cache may hold: each entry's K, V and position exactly;
-    with EMS merges, up to 12 bytes of member bookkeeping per entry of a merged list plus
+    with EMS merges, 8 bytes of member bookkeeping per entry of a merged list plus
     4 bytes per member key norm (kv-cache.h)."""
     per = 2 * head_dim * stats["bytes_per_element"] + 4
     exact = stats["entries"] * per
     if not stats["merged"]:
         return exact, exact
-    return exact + 1, exact + 12 * stats["entries"] + 4 * (stats["entries"] + stats["merged"])
+    return exact + 1, exact + 8 * stats["entries"] + 4 * (stats["entries"] + stats["merged"])

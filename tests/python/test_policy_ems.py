@@ -72,13 +72,14 @@ def test_ems_prefill_matches_numpy(tiny_model, variant, budget, kwargs):
             pytest.skip("a genuine near-tie decided the reference selection")
         assert stats["merged"] == n_merged
         assert stats["entries"] == budget * hp.n_layer * hp.n_head_kv
-        # exact bytes: K, V, pos per entry; lists with merges add n_members (int32) and a
-        # norm pointer per entry plus one float per member norm
+        # exact bytes: K, V, pos per entry; lists with merges add n_members and member_at
+        # (int32 each) per entry plus one float per member norm (the prefill's compaction
+        # leaves the member pool without gaps or spare room)
         extra = 0
         for lay in want:
             for entries, m, _ in lay:
                 if m:
-                    extra += 12 * len(entries) + 4 * sum(len(e[3]) for e in entries if e[3] is not None)
+                    extra += 8 * len(entries) + 4 * sum(len(e[3]) for e in entries if e[3] is not None)
         assert stats["bytes"] == stats["entries"] * (2 * hp.head_dim * 4 + 4) + extra
         llm.eval([NEXT])
         got = llm.logits()

@@ -33,11 +33,11 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
     while (st == PYKV_OK && l->n > B) {
         const int32_t n = l->n, P = o->window < n ? o->window : n, nc = n - P;
         if (nc < 1) break;
-        int64_t members = 0;
-        for (int32_t j = 0; j < n; j++) {
-            loc[j] = s->lp[j] + s->lc[j];
-            members += ems_members(l, j);
-        }
+        const float *restrict lp = s->lp, *restrict lc = s->lc;
+        for (int32_t j = 0; j < n; j++) loc[j] = lp[j] + lc[j];
+        int64_t members = n;
+        if (l->n_members)
+            for (int32_t j = 0; j < n; j++) members += l->n_members[j] - 1;
         ems_global_local(s->glo, loc, n, nc, gl);
         const int32_t *pos = l->pos;
         int32_t weak = 0;

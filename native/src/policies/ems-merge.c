@@ -67,7 +67,7 @@ static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_
                        const float *w_single, double *ks, double *vs, double *W, float *norms, int32_t *nn) {
     float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
     const float *k = kv_key_f32(l, e, d, tk), *v = kv_value_f32(l, e, d, tv);
-    const float *mn = l->n_members ? l->member_norm[e] : NULL;
+    const float *mn = kv_member_norms(l, e);
     if (mn) {
         const double we = s->wsum[e], km = s->kmag[e];
         for (int32_t i = 0; i < d; i++) { ks[i] += we * km * k[i]; vs[i] += we * v[i]; }

@@ -45,7 +45,7 @@ static void loc_head(const struct loc_job *job, int hq, float *z, double *acc) {
         }
         double sum = 0.0;
         for (int32_t j = 0; j < n_vis; j++) {
-            const float *nm = l->n_members ? l->member_norm[j] : NULL;
+            const float *nm = kv_member_norms(l, j);
             double e = 0.0;
             if (!nm) e = exp((double)(z[j] - mx));
             else for (int32_t m = 0; m < l->n_members[j]; m++) e += exp((double)(nm[m] * z[j] - mx));

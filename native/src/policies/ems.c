@@ -158,15 +158,24 @@ static int32_t ems_last_chunk_min(const struct kv_policy *base) {
 
 // ---- schedule --------------------------------------------------------------------------
 
-// s_Glo (and, while decoding, s_Loc_cur) += this chunk's attention, GQA mean, fixed order.
+// s_Glo (and, while decoding, s_Loc_cur) += this chunk's attention, GQA mean, fixed order
+// (each entry's sum runs over the query heads in order; blocks of entries, so it vectorises).
 static void accumulate(struct ems_list *s, const struct policy_event *ev, int32_t g, int decoding) {
+    enum { BLOCK = 64 };
     const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;
-    for (int32_t j = 0; j < s->n; j++) {
-        float a = 0.0f;
-        for (int32_t r = 0; r < G; r++) a += ev->attn_colsum[(size_t)(g * G + r) * ev->attn_colsum_stride + j];
-        a /= (float)G;
-        s->glo[j] += a;
-        if (decoding) s->lc[j] += a;
+    float *restrict glo = s->glo, *restrict lc = s->lc;
+    for (int32_t j0 = 0; j0 < s->n; j0 += BLOCK) {
+        const int32_t m = s->n - j0 < BLOCK ? s->n - j0 : BLOCK;
+        float a[BLOCK] = { 0 };
+        for (int32_t r = 0; r < G; r++) {
+            const float *restrict row = ev->attn_colsum + (size_t)(g * G + r) * ev->attn_colsum_stride + j0;
+            for (int32_t i = 0; i < m; i++) a[i] += row[i];
+        }
+        for (int32_t i = 0; i < m; i++) {
+            a[i] /= (float)G;
+            glo[j0 + i] += a[i];
+        }
+        if (decoding) for (int32_t i = 0; i < m; i++) lc[j0 + i] += a[i];
     }
 }
 
