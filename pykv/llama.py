@@ -315,7 +315,10 @@ class Llama:
         self.input_ids = []
 
     def cancel(self) -> None:
-        """Ask a running eval() (in another thread) to stop at the next layer."""
+        """Ask a running eval() (from another thread) to stop: it raises GenerationCancelled
+        at the next layer, or with an evicting policy at the next chunk boundary (a decode
+        step then finishes first). A cancel between two calls stops the next one before it
+        evaluates anything; reset() (and so generate()) forgets a pending cancel."""
         if self._ctx is not None:
             lib.pykv_cancel(self._ctx)
 

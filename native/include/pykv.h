@@ -212,8 +212,14 @@ PYKV_API int32_t     pykv_n_past(const pykv_context *ctx);
 PYKV_API int32_t     pykv_n_ctx(const pykv_context *ctx);
 /* Forget every token; the cache's memory is returned. */
 PYKV_API void        pykv_reset(pykv_context *ctx);
-/* Ask a running pykv_decode to stop at the next layer boundary (callable from any thread).
- * The flag clears when the next pykv_decode starts. */
+/* Ask a running pykv_decode to stop (callable from any thread); it returns
+ * PYKV_ERR_CANCELLED. It stops at the next layer boundary, or, with a policy that works
+ * layer by layer (every evicting policy), at the next chunk boundary: the chunk it stops in
+ * is rolled back exactly, the chunks already done stay (pykv_n_past counts them). A cancel
+ * that arrives during the call's last chunk (a decode step is one) lets it finish and is
+ * reported all the same. A cancel stays pending until a pykv_decode reports it (one that
+ * arrives between two calls stops the next at its start, before it evaluates anything) or
+ * pykv_reset clears the context. */
 PYKV_API void        pykv_cancel(pykv_context *ctx);
 
 struct pykv_kv_stats {

@@ -273,7 +273,6 @@ pykv_status pykv_set_probe(pykv_context *ctx, const pykv_token *tokens, int32_t 
 pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
     pykv_clear_error();
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: ctx is NULL");
-    atomic_store(&ctx->cancel, 0);
     PYKV_TRY(check_tokens(ctx, tokens, n_tokens));
     if (n_tokens == 0) return PYKV_OK;
 
@@ -296,6 +295,7 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
         if (st != PYKV_OK) {
             rollback_chunk(ctx);
             ctx->has_logits = 0;
+            if (st == PYKV_ERR_CANCELLED) atomic_store(&ctx->cancel, 0);   // reported: done with
             return st;
         }
         ctx->n_past += T;
@@ -307,6 +307,10 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
     double ms = perf_now_ms() - t0;
     if (is_prefill) { ctx->timings.t_prefill_ms += ms; ctx->timings.n_prefill += n_tokens; }
     else            { ctx->timings.t_decode_ms += ms;  ctx->timings.n_decode += n_tokens; }
+    // a cancel that arrived while the last chunk ran (which a layer-by-layer policy does not
+    // stop half way) is still reported, so a generation loop stops here
+    if (atomic_exchange(&ctx->cancel, 0))
+        return pykv_error(PYKV_ERR_CANCELLED, "cancelled (after the call's last chunk: its tokens were evaluated)");
     return PYKV_OK;
 }
 
@@ -322,6 +326,7 @@ void pykv_reset(pykv_context *ctx) {
     if (ctx->policy->ops->reset) ctx->policy->ops->reset(ctx->policy);
     ctx->n_past = 0;
     ctx->has_logits = 0;
+    atomic_store(&ctx->cancel, 0);
 }
 
 void pykv_cancel(pykv_context *ctx) {

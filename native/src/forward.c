@@ -244,9 +244,15 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
 
     for (int t = 0; t < T; t++) PYKV_TRY(tensor_get_row(&m->tok_embd, tokens[t], b->x + (size_t)t * dim));
 
+    // A chunk stops only where rolling it back (dropping what it appended) restores the
+    // cache and the policy: before its first layer, or between any two layers when the
+    // policy has no per-layer hook (one may already have scored, evicted from or merged
+    // into the lists of the layers before).
+    const struct policy_ops *ops = ctx->policy->ops;
+    const int per_layer_hooks = ops->after_layer || ops->decode_list;
     for (int layer = 0; layer < hp->n_layer; layer++) {
         const struct layer_weights *w = &m->layers[layer];
-        if (atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
+        if ((layer == 0 || !per_layer_hooks) && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
             return pykv_error(PYKV_ERR_CANCELLED, "cancelled");
 
         // attention
@@ -270,7 +276,6 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         ev.T = T;
         ev.attn_colsum = b->attn_colsum;
         ev.attn_colsum_stride = ctx->n_ctx;
-        const struct policy_ops *ops = ctx->policy->ops;
         const int per_list = T == 1 && ops->decode_list;   // evicts each list as it finishes
         if (per_list && ops->after_layer) PYKV_TRY(ops->after_layer(ctx->policy, &ev));
         if (T == 1) PYKV_TRY(decode_attention(ctx, layer, per_list ? &ev : NULL));

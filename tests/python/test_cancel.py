@@ -1,0 +1,141 @@
+"""Cancelling a running eval() from another thread (Llama.cancel, pykv_cancel).
+
+The call stops with GenerationCancelled; the chunks it finished stay (n_past and input_ids
+count them) and the chunk it stopped in is rolled back exactly: every list holds each
+position below n_past once and nothing at or past it, so evaluation goes on as if the call
+had been cut at that chunk boundary. With the full cache, finishing the prompt afterwards
+gives the same logits as one uncancelled call (the same chunks in the same order).
+Policies that work layer by layer stop only at a chunk boundary, since their hooks change
+the earlier layers' lists while a chunk runs; a cancel during the last chunk (a decode step
+is one) lets the call finish and still raises, and one between two calls stops the next,
+so a generation loop always stops.
+"""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pykv import Llama
+from pykv.errors import GenerationCancelled
+
+pytestmark = pytest.mark.model
+
+N_PROMPT, N_BATCH = 640, 64
+PROMPT = [int(t) for t in np.random.default_rng(5).integers(100, 40000, size=N_PROMPT)]
+
+
+def _open(path, policy="full", **kw):
+    return Llama(str(path), n_ctx=N_PROMPT + 64, n_batch=N_BATCH, n_threads=2, verbose=False, policy=policy,
+                 **kw)
+
+
+def assert_consistent(llm):
+    """Every list holds distinct positions, all below n_past; input_ids has n_past tokens."""
+    n = llm.n_past
+    assert len(llm.input_ids) == n
+    info = llm.model_info
+    for layer in range(info["n_layer"]):
+        for g in range(info["n_head_kv"]):
+            pos = list(llm.kv_positions(layer, g))
+            assert len(pos) == len(set(pos)), (layer, g)
+            assert all(0 <= p < n for p in pos), (layer, g, n, [p for p in pos if p >= n][:4])
+
+
+def eval_cancelled_after(llm, tokens, seconds):
+    """eval(tokens) with a cancel from another thread after `seconds`; True if it raised."""
+    timer = threading.Timer(seconds, llm.cancel)
+    timer.start()
+    try:
+        llm.eval(tokens)
+        return False
+    except GenerationCancelled:
+        return True
+    finally:
+        timer.cancel()
+
+
+@pytest.mark.parametrize("policy", ["full", "ems"])
+def test_cancel_between_calls_stops_the_next(smollm2_path, policy):
+    """A cancel that arrives between two eval() calls (a generation loop samples between
+    steps) stops the next call before it evaluates anything; reset() forgets one."""
+    with _open(smollm2_path, policy, **({"budget": 48} if policy != "full" else {})) as llm:
+        llm.eval(PROMPT[:100])
+        llm.cancel()
+        with pytest.raises(GenerationCancelled):
+            llm.eval([PROMPT[100]])
+        assert llm.n_past == 100
+        assert_consistent(llm)
+        llm.eval([PROMPT[100]])   # reported once: the next call runs
+        assert llm.n_past == 101
+        llm.cancel()
+        llm.reset()
+        llm.eval(PROMPT[:8])
+        assert llm.n_past == 8
+
+
+@pytest.mark.parametrize("policy,kw", [("full", {}), ("cake", {"budget": 96}), ("ems", {"budget": 96}),
+                                       ("take", {"budget": 96})])
+def test_cancelled_prefill_rolls_back_to_a_chunk_boundary(smollm2_path, policy, kw):
+    with _open(smollm2_path, policy, **kw) as llm:
+        t0 = time.perf_counter()
+        llm.eval(PROMPT)
+        whole = time.perf_counter() - t0
+        want = llm.logits()
+        stopped = 0
+        for frac in (0.15, 0.5, 0.85):
+            llm.reset()
+            if not eval_cancelled_after(llm, PROMPT, frac * whole):
+                continue
+            stopped += 1
+            assert_consistent(llm)
+            if llm.n_past < N_PROMPT:   # else it landed in the last chunk, which finished
+                if policy == "full":   # nothing was compressed: the cache is the prompt so far
+                    for g in range(llm.model_info["n_head_kv"]):
+                        assert list(llm.kv_positions(0, g)) == list(range(llm.n_past))
+                llm.eval(PROMPT[llm.n_past:])   # goes on from where it stopped
+            assert llm.n_past == N_PROMPT
+            assert_consistent(llm)
+            if policy == "full" and llm.n_past % N_BATCH == 0:
+                np.testing.assert_array_equal(llm.logits(), want)
+        assert stopped > 0, "no cancel landed inside the prefill"
+
+
+@pytest.mark.parametrize("policy", ["full", "ems", "cake", "streamingllm"])
+def test_cancelled_decode_steps_leave_no_trace(smollm2_path, policy):
+    """Decode steps with cancels fired at random moments: a step that raises either
+    completed (layer-by-layer policies: a decode-time eviction is never half applied) or
+    left the cache as it was; the lists stay consistent either way."""
+    rng = np.random.default_rng(3)
+    with _open(smollm2_path, policy, budget=48) as llm:
+        llm.eval(PROMPT[:160])
+        t0 = time.perf_counter()
+        llm.eval([PROMPT[160]])
+        step = time.perf_counter() - t0
+        stopped = 0
+        for i in range(40):
+            before = llm.n_past
+            if eval_cancelled_after(llm, [PROMPT[161 + i]], float(rng.uniform(0.0, 1.5)) * step):
+                stopped += 1
+                # finished (layer-by-layer policies), or stopped at a layer boundary or at
+                # its start (a cancel that came after the previous step) and rolled back
+                assert llm.n_past in (before, before + 1)
+            assert_consistent(llm)
+        llm.eval([PROMPT[300]])
+        assert_consistent(llm)
+        assert stopped > 0, "no cancel landed inside a decode step"
+
+
+@pytest.mark.parametrize("policy", ["full", "ems"])
+def test_cancel_stops_a_generation(smollm2_path, policy):
+    """generate() raises GenerationCancelled soon after cancel(); the result says so."""
+    with _open(smollm2_path, policy, **({"budget": 48} if policy != "full" else {})) as llm:
+        timer = threading.Timer(0.5, llm.cancel)
+        timer.start()
+        with pytest.raises(GenerationCancelled):
+            llm.generate(PROMPT[:64], max_tokens=N_PROMPT, ignore_eos=True, temperature=0.0)
+        timer.cancel()
+        res = llm.last_result
+        assert res.finish_reason == "cancelled"
+        assert 0 < len(res.tokens) < N_PROMPT - 64
+        assert_consistent(llm)
