@@ -225,7 +225,8 @@ PYKV_API void        pykv_cancel(pykv_context *ctx);
 struct pykv_kv_stats {
     size_t      struct_size;
     int64_t     entries;      /* resident entries over all layers and KV heads */
-    int64_t     bytes;        /* bytes allocated for K, V and positions now */
+    int64_t     bytes;        /* bytes allocated for K, V and positions now (with EMS merges, also
+                                 each merged list's member counts, offsets and key-norm pool) */
     int64_t     peak_bytes;   /* the most bytes allocated since init or reset */
     int64_t     evicted;      /* entries removed by the policy */
     int64_t     merged;       /* entries folded into others by the policy */
