@@ -295,7 +295,7 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
         if (st != PYKV_OK) {
             rollback_chunk(ctx);
             ctx->has_logits = 0;
-            if (st == PYKV_ERR_CANCELLED) atomic_store(&ctx->cancel, 0);   // reported: done with
+            if (st == PYKV_ERR_CANCELLED) atomic_store(&ctx->cancel, 0);   // reported: no longer pending
             return st;
         }
         ctx->n_past += T;
