@@ -73,7 +73,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->segments_left = calloc((size_t)hp->n_head_kv, sizeof(atomic_int));
     failed |= !b->matmul.xq || !b->segments_left;
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
-    if (ctx->policy->ops->wants_attention_sums)
+    if (ctx->policy->ops->wants_attention_sums || ctx->policy->ops->wants_decode_attention_sums)
         b->attn_colsum = alloc_floats((size_t)hp->n_head * (size_t)ctx->n_ctx, &failed);
     ctx->logits = alloc_floats((size_t)hp->n_vocab, &failed);
     ctx->chunk_start_n = calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(int32_t));

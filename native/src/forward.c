@@ -274,13 +274,16 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         ev.rope_inv_freq = b->rope_inv_freq;
         ev.q = b->q;
         ev.T = T;
-        ev.attn_colsum = b->attn_colsum;
+        const int prefill_sums = T > 1 && ops->wants_attention_sums;   // decode steps write them anyway
+        ev.attn_colsum = T == 1 || prefill_sums ? b->attn_colsum : NULL;
         ev.attn_colsum_stride = ctx->n_ctx;
-        const int per_list = T == 1 && ops->decode_list;   // evicts each list as it finishes
+        // a decode step (a one-token call, not a one-token chunk of a prompt) evicts each list
+        // as it finishes
+        const int per_list = T == 1 && ev.n_prompt == 1 && ops->decode_list;
         if (per_list && ops->after_layer) PYKV_TRY(ops->after_layer(ctx->policy, &ev));
         if (T == 1) PYKV_TRY(decode_attention(ctx, layer, per_list ? &ev : NULL));
         else prefill_attention(ctx, layer, T);
-        if (b->attn_colsum && T > 1) {   // the policy reads every entry's attention: a second pass
+        if (prefill_sums) {   // the policy reads every entry's attention: a second pass
             struct attention_job job = { ctx, layer, T };
             threadpool_run(ctx->pool, attention_colsum_task, &job);
         }

@@ -241,6 +241,23 @@ def test_cake_decode_keeps_budget(tiny4):
         assert llm.kv_positions(0, h) == lists[h]
 
 
+def test_cake_decode_does_not_depend_on_threads(tiny4):
+    # decode eviction runs per list on the pool's threads, as each list finishes attending
+    new = [int(t) for t in np.random.default_rng(2).integers(3, 300, 8)]
+    runs = []
+    for n_threads in (1, 2):
+        llm = _run(tiny4, _prompt(), "cake", 64, n_threads=n_threads)
+        logits = []
+        for tok in new:
+            llm.eval([tok])
+            logits.append(llm.logits().copy())
+        runs.append((logits, _positions(llm), llm.kv_stats()["evicted"]))
+    (l1, p1, e1), (l2, p2, e2) = runs
+    assert p1 == p2 and e1 == e2
+    for a, b in zip(l1, l2):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_cake_decode_evict_none_grows(tiny4):
     llm = _run(tiny4, _prompt(), "cake", 64, decode_evict="none")
     before = llm.kv_stats()["entries"]

@@ -201,6 +201,19 @@ def test_ems_chunked_prefill_equals_one_shot(tiny_model):
         np.testing.assert_allclose(x, y, atol=1e-4, rtol=1e-4)
 
 
+def test_ems_one_token_chunks_are_prefill_not_decode(tiny_model):
+    # n_batch=1 evaluates the prompt one token at a time; those chunks are still the prefill
+    # (scores from every query, compression at the end), not decode steps. With a one-query
+    # window the last chunk's single row is the whole local score either way.
+    path = tiny_model("llama_f32_h4kv4")
+    a = _run(path, 48, {"tau": 0.1, "window": 1}, n_batch=256, steps=2)
+    b = _run(path, 48, {"tau": 0.1, "window": 1}, n_batch=1, steps=2)
+    assert a["pos0"] == b["pos0"]
+    assert a["stats0"]["merged"] == b["stats0"]["merged"]
+    for x, y in zip(a["logits"], b["logits"]):
+        np.testing.assert_allclose(x, y, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("kwargs,budget", [
     ({"bogus": 1}, 48),
     ({"tau": 1.5}, 48),

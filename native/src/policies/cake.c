@@ -33,11 +33,11 @@
 //  * Decode (decode_evict=fixed): the list size of layer l is frozen at the end of the
 //    prefill call (b_l + window; B for every layer when the prompt was not compressed;
 //    before any prefill call, B when the budget is absolute, none when it is a fraction).
-//    In after_layer of a decode step, after the step's attention, a list longer than its
+//    In a decode step, as soon as a list has attended (decode_list), a list longer than its
 //    size S keeps its top S - Wd of the first n - Wd entries (Wd = min(W, S); the last Wd
 //    entries are protected) ranked by the new token's attention row over the whole list
-//    (fp32 softmax), GQA mean, then avg pool 5 over the position-sorted candidates: one
-//    entry per list per step. This is the cakekv last-query rule, except that pooling
+//    (the step's own fp32 softmax), GQA mean, then avg pool 5 over the position-sorted
+//    candidates: one entry per list per step. This is the cakekv last-query rule, except that pooling
 //    runs over position order instead of cakekv's slot order (ALGORITHMS.md 2.6 (v)), and
 //    the GQA mean precedes the (linear) pool. decode_evict=none lets the cache grow.
 #include "cake-budget.h"
@@ -208,35 +208,41 @@ static pykv_status cake_prefill_layer(struct cake *p, const struct policy_event 
     return PYKV_OK;
 }
 
-static pykv_status cake_decode_layer(struct cake *p, const struct policy_event *ev) {
+// One decode step of list g of ev->layer (decode_list: run by the forward pass as soon as the
+// list has attended, while other threads attend the layer's other lists). The new token's
+// attention row per query head is the step's attention itself (attn_colsum, the forward
+// pass's fp32 softmax over the whole list); GQA reduce, pool over the candidates (the list is
+// in position order: prefill compactions keep it, decode appends), keep the top S - Wd.
+static pykv_status cake_decode_list(struct kv_policy *base, const struct policy_event *ev, int32_t g) {
+    struct cake *p = (struct cake *)base;
     if (p->decode_none) return PYKV_OK;
     int32_t S;
     if (p->has_frozen) S = p->frozen[ev->layer];
     else if (p->base.cfg.budget > 0) S = p->base.cfg.budget;
     else return PYKV_OK;
-    int over = 0;
-    for (int g = 0; g < ev->hp->n_head_kv; g++) over |= kv_cache_list(ev->cache, ev->layer, g)->n > S;
-    if (!over) return PYKV_OK;
+    const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
+    if (l->n <= S) return PYKV_OK;
+    if (!ev->attn_colsum) return pykv_error(PYKV_ERR_INTERNAL, "cake: the decode step gave no attention sums");
 
-    const int32_t Wd = p->o.window < S ? p->o.window : S;
-    struct ws_window w = { .protect = Wd, .rows = 1 };
-    struct ws_opts od = p->o;
-    struct ws_stats st;
-    float *s = NULL;
-    PYKV_TRY(ws_layer_scores(ev, &od, w, &st, &s));
-    pykv_status rc = PYKV_OK;
-    for (int g = 0; g < st.n_head_kv && rc == PYKV_OK; g++)
-        rc = ws_keep_top(ev, g, s + st.offset_kv[g], st.n_cand[g], (int64_t)S - Wd);
-    free(s);
-    ws_stats_free(&st);
-    return rc;
+    const int32_t Wd = p->o.window < S ? p->o.window : S, nc = l->n - Wd;
+    const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;
+    float *rows = malloc(((size_t)G + 2) * (size_t)nc * sizeof(float));   // G rows, reduced, pooled
+    if (!rows) return pykv_error(PYKV_ERR_NOMEM, "cake: out of memory in the decode eviction");
+    float *reduced = rows + (size_t)G * nc, *pooled = reduced + nc;
+    for (int32_t r = 0; r < G; r++)
+        memcpy(rows + (size_t)r * nc, ev->attn_colsum + (size_t)(g * G + r) * ev->attn_colsum_stride,
+               (size_t)nc * sizeof(float));
+    ws_gqa_reduce(rows, G, nc, p->o.gqa, reduced);
+    ws_pool1d(reduced, nc, p->o.kernel, p->o.pool, pooled);
+    const pykv_status st = ws_keep_top(ev, g, pooled, nc, (int64_t)S - Wd);
+    free(rows);
+    return st;
 }
 
 static pykv_status cake_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     struct cake *p = (struct cake *)base;
     if (ws_is_prefill_end(ev)) return cake_prefill_layer(p, ev);
-    if (ev->layer >= 0 && ev->n_prompt == 1 && ev->T == 1) return cake_decode_layer(p, ev);
-    return PYKV_OK;
+    return PYKV_OK;   // decode steps: cake_decode_list
 }
 
 static int32_t cake_last_chunk_min(const struct kv_policy *base) { return ((const struct cake *)base)->o.window; }
@@ -248,5 +254,7 @@ const struct policy_ops policy_cake = {
     .init = cake_init,
     .free = cake_free,
     .after_layer = cake_after_layer,
+    .decode_list = cake_decode_list,
     .last_chunk_min = cake_last_chunk_min,
+    .wants_decode_attention_sums = 1,
 };
