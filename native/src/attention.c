@@ -366,10 +366,22 @@ void attention_weights(const float *q, int nq, const struct kv_list *l, int n, i
     else for (int r = 0; r < nq; r++) softmax(weights + (size_t)r * n, n);
 }
 
+// A merged list's member counts, offsets and norm pool come from memory at depth, as its rows
+// do; requested before the scores pass, they are in cache when the expansion after it reads
+// them (otherwise its loads wait on memory one entry at a time).
+static void prefetch_members(const struct kv_list *l, int j0, int j1) {
+    for (int j = j0; j < j1; j += 16) {   // 16 int32 per 64-byte line
+        __builtin_prefetch(l->n_members + j);
+        __builtin_prefetch(l->member_at + j);
+    }
+    for (int32_t i = 0; i < l->pool_used; i += 16) __builtin_prefetch(l->member_pool + i);
+}
+
 void attention_group_partial(const float *q, int nq, const struct kv_list *l, int j0, int j1, int d, float *w,
                              float *out, float *m, float *lsum) {
     const int n = j1 - j0;
     const float scale = 1.0f / sqrtf((float)d);
+    if (l->n_members) prefetch_members(l, j0, j1);
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
         scores_avx2[l->f16][nq](q, kv_row(l, l->k, j0, d), n, d, scale, w);
