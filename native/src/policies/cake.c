@@ -37,9 +37,10 @@
 //    size S keeps its top S - Wd of the first n - Wd entries (Wd = min(W, S); the last Wd
 //    entries are protected) ranked by the new token's attention row over the whole list
 //    (the step's own fp32 softmax), GQA mean, then avg pool 5 over the position-sorted
-//    candidates: one entry per list per step. This is the cakekv last-query rule, except that pooling
-//    runs over position order instead of cakekv's slot order (ALGORITHMS.md 2.6 (v)), and
-//    the GQA mean precedes the (linear) pool. decode_evict=none lets the cache grow.
+//    candidates: one entry per list per step. This is the cakekv last-query rule, except
+//    that pooling runs over position order instead of cakekv's slot order (ALGORITHMS.md
+//    2.6 (v)), and the GQA mean precedes the (linear) pool. decode_evict=none lets the
+//    cache grow.
 #include "cake-budget.h"
 #include "cake-score.h"
 #include "policy-args.h"
