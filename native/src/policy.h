@@ -38,8 +38,8 @@ struct policy_event {
     // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
     const float          *q;
     int32_t               T;
-    // after_layer and decode_list, for policies with wants_attention_sums (decode steps only with
-    // wants_decode_attention_sums; NULL otherwise): the attention each entry of the
+    // after_layer and decode_list, for policies with wants_attention_sums (one-token chunks
+    // only with wants_decode_attention_sums; NULL otherwise): the attention each entry of the
     // layer's lists received from this chunk's queries, per query head: row h (stride
     // attn_colsum_stride) holds one value per entry of KV head h / (n_head / n_head_kv).
     const float          *attn_colsum;
@@ -65,9 +65,10 @@ struct policy_ops {
     pykv_status (*after_prefill)(struct kv_policy *p, const struct policy_event *ev);
     pykv_status (*after_decode)(struct kv_policy *p, const struct policy_event *ev);
     // Decode steps only (one-token calls; a one-token chunk of a longer prompt is not one):
-    // list g of ev->layer has attended (new entry appended, its attention sums final). Runs on a pool thread inside the attention's task while other threads
-    // attend the layer's other lists, so calls for different g may run at the same time and
-    // must not use the pool. A policy that sets it gets after_layer on decode steps before
+    // list g of ev->layer has attended (new entry appended, its attention sums final). Runs
+    // on a pool thread inside the attention's task while other threads attend the layer's
+    // other lists, so calls for different g may run at the same time and must not use the
+    // pool. A policy that sets it gets after_layer on decode steps before
     // the layer's attention instead of after it (per-layer bookkeeping).
     pykv_status (*decode_list)(struct kv_policy *p, const struct policy_event *ev, int32_t g);
     // Tokens the last prefill chunk must hold (the observation window), or NULL for none:
@@ -82,7 +83,7 @@ struct policy_ops {
     // over the weights it already computes, and splits attention by head).
     int           wants_attention_sums;
     // Nonzero: the same sums on decode steps only, for decode_list (a decode step's attention
-    // writes them as it goes, no extra pass); prefill chunks then get attn_colsum NULL.
+    // writes them as it goes, no extra pass); multi-token chunks then get attn_colsum NULL.
     int           wants_decode_attention_sums;
 };
 

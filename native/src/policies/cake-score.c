@@ -93,7 +93,7 @@ static void head_indicator(const struct ws_stats *st, int g, const struct ws_opt
         for (int32_t j = 0; j < nc; j++) row[j] = (float)((double)mu[j] + gamma * (double)var[j]);
         ws_pool1d(row, nc, o->kernel, o->pool, block + (size_t)r * nc);
     }
-    ws_gqa_reduce(block, st->group, nc, o->gqa, out);
+    ws_gqa_reduce(block, nc, st->group, nc, o->gqa, out);
 }
 
 pykv_status cake_score_layer(const struct policy_event *ev, struct ws_window w, const struct ws_opts *o,

@@ -227,16 +227,14 @@ static pykv_status cake_decode_list(struct kv_policy *base, const struct policy_
 
     const int32_t Wd = p->o.window < S ? p->o.window : S, nc = l->n - Wd;
     const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;
-    float *rows = malloc(((size_t)G + 2) * (size_t)nc * sizeof(float));   // G rows, reduced, pooled
-    if (!rows) return pykv_error(PYKV_ERR_NOMEM, "cake: out of memory in the decode eviction");
-    float *reduced = rows + (size_t)G * nc, *pooled = reduced + nc;
-    for (int32_t r = 0; r < G; r++)
-        memcpy(rows + (size_t)r * nc, ev->attn_colsum + (size_t)(g * G + r) * ev->attn_colsum_stride,
-               (size_t)nc * sizeof(float));
-    ws_gqa_reduce(rows, G, nc, p->o.gqa, reduced);
+    float *reduced = malloc((size_t)2 * (size_t)nc * sizeof(float));   // reduced, pooled
+    if (!reduced) return pykv_error(PYKV_ERR_NOMEM, "cake: out of memory in the decode eviction");
+    float *pooled = reduced + nc;
+    ws_gqa_reduce(ev->attn_colsum + (size_t)g * G * ev->attn_colsum_stride, ev->attn_colsum_stride, G, nc, p->o.gqa,
+                  reduced);
     ws_pool1d(reduced, nc, p->o.kernel, p->o.pool, pooled);
     const pykv_status st = ws_keep_top(ev, g, pooled, nc, (int64_t)S - Wd);
-    free(rows);
+    free(reduced);
     return st;
 }
 

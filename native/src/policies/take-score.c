@@ -127,7 +127,7 @@ pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, in
     else score_task(&job, 0, 1);
     for (int32_t g = 0; g < hp->n_head_kv; g++) {
         if (n_cols[g] == 0) continue;
-        ws_gqa_reduce(mean + mean_off[g * G], G, n_cols[g], WS_GQA_MEAN, red);
+        ws_gqa_reduce(mean + mean_off[g * G], n_cols[g], G, n_cols[g], WS_GQA_MEAN, red);
         ws_pool1d(red, n_cols[g], kernel, WS_POOL_AVG, scores + offset[g]);
     }
     free(mean_off); free(mean); free(scratch); free(red);

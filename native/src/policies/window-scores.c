@@ -144,7 +144,7 @@ pykv_status ws_layer_scores(const struct policy_event *ev, const struct ws_opts 
     for (int g = 0; g < st->n_head_kv; g++) {
         int32_t nc = st->n_cand[g];
         if (nc == 0) continue;
-        ws_gqa_reduce(st->mean + st->offset[g], st->group, nc, o->gqa, tmp);
+        ws_gqa_reduce(st->mean + st->offset[g], nc, st->group, nc, o->gqa, tmp);
         ws_pool1d(tmp, nc, o->kernel, o->pool, s + st->offset_kv[g]);
     }
     free(tmp);

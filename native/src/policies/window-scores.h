@@ -52,8 +52,9 @@ struct ws_stats {
 pykv_status ws_stats_compute(const struct policy_event *ev, struct ws_window w, int want_var, struct ws_stats *out);
 void        ws_stats_free(struct ws_stats *s);
 
-// Reduce a block of `group` rows of n values to one (mean or max); fixed order.
-void ws_gqa_reduce(const float *rows, int32_t group, int32_t n, enum ws_gqa mode, float *out);
+// Reduce `group` rows of n values, row r at rows + r * stride, to one (mean or max); fixed
+// order.
+void ws_gqa_reduce(const float *rows, int64_t stride, int32_t group, int32_t n, enum ws_gqa mode, float *out);
 
 // PyTorch-style 1-D pooling, stride 1, padding kernel/2 (kernel odd): avg counts the
 // out-of-range zeros, max ignores them.

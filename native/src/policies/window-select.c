@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-void ws_gqa_reduce(const float *rows, int32_t group, int32_t n, enum ws_gqa mode, float *out) {
+void ws_gqa_reduce(const float *rows, int64_t stride, int32_t group, int32_t n, enum ws_gqa mode, float *out) {
     memcpy(out, rows, (size_t)n * sizeof(float));
     for (int32_t r = 1; r < group; r++) {
-        const float *x = rows + (size_t)r * n;
+        const float *x = rows + (size_t)r * (size_t)stride;
         if (mode == WS_GQA_MAX)
             for (int32_t j = 0; j < n; j++) out[j] = x[j] > out[j] ? x[j] : out[j];
         else
