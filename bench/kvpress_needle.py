@@ -123,6 +123,7 @@ def main():
     ap.add_argument("--budgets", default="2,5,10,25", help="percent of the prefill kept")
     ap.add_argument("--presses", default=",".join(PRESSES))
     ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--first-sample", type=int, default=0, help="sample index to start at (as needle.py)")
     ap.add_argument("--settings", default="aware,agnostic")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="write all results to this file")
@@ -135,34 +136,39 @@ def main():
     budgets = [float(x) for x in args.budgets.split(",")]
     presses = args.presses.split(",")
     settings = args.settings.split(",")
-    results = {"model": os.path.basename(model_path), "samples": args.samples,
+    samples = range(args.first_sample, args.first_sample + args.samples)
+    results = {"model": os.path.basename(model_path), "samples": args.samples, "sample_ids": list(samples),
                "kvpress": version("kvpress"), "transformers": transformers.__version__, "torch": torch.__version__,
-               "threads": args.threads, "accuracy": {}, "errors": {}, "seconds": {}, "kept": {}}
+               "threads": args.threads, "accuracy": {}, "hits": {}, "errors": {}, "seconds": {}, "kept": {}}
     t0 = time.time()
     model = load_model(model_path)
     with Llama(model_path, n_ctx=max(lengths) + 64, n_threads=args.threads) as llm:
-        tasks = {n: [needle.Task(llm, n, s) for s in range(args.samples)] for n in lengths}
+        tasks = {n: [needle.Task(llm, n, s) for s in samples] for n in lengths}
         for name in presses:
             model.set_attn_implementation("eager" if name in EAGER else "sdpa")
             for pct in ([None] if name == "full" else budgets):
                 for n in lengths:
                     for setting in settings:
                         key, t1 = f"{name}|{pct}|{n}|{setting}", time.time()
-                        hits, kept = 0, []
-                        for task in tasks[n]:
+                        hit_ids, kept = [], []
+                        for sample, task in zip(samples, tasks[n]):
                             press = None if pct is None else PRESSES[name](1 - pct / 100)
                             try:
                                 text, k = answer(model, llm, task, press, setting == "aware")
-                                hits += task.hit(text)
+                                if task.hit(text):
+                                    hit_ids.append(sample)
                                 kept.append(k)
                             except Exception as e:   # kvpress limitations: reported, not fatal
                                 results["errors"][key] = f"{type(e).__name__}: {str(e)[:300]}"
                         if kept:
-                            results["accuracy"][key] = hits / len(tasks[n])
+                            results["accuracy"][key] = len(hit_ids) / len(tasks[n])
+                            results["hits"][key] = hit_ids
                             results["kept"][key] = sum(kept) / len(kept)
                         results["seconds"][key] = time.time() - t1
-                        status = results["errors"].get(key, f"{hits}/{len(tasks[n])}")
+                        status = results["errors"].get(key, f"{len(hit_ids)}/{len(tasks[n])} {hit_ids}")
                         print(f"{key}: {status}  ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+                        if args.json:   # a long run that is stopped keeps what it measured
+                            Path(args.json).write_text(json.dumps(results, indent=1))
     print_tables(results, presses, budgets, lengths, settings)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

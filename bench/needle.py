@@ -144,6 +144,8 @@ def main():
     ap.add_argument("--policies", default=",".join(list_policies()),
                     help="comma list; a policy's arguments follow its name: cake+decode_evict=none+gamma=0")
     ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--first-sample", type=int, default=0,
+                    help="sample index to start at (another run's samples continue from its last)")
     ap.add_argument("--settings", default="aware,agnostic")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kl-prefix", type=int, default=2048)
@@ -156,27 +158,32 @@ def main():
     budgets = [float(x) for x in args.budgets.split(",")]
     policies = args.policies.split(",")
     settings = args.settings.split(",")
-    results = {"model": os.path.basename(model), "samples": args.samples, "accuracy": {}, "kl": {}}
+    samples = range(args.first_sample, args.first_sample + args.samples)
+    results = {"model": os.path.basename(model), "samples": args.samples, "sample_ids": list(samples),
+               "accuracy": {}, "hits": {}, "kl": {}}
     t0 = time.time()
     with Llama(model, n_ctx=max(lengths) + 64, n_threads=args.threads) as tok_llm:
-        tasks = {n: [Task(tok_llm, n, s) for s in range(args.samples)] for n in lengths}
+        tasks = {n: [Task(tok_llm, n, s) for s in samples] for n in lengths}
     for policy in policies:
         for pct in ([None] if policy == "full" else budgets):
             for n in lengths:
                 for setting in settings:
-                    hits = 0
-                    for task in tasks[n]:
+                    hit_ids = []
+                    for sample, task in zip(samples, tasks[n]):
                         budget = None if pct is None else max(1, int(round(len(task.context) * pct / 100)))
                         try:
                             name, kwargs = policy_spec(policy)
                             with Llama(model, n_ctx=n + 64, n_threads=args.threads, policy=name, budget=budget,
                                        policy_kwargs=kwargs) as llm:
-                                hits += task.hit(answer(llm, task, setting == "aware"))
+                                if task.hit(answer(llm, task, setting == "aware")):
+                                    hit_ids.append(sample)
                         except Exception as e:   # a budget below a policy's window, say
                             print(f"# {policy} {pct}% {n} {setting}: {e}", file=sys.stderr)
                     key = f"{policy}|{pct}|{n}|{setting}"
-                    results["accuracy"][key] = hits / len(tasks[n])
-                    print(f"{key}: {hits}/{len(tasks[n])}  ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+                    results["accuracy"][key] = len(hit_ids) / len(tasks[n])
+                    results["hits"][key] = hit_ids   # which samples, so runs over other samples can be pooled
+                    print(f"{key}: {len(hit_ids)}/{len(tasks[n])} {hit_ids}  ({time.time() - t0:.0f}s)",
+                          file=sys.stderr, flush=True)
                     save(args.json, results)   # a long run that is stopped keeps what it measured
     if not args.no_kl:
         text = haystack_text()
