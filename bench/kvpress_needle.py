@@ -22,7 +22,6 @@ Results print as markdown tables in needle.py's layout (plus wall seconds per ce
 --json, as one JSON object ("kept": mean physical KV entries per layer / prefill length).
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -167,11 +166,9 @@ def main():
                         results["seconds"][key] = time.time() - t1
                         status = results["errors"].get(key, f"{len(hit_ids)}/{len(tasks[n])} {hit_ids}")
                         print(f"{key}: {status}  ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
-                        if args.json:   # a long run that is stopped keeps what it measured
-                            Path(args.json).write_text(json.dumps(results, indent=1))
+                        needle.save(args.json, results)   # a long run that is stopped keeps what it measured
     print_tables(results, presses, budgets, lengths, settings)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    needle.save(args.json, results)
 
 
 if __name__ == "__main__":

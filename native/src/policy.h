@@ -68,8 +68,8 @@ struct policy_ops {
     // list g of ev->layer has attended (new entry appended, its attention sums final). Runs
     // on a pool thread inside the attention's task while other threads attend the layer's
     // other lists, so calls for different g may run at the same time and must not use the
-    // pool. A policy that sets it gets after_layer on decode steps before
-    // the layer's attention instead of after it (per-layer bookkeeping).
+    // pool. A policy that sets it gets after_layer on decode steps before the layer's
+    // attention instead of after it (per-layer bookkeeping).
     pykv_status (*decode_list)(struct kv_policy *p, const struct policy_event *ev, int32_t g);
     // Tokens the last prefill chunk must hold (the observation window), or NULL for none:
     // the context shortens the chunk before it so the window's queries arrive together.
