@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from compare_llamacpp import raise_priority   # bench/ is the script's directory
+from needle import policy_spec
 
 
 def tokens(n, n_vocab, seed):
@@ -47,7 +48,8 @@ def measure(model, policy, args):
     from pykv import Llama
     budget = None if policy == "full" else args.budget
     n_steps = args.blocks * args.steps
-    kw = dict(n_threads=args.threads, policy=policy, budget=budget)
+    name, kwargs = policy_spec(policy)
+    kw = dict(n_threads=args.threads, policy=name, budget=budget, policy_kwargs=kwargs)
     deep_ctx = args.depth + (args.steps if args.refill else n_steps + args.steps) + 16
     with Llama(model, n_ctx=deep_ctx, **kw) as deep, Llama(model, n_ctx=args.steps + 16, **kw) as shallow:
         context = tokens(args.depth, deep.n_vocab, 1)
@@ -85,7 +87,7 @@ def measure(model, policy, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="GGUF path (default: pykv pull smollm2)")
-    p.add_argument("--policies", default="ems", help="comma separated")
+    p.add_argument("--policies", default="ems", help="comma separated; a policy's arguments follow its name: ems+tau=1")
     p.add_argument("--budget", default="256")
     p.add_argument("--depth", type=int, default=7680)
     p.add_argument("--steps", type=int, default=32, help="decode steps per block (tg32)")
