@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+from pykv import Llama
+from pykv.pull import pull
+
 from compare_llamacpp import raise_priority   # bench/ is the script's directory
 from needle import policy_spec
 
@@ -45,7 +48,6 @@ def timed_steps(llm, toks):
 
 
 def measure(model, policy, args):
-    from pykv import Llama
     budget = None if policy == "full" else args.budget
     n_steps = args.blocks * args.steps
     name, kwargs = policy_spec(policy)
@@ -99,7 +101,6 @@ def main():
     raise_priority()
     model = args.model
     if model is None:
-        from pykv.pull import pull
         model = str(pull("smollm2"))
     rows = [measure(model, pol, args) for pol in args.policies.split(",") if pol]
     print(f"| policy | budget | t/s at depth 0 | t/s at depth {args.depth} | ratio, median (min..max) | "
