@@ -16,7 +16,8 @@ Two settings (ALGORITHMS.md 3.3):
 Budgets are percentages of the context length (entries per layer and KV head).
 
 KL: the mean KL(full || policy) of next-token distributions over --kl-tokens tokens of licence
-text, teacher-forced after a --kl-prefix-token prefill that the policy compresses.
+text, teacher-forced after a --kl-prefix-token prefill that the policy compresses (the full
+cache's distributions are computed once). --kl-only runs the KL table without needle cells.
 Results print as markdown tables (stdout) and, with --json, as one JSON object.
 """
 import argparse
@@ -116,23 +117,24 @@ def policy_spec(spec: str):
     return name, dict(a.split("=", 1) for a in args) or None
 
 
-def kl_divergence(model, policy, budget, prefix, follow, threads):
-    """Mean KL(full || policy) over the teacher-forced tokens after a compressed prefix."""
-    dists = []
-    for pol, bud in (("full", None), (policy, budget)):
-        name, kwargs = policy_spec(pol)
-        with Llama(model, n_ctx=len(prefix) + len(follow) + 8, n_threads=threads, policy=name, budget=bud,
-                   policy_kwargs=kwargs) as llm:
-            llm.eval(prefix)
-            rows = []
-            for t in follow:
-                z = llm.logits().astype(np.float64)
-                z -= z.max()
-                p = np.exp(z)
-                rows.append(p / p.sum())
-                llm.eval([t])
-            dists.append(np.array(rows))
-    p, q = dists
+def next_token_distributions(model, policy, budget, prefix, follow, threads):
+    """The next-token distribution before each teacher-forced token after a compressed prefix."""
+    name, kwargs = policy_spec(policy)
+    with Llama(model, n_ctx=len(prefix) + len(follow) + 8, n_threads=threads, policy=name, budget=budget,
+               policy_kwargs=kwargs) as llm:
+        llm.eval(prefix)
+        rows = []
+        for t in follow:
+            z = llm.logits().astype(np.float64)
+            z -= z.max()
+            p = np.exp(z)
+            rows.append(p / p.sum())
+            llm.eval([t])
+    return np.array(rows)
+
+
+def kl_divergence(p, q):
+    """Mean KL(p || q) over rows of next-token distributions."""
     return float(np.mean(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=1)))
 
 
@@ -151,6 +153,7 @@ def main():
     ap.add_argument("--kl-prefix", type=int, default=2048)
     ap.add_argument("--kl-tokens", type=int, default=64)
     ap.add_argument("--no-kl", action="store_true")
+    ap.add_argument("--kl-only", action="store_true", help="the KL table alone, no needle cells")
     ap.add_argument("--json", help="write all results to this file")
     args = ap.parse_args()
     model = args.model or str(pull("smollm2"))
@@ -164,7 +167,7 @@ def main():
     t0 = time.time()
     with Llama(model, n_ctx=max(lengths) + 64, n_threads=args.threads) as tok_llm:
         tasks = {n: [Task(tok_llm, n, s) for s in samples] for n in lengths}
-    for policy in policies:
+    for policy in ([] if args.kl_only else policies):
         for pct in ([None] if policy == "full" else budgets):
             for n in lengths:
                 for setting in settings:
@@ -190,13 +193,15 @@ def main():
         with Llama(model, n_ctx=args.kl_prefix + args.kl_tokens + 8, n_threads=args.threads) as llm:
             ids = llm.tokenize(text, add_bos=True)[: args.kl_prefix + args.kl_tokens]
         prefix, follow = ids[: args.kl_prefix], ids[args.kl_prefix:]
+        full = next_token_distributions(model, "full", None, prefix, follow, args.threads)   # once for every cell
         for policy in policies:
             if policy == "full":
                 continue
             for pct in budgets:
                 budget = max(1, int(round(len(prefix) * pct / 100)))
                 try:
-                    results["kl"][f"{policy}|{pct}"] = kl_divergence(model, policy, budget, prefix, follow, args.threads)
+                    q = next_token_distributions(model, policy, budget, prefix, follow, args.threads)
+                    results["kl"][f"{policy}|{pct}"] = kl_divergence(full, q)
                     save(args.json, results)
                 except Exception as e:
                     print(f"# KL {policy} {pct}%: {e}", file=sys.stderr)
@@ -211,7 +216,7 @@ def save(path, results):
 
 def print_tables(results, policies, budgets, lengths, settings):
     acc = results["accuracy"]
-    for setting in settings:
+    for setting in (settings if acc else []):
         print(f"\n### Needle retrieval, question-{setting} ({results['samples']} samples per cell)\n")
         cols = [f"{n} @ {b}%" for n in lengths for b in budgets]
         print("| policy | " + " | ".join(cols) + " |")
