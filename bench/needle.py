@@ -161,13 +161,13 @@ def main():
     budgets = [float(x) for x in args.budgets.split(",")]
     policies = args.policies.split(",")
     settings = args.settings.split(",")
-    samples = range(args.first_sample, args.first_sample + args.samples)
-    results = {"model": os.path.basename(model), "samples": args.samples, "sample_ids": list(samples),
+    samples = range(args.first_sample, args.first_sample + (0 if args.kl_only else args.samples))
+    results = {"model": os.path.basename(model), "samples": len(samples), "sample_ids": list(samples),
                "accuracy": {}, "hits": {}, "kl": {}}
     t0 = time.time()
     with Llama(model, n_ctx=max(lengths) + 64, n_threads=args.threads) as tok_llm:
         tasks = {n: [Task(tok_llm, n, s) for s in samples] for n in lengths}
-    for policy in ([] if args.kl_only else policies):
+    for policy in (policies if samples else []):
         for pct in ([None] if policy == "full" else budgets):
             for n in lengths:
                 for setting in settings:
