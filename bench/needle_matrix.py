@@ -6,7 +6,7 @@ have measured, pooled from their JSON results, one table per prompt length.
 A cell shows hits/samples. Runs over disjoint samples of the same cell are pooled; a later file
 on the command line replaces an earlier one's result for the same samples (a re-run). Older
 result files, which did not record their sample ids, count as samples 0..samples-1. kvpress's
-rows are named "kvpress <press>".
+rows are named "kvpress <press>"; a press that raised shows "error".
 """
 import argparse
 import json
@@ -26,10 +26,15 @@ def cell_runs(paths):
             n_hit = len(hits) if hits is not None else round(acc * len(ids))
             runs = [r for r in cells.get((prefix + policy, budget, int(length), setting), []) if not set(r[0]) & set(ids)]
             cells[(prefix + policy, budget, int(length), setting)] = runs + [(ids, n_hit)]
+        for key in res.get("errors", {}):   # the press raised: a cell of its own unless measured elsewhere
+            policy, budget, length, setting = key.split("|")
+            cells.setdefault((prefix + policy, budget, int(length), setting), "error")
     return cells
 
 
 def hits(runs):
+    if runs == "error":
+        return "error"
     return "-" if not runs else f"{sum(h for _, h in runs)}/{sum(len(i) for i, _ in runs)}"
 
 

@@ -1,6 +1,7 @@
 """bench/needle_matrix.py pools needle results the way BENCHMARKS.md's matrix says: runs over
 disjoint samples add up, a later run over the same samples replaces the earlier one, files
-without sample ids count as samples 0..n-1, kvpress rows keep their own names."""
+without sample ids count as samples 0..n-1, kvpress rows keep their own names, a
+press that raised shows as an error."""
 import json
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ def test_pooling_and_replacement(tmp_path, capsys):
                                        "accuracy": {"full|None|7168|aware": 1.0},
                                        "hits": {"full|None|7168|aware": [0, 1, 2]}})
     press = write(tmp_path, "d.json", {"kvpress": "0.5.5", "samples": 3,
-                                       "accuracy": {"snapkv|10.0|7168|aware": 0.0}})
+                                       "accuracy": {"snapkv|10.0|7168|aware": 0.0},
+                                       "errors": {"pyramidkv|10.0|7168|aware": "RuntimeError"}})
     cells = needle_matrix.cell_runs([old, more, rerun, press])
     assert needle_matrix.hits(cells[("snapkv", "10.0", 7168, "aware")]) == "3/5"
     assert needle_matrix.hits(cells[("full", "None", 7168, "aware")]) == "3/3"
@@ -34,3 +36,4 @@ def test_pooling_and_replacement(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "The full cache: pykv aware 3/3." in out
     assert "| snapkv | 3/5 |" in out and "| kvpress snapkv | 0/3 |" in out
+    assert "| kvpress pyramidkv | error |" in out
