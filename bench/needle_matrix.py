@@ -24,8 +24,10 @@ def cell_runs(paths):
             policy, budget, length, setting = key.split("|")
             hits = res.get("hits", {}).get(key)
             n_hit = len(hits) if hits is not None else round(acc * len(ids))
-            runs = [r for r in cells.get((prefix + policy, budget, int(length), setting), []) if not set(r[0]) & set(ids)]
-            cells[(prefix + policy, budget, int(length), setting)] = runs + [(ids, n_hit)]
+            cell = (prefix + policy, budget, int(length), setting)
+            earlier = cells.get(cell, [])
+            runs = [r for r in earlier if not set(r[0]) & set(ids)] if earlier != "error" else []
+            cells[cell] = runs + [(ids, n_hit)]
         for key in res.get("errors", {}):   # the press raised: a cell of its own unless measured elsewhere
             policy, budget, length, setting = key.split("|")
             cells.setdefault((prefix + policy, budget, int(length), setting), "error")

@@ -28,7 +28,12 @@ def test_pooling_and_replacement(tmp_path, capsys):
     press = write(tmp_path, "d.json", {"kvpress": "0.5.5", "samples": 3,
                                        "accuracy": {"snapkv|10.0|7168|aware": 0.0},
                                        "errors": {"pyramidkv|10.0|7168|aware": "RuntimeError"}})
-    cells = needle_matrix.cell_runs([old, more, rerun, press])
+    measured = write(tmp_path, "e.json", {"kvpress": "0.5.5", "samples": 3,
+                                          "accuracy": {"observed_attention|10.0|7168|aware": 1 / 3}})
+    raised = write(tmp_path, "f.json", {"kvpress": "0.5.5", "samples": 3, "accuracy": {},
+                                        "errors": {"observed_attention|10.0|7168|aware": "RuntimeError"}})
+    cells = needle_matrix.cell_runs([old, more, rerun, press, raised, measured])
+    assert needle_matrix.hits(cells[("kvpress observed_attention", "10.0", 7168, "aware")]) == "1/3"
     assert needle_matrix.hits(cells[("snapkv", "10.0", 7168, "aware")]) == "3/5"
     assert needle_matrix.hits(cells[("full", "None", 7168, "aware")]) == "3/3"
     assert needle_matrix.hits(cells[("kvpress snapkv", "10.0", 7168, "aware")]) == "0/3"
