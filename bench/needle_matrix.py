@@ -14,8 +14,9 @@ from pathlib import Path
 
 
 def cell_runs(paths):
-    """{(engine policy, budget, length, setting): [(sample ids, hits)]}, later runs replacing overlaps."""
-    cells = {}
+    """({(engine policy, budget, length, setting): [(sample ids, hits)]}, later runs replacing
+    overlaps; the set of cells whose press raised and that no file measured)."""
+    cells, raised = {}, set()
     for path in paths:
         res = json.loads(Path(path).read_text())
         prefix = "kvpress " if "kvpress" in res else ""
@@ -25,23 +26,19 @@ def cell_runs(paths):
             hits = res.get("hits", {}).get(key)
             n_hit = len(hits) if hits is not None else round(acc * len(ids))
             cell = (prefix + policy, budget, int(length), setting)
-            earlier = cells.get(cell, [])
-            runs = [r for r in earlier if not set(r[0]) & set(ids)] if earlier != "error" else []
-            cells[cell] = runs + [(ids, n_hit)]
-        for key in res.get("errors", {}):   # the press raised: a cell of its own unless measured elsewhere
+            cells[cell] = [r for r in cells.get(cell, []) if not set(r[0]) & set(ids)] + [(ids, n_hit)]
+        for key in res.get("errors", {}):
             policy, budget, length, setting = key.split("|")
-            cells.setdefault((prefix + policy, budget, int(length), setting), "error")
-    return cells
+            raised.add((prefix + policy, budget, int(length), setting))
+    return cells, raised - cells.keys()
 
 
 def hits(runs):
-    if runs == "error":
-        return "error"
     return "-" if not runs else f"{sum(h for _, h in runs)}/{sum(len(i) for i, _ in runs)}"
 
 
-def print_matrix(cells):
-    policies = list(dict.fromkeys(k[0] for k in sorted(cells, key=lambda k: k[0].startswith("kvpress"))))
+def print_matrix(cells, raised=frozenset()):
+    policies = list(dict.fromkeys(k[0] for k in sorted([*cells, *raised], key=lambda k: k[0].startswith("kvpress"))))
     budgets = sorted({k[1] for k in cells if k[1] != "None"}, key=float)
     for length in sorted({k[2] for k in cells}):
         settings = [s for s in ("aware", "agnostic") if any(k[2] == length and k[3] == s for k in cells)]
@@ -53,7 +50,8 @@ def print_matrix(cells):
         print("| policy | " + " | ".join(f"{s} {float(b):g}%" for s, b in cols) + " |")
         print("|---|" + "---|" * len(cols))
         for policy in policies:
-            row = [hits(cells.get((policy, b, length, s))) for s, b in cols]
+            row = ["error" if (policy, b, length, s) in raised else hits(cells.get((policy, b, length, s)))
+                   for s, b in cols]
             if any(c != "-" for c in row):
                 print(f"| {policy} | " + " | ".join(row) + " |")
 
@@ -61,7 +59,7 @@ def print_matrix(cells):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="JSON files of needle.py / kvpress_needle.py, oldest first")
-    print_matrix(cell_runs(ap.parse_args().results))
+    print_matrix(*cell_runs(ap.parse_args().results))
 
 
 if __name__ == "__main__":

@@ -32,12 +32,12 @@ def test_pooling_and_replacement(tmp_path, capsys):
                                           "accuracy": {"observed_attention|10.0|7168|aware": 1 / 3}})
     raised = write(tmp_path, "f.json", {"kvpress": "0.5.5", "samples": 3, "accuracy": {},
                                         "errors": {"observed_attention|10.0|7168|aware": "RuntimeError"}})
-    cells = needle_matrix.cell_runs([old, more, rerun, press, raised, measured])
+    cells, raised_cells = needle_matrix.cell_runs([old, more, rerun, press, raised, measured])
     assert needle_matrix.hits(cells[("kvpress observed_attention", "10.0", 7168, "aware")]) == "1/3"
     assert needle_matrix.hits(cells[("snapkv", "10.0", 7168, "aware")]) == "3/5"
     assert needle_matrix.hits(cells[("full", "None", 7168, "aware")]) == "3/3"
     assert needle_matrix.hits(cells[("kvpress snapkv", "10.0", 7168, "aware")]) == "0/3"
-    needle_matrix.print_matrix(cells)
+    needle_matrix.print_matrix(cells, raised_cells)
     out = capsys.readouterr().out
     assert "The full cache: pykv aware 3/3." in out
     assert "| snapkv | 3/5 |" in out and "| kvpress snapkv | 0/3 |" in out
