@@ -73,6 +73,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->segments_left = calloc((size_t)hp->n_head_kv, sizeof(atomic_int));
     failed |= !b->matmul.xq || !b->segments_left;
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
+    b->rope_cs = alloc_floats(T * (size_t)hp->n_rot, &failed);
     if (ctx->policy->ops->wants_attention_sums || ctx->policy->ops->wants_decode_attention_sums)
         b->attn_colsum = alloc_floats((size_t)hp->n_head * (size_t)ctx->n_ctx, &failed);
     ctx->logits = alloc_floats((size_t)hp->n_vocab, &failed);
@@ -86,7 +87,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
 
 static void free_scratch(struct scratch *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->gate); free(b->up); free(b->scores); free(b->matmul.dequant); free(b->matmul.xq); free(b->rope_inv_freq); free(b->attn_colsum);
+    free(b->gate); free(b->up); free(b->scores); free(b->matmul.dequant); free(b->matmul.xq); free(b->rope_inv_freq); free(b->rope_cs); free(b->attn_colsum);
     free(b->flash_work); free(b->part_m); free(b->part_l); free(b->part_o); free(b->segments_left);
 }
 

@@ -23,6 +23,7 @@ struct scratch {
     size_t scores_stride;   // ATTENTION_TILE * (n_ctx + n_ubatch)
     struct matmul_buf matmul;   // dequant: (n_threads, MATMUL_SCRATCH_FLOATS(max input features))
     float *rope_inv_freq;   // (n_rot / 2) base^(-2i/n_rot) / freq_factor
+    float *rope_cs;         // (n_ubatch, n_rot) the chunk's tokens' RoPE cos and sin (rope_angles)
     float *attn_colsum;     // (n_head, n_ctx) attention received per entry, when the policy asks
     float *flash_work;      // (n_threads, flash_work_stride) blocked prefill attention
     size_t flash_work_stride;

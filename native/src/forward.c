@@ -243,6 +243,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         PYKV_TRY(kv_list_reserve(&ctx->cache, &ctx->cache.lists[l], T));
 
     for (int t = 0; t < T; t++) PYKV_TRY(tensor_get_row(&m->tok_embd, tokens[t], b->x + (size_t)t * dim));
+    for (int t = 0; t < T; t++) rope_angles(b->rope_cs + (size_t)t * hp->n_rot, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
 
     // A chunk stops only where rolling it back (dropping what it appended) restores the
     // cache and the policy: before its first layer, or between any two layers when the
@@ -261,8 +262,9 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         const struct tensor *w_qkv[3] = { &w->wq, &w->wk, &w->wv };
         matmul_many(ctx->pool, 3, qkv, w_qkv, b->xb, T, &b->matmul);
         for (int t = 0; t < T; t++) {
-            rope(b->q + (size_t)t * q_dim, hp->n_head, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
-            rope(b->k + (size_t)t * kv_dim, hp->n_head_kv, hd, hp->n_rot, ctx->n_past + t, b->rope_inv_freq);
+            const float *cs = b->rope_cs + (size_t)t * hp->n_rot;
+            rope_rotate(b->q + (size_t)t * q_dim, hp->n_head, hd, hp->n_rot, cs);
+            rope_rotate(b->k + (size_t)t * kv_dim, hp->n_head_kv, hd, hp->n_rot, cs);
         }
         append_kv(ctx, layer, T);
         // the policy's hooks run while the layer's lists are still in cache (they read no

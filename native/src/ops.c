@@ -1,19 +1,13 @@
-// ops.c - norm, RoPE, SwiGLU and the threaded matrix multiply (softmax: softmax.c).
+// ops.c - RoPE and the threaded matrix multiply (softmax: softmax.c; RMSNorm, SwiGLU: elementwise.c).
 #include "ops.h"
 #include "gemm.h"
+#include "kv-cache.h"
 #include "quant.h"
 #include "quant-q8.h"
 #include "types.h"
 
 #include <math.h>
 #include <string.h>
-
-void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double ss = 0.0;   // double: the sum of squares of a few thousand values, once per row
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
-}
 
 void rope_inv_freq(float *inv_freq, int n_rot, float base, const float *freq_factors) {
     for (int i = 0; i < n_rot / 2; i++) {
@@ -23,24 +17,29 @@ void rope_inv_freq(float *inv_freq, int n_rot, float base, const float *freq_fac
     }
 }
 
-void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq) {
+void rope_angles(float *cs, int n_rot, int32_t pos, const float *inv_freq) {
     for (int i = 0; i < n_rot / 2; i++) {
-        float theta = (float)pos * inv_freq[i];
-        float c = cosf(theta), s = sinf(theta);
-        for (int h = 0; h < n_heads; h++) {
-            float *p = x + (size_t)h * head_dim + 2 * i;
-            float a = p[0], b = p[1];
-            p[0] = a * c - b * s;
-            p[1] = a * s + b * c;
+        const float theta = (float)pos * inv_freq[i];
+        cs[2 * i] = cosf(theta);
+        cs[2 * i + 1] = sinf(theta);
+    }
+}
+
+void rope_rotate(float *x, int n_heads, int head_dim, int n_rot, const float *cs) {
+    for (int h = 0; h < n_heads; h++) {
+        float *p = x + (size_t)h * head_dim;
+        for (int i = 0; i < n_rot / 2; i++) {
+            const float c = cs[2 * i], s = cs[2 * i + 1], a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = a * c - b * s;
+            p[2 * i + 1] = a * s + b * c;
         }
     }
 }
 
-void swiglu(float *out, const float *gate, const float *up, int n) {
-    for (int i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq) {
+    float cs[PYKV_MAX_HEAD_DIM];
+    rope_angles(cs, n_rot, pos, inv_freq);
+    rope_rotate(x, n_heads, head_dim, n_rot, cs);
 }
 
 pykv_status tensor_get_row(const struct tensor *t, int64_t row, float *out) {

@@ -4,14 +4,20 @@
 #include "model.h"
 #include "threadpool.h"
 
-// out[i] = x[i] / rms(x) * w[i], for one row of n.
+// out[i] = x[i] / rms(x) * w[i], for one row of n; AVX2 where the CPU has it (elementwise.c),
+// rmsnorm_scalar otherwise and in the tests.
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+void rmsnorm_scalar(float *out, const float *x, const float *w, int n, float eps);
 
 // Rotate adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads by pos * inv_freq[i]
 // (i < n_rot/2); dims past n_rot are left alone. This is the "normal" RoPE of llama.cpp's
 // llama architecture. rope_inv_freq() fills inv_freq[i] = base^(-2i/n_rot) / factor[i].
 void rope_inv_freq(float *inv_freq, int n_rot, float base, const float *freq_factors);
 void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
+// The same in two steps, so that a token's angles serve every layer: cs[2i], cs[2i + 1] =
+// cos, sin of pos * inv_freq[i] (n_rot floats), then the rotation by them.
+void rope_angles(float *cs, int n_rot, int32_t pos, const float *inv_freq);
+void rope_rotate(float *x, int n_heads, int head_dim, int n_rot, const float *cs);
 
 // In-place softmax over n values (the max is subtracted first); AVX2 where the CPU has it,
 // softmax_scalar (expf) otherwise and in the tests.
@@ -22,8 +28,9 @@ void softmax_scalar(float *x, int n);
 float softmax_exp(float *x, int n, float *max_out);
 float softmax_exp_scalar(float *x, int n, float *max_out);
 
-// out[i] = silu(gate[i]) * up[i]
+// out[i] = silu(gate[i]) * up[i]; AVX2 where the CPU has it, swiglu_scalar otherwise.
 void swiglu(float *out, const float *gate, const float *up, int n);
+void swiglu_scalar(float *out, const float *gate, const float *up, int n);
 
 // Row `row` of a weight matrix as floats.
 pykv_status tensor_get_row(const struct tensor *t, int64_t row, float *out);
