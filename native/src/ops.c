@@ -1,7 +1,6 @@
 // ops.c - RoPE and the threaded matrix multiply (softmax: softmax.c; RMSNorm, SwiGLU: elementwise.c).
 #include "ops.h"
 #include "gemm.h"
-#include "kv-cache.h"
 #include "quant.h"
 #include "quant-q8.h"
 #include "types.h"
@@ -34,12 +33,6 @@ void rope_rotate(float *x, int n_heads, int head_dim, int n_rot, const float *cs
             p[2 * i + 1] = a * s + b * c;
         }
     }
-}
-
-void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq) {
-    float cs[PYKV_MAX_HEAD_DIM];
-    rope_angles(cs, n_rot, pos, inv_freq);
-    rope_rotate(x, n_heads, head_dim, n_rot, cs);
 }
 
 pykv_status tensor_get_row(const struct tensor *t, int64_t row, float *out) {

@@ -9,13 +9,12 @@
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 void rmsnorm_scalar(float *out, const float *x, const float *w, int n, float eps);
 
-// Rotate adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads by pos * inv_freq[i]
+// RoPE: rotate adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads by pos * inv_freq[i]
 // (i < n_rot/2); dims past n_rot are left alone. This is the "normal" RoPE of llama.cpp's
-// llama architecture. rope_inv_freq() fills inv_freq[i] = base^(-2i/n_rot) / factor[i].
+// llama architecture. rope_inv_freq() fills inv_freq[i] = base^(-2i/n_rot) / factor[i];
+// rope_angles() a token's cs[2i], cs[2i + 1] = cos, sin of pos * inv_freq[i] (n_rot floats,
+// computed once per token for every layer); rope_rotate() rotates by them.
 void rope_inv_freq(float *inv_freq, int n_rot, float base, const float *freq_factors);
-void rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
-// The same in two steps, so that a token's angles serve every layer: cs[2i], cs[2i + 1] =
-// cos, sin of pos * inv_freq[i] (n_rot floats), then the rotation by them.
 void rope_angles(float *cs, int n_rot, int32_t pos, const float *inv_freq);
 void rope_rotate(float *x, int n_heads, int head_dim, int n_rot, const float *cs);
 

@@ -17,7 +17,7 @@ void take_rotate(float *q, int32_t rows, int32_t n_head, int32_t head_dim, int32
     for (int32_t r = 0; r < rows; r++) {
         float *row = q + (size_t)r * n_head * head_dim;
         for (int32_t i = 0; i < n_rot / 2; i++) {
-            float theta = (float)(pos0 + r) * inv_freq[i];   // the angle rope() uses
+            float theta = (float)(pos0 + r) * inv_freq[i];   // the angle rope_angles() uses
             float c = cosf(theta), s = sign < 0 ? -sinf(theta) : sinf(theta);
             for (int32_t h = 0; h < n_head; h++) {
                 float *x = row + (size_t)h * head_dim + 2 * i;
