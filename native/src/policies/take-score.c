@@ -14,18 +14,12 @@
 
 void take_rotate(float *q, int32_t rows, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos0,
                  int sign, const float *inv_freq) {
+    float cs[PYKV_MAX_HEAD_DIM];
     for (int32_t r = 0; r < rows; r++) {
-        float *row = q + (size_t)r * n_head * head_dim;
-        for (int32_t i = 0; i < n_rot / 2; i++) {
-            float theta = (float)(pos0 + r) * inv_freq[i];   // the angle rope_angles() uses
-            float c = cosf(theta), s = sign < 0 ? -sinf(theta) : sinf(theta);
-            for (int32_t h = 0; h < n_head; h++) {
-                float *x = row + (size_t)h * head_dim + 2 * i;
-                float a = x[0], b = x[1];
-                x[0] = a * c - b * s;
-                x[1] = a * s + b * c;
-            }
-        }
+        rope_angles(cs, n_rot, pos0 + r, inv_freq);   // the forward pass's angles
+        if (sign < 0)
+            for (int32_t i = 1; i < n_rot; i += 2) cs[i] = -cs[i];   // sin(-theta): the inverse rotation
+        rope_rotate(q + (size_t)r * n_head * head_dim, n_head, head_dim, n_rot, cs);
     }
 }
 
