@@ -93,10 +93,88 @@ static inline __attribute__((always_inline)) AVX2_TGT void store_sums(const __m2
 }
 _Static_assert(ATTENTION_TILE == 2 || ATTENTION_TILE == 4 || ATTENTION_TILE == 8, "store_sums reduces a tile's rows");
 
+// Small merged entries share a vector: most merged entries hold two to four members (a
+// decode step's demoted centre joins one other entry), and one exponential per eight lanes
+// per row is the cost. Entries of two members go four to a vector (lanes 2i, 2i+1: entry i),
+// of three or four two to a vector (lanes 4i..4i+3), larger ones one at a time. A group not
+// full repeats its first entry in the spare lanes and ignores their sums.
+struct merged_group { int e[4], k; };
+
+static inline AVX2_TGT void pairs_exp(const struct kv_list *l, const int32_t *at, const struct merged_group *g,
+                                      int nq, int n, float *w, const __m256 *vmax, float *merged_sum) {
+    const float *p[4];
+    for (int i = 0; i < 4; i++) p[i] = l->member_pool + at[g->e[i < g->k ? i : 0]];
+    const __m128 lo = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)p[0]), (const __m64 *)p[1]);
+    const __m128 hi = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)p[2]), (const __m64 *)p[3]);
+    const __m256 norms = _mm256_set_m128(hi, lo);
+    for (int r = 0; r < nq; r++) {
+        float *wr = w + (size_t)r * n, t[8];
+        const int *e = g->e;
+        const __m128 s4 = _mm_setr_ps(wr[e[0]], wr[e[g->k > 1 ? 1 : 0]], wr[e[g->k > 2 ? 2 : 0]], wr[e[g->k > 3 ? 3 : 0]]);
+        const __m256 s = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
+        const __m256 x = exp_ps(_mm256_fmsub_ps(norms, s, vmax[r]));
+        _mm256_storeu_ps(t, _mm256_hadd_ps(x, x));   // entry i's sum: t[0], t[1], t[4], t[5]
+        for (int i = 0; i < g->k; i++) {
+            wr[e[i]] = t[i + (i & 2)];
+            merged_sum[r] += t[i + (i & 2)];
+        }
+    }
+}
+
+static inline AVX2_TGT __m128i lanes_below4(int k) {
+    return _mm_cmpgt_epi32(_mm_set1_epi32(k), _mm_setr_epi32(0, 1, 2, 3));
+}
+
+static inline AVX2_TGT void quads_exp(const struct kv_list *l, const int32_t *nm, const int32_t *at,
+                                      const struct merged_group *g, int nq, int n, float *w, const __m256 *vmax,
+                                      float *merged_sum) {
+    const int e0 = g->e[0], e1 = g->e[g->k > 1 ? 1 : 0];
+    const __m128i m0 = lanes_below4(nm[e0]), m1 = lanes_below4(nm[e1]);
+    const __m256 norms = _mm256_set_m128(_mm_maskload_ps(l->member_pool + at[e1], m1),
+                                         _mm_maskload_ps(l->member_pool + at[e0], m0));
+    const __m256 in = _mm256_castsi256_ps(_mm256_set_m128i(m1, m0));
+    for (int r = 0; r < nq; r++) {
+        float *wr = w + (size_t)r * n, t[8];
+        const __m256 s = _mm256_set_m128(_mm_set1_ps(wr[e1]), _mm_set1_ps(wr[e0]));
+        __m256 x = _mm256_and_ps(exp_ps(_mm256_fmsub_ps(norms, s, vmax[r])), in);
+        x = _mm256_hadd_ps(x, x);
+        _mm256_storeu_ps(t, _mm256_hadd_ps(x, x));   // entry i's sum: t[4 i]
+        for (int i = 0; i < g->k; i++) {
+            wr[g->e[i]] = t[4 * i];
+            merged_sum[r] += t[4 * i];
+        }
+    }
+}
+
+// An entry of five members or more: eight at a time, each slice of norms serves every row.
+static inline AVX2_TGT void large_exp(const struct kv_list *l, int cnt, int32_t at, int e, int nq, int n, float *w,
+                                      const __m256 *vmax, float *merged_sum) {
+    __m256 s[ATTENTION_TILE], acc[ATTENTION_TILE];
+    for (int r = 0; r < nq; r++) {
+        s[r] = _mm256_set1_ps(w[(size_t)r * n + e]);
+        acc[r] = _mm256_setzero_ps();
+    }
+    for (int m = 0; m < cnt; m += 8) {
+        __m256i mask;
+        const __m256 nv = member_norms8(l->member_pool + at, m, cnt, &mask);
+        for (int r = 0; r < nq; r++)
+            acc[r] = _mm256_add_ps(acc[r], _mm256_and_ps(exp_ps(_mm256_fmsub_ps(nv, s[r], vmax[r])),
+                                                         _mm256_castsi256_ps(mask)));
+    }
+    for (int r = nq; r < ATTENTION_TILE; r++) acc[r] = _mm256_setzero_ps();
+    float tot[ATTENTION_TILE];   // the rows' sums in one reduction tree
+    store_sums(acc, ATTENTION_TILE, 1.0f, tot);
+    for (int r = 0; r < nq; r++) {
+        w[(size_t)r * n + e] = tot[r];
+        merged_sum[r] += tot[r];
+    }
+}
+
 // The same with vectors, in two passes over eight entries at a time. Single-token entries
 // (most of a list) take the plain softmax path; the merged ones among them, found by
 // a compare on their member counts, are visited one by one: their largest member logit in
-// the first pass, the sum of their members' exponentials (in vectors) in the second.
+// the first pass, the sum of their members' exponentials (grouped by size, above) in the
+// second.
 static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out,
                                      float *sum_out) {
     const int32_t *nm = l->n_members + j0, *at = l->member_at + j0;
@@ -128,6 +206,7 @@ static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int
         vsum[r] = _mm256_setzero_ps();
         merged_sum[r] = 0.0f;
     }
+    struct merged_group pairs = { .k = 0 }, quads = { .k = 0 };
     for (int j = 0; j < n; j += 8) {
         __m256i valid, single;
         const unsigned merged = entry_lanes8(nm, j, n, &valid, &single);
@@ -139,34 +218,26 @@ static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int
         }
         for (unsigned bits = merged; bits; bits &= bits - 1) {   // merged: the sum over members
             const int e = j + __builtin_ctz(bits), cnt = nm[e];
-            __m256 s[ATTENTION_TILE], acc[ATTENTION_TILE];
-            for (int r = 0; r < nq; r++) {
-                s[r] = _mm256_set1_ps(w[(size_t)r * n + e]);
-                acc[r] = _mm256_setzero_ps();
-            }
-            for (int m = 0; m < cnt; m += 8) {   // each slice of norms serves every row
-                __m256i mask;
-                const __m256 nv = member_norms8(l->member_pool + at[e], m, cnt, &mask);
-                for (int r = 0; r < nq; r++)
-                    acc[r] = _mm256_add_ps(acc[r], _mm256_and_ps(exp_ps(_mm256_fmsub_ps(nv, s[r], vmax[r])),
-                                                                 _mm256_castsi256_ps(mask)));
-            }
-            for (int r = nq; r < ATTENTION_TILE; r++) acc[r] = _mm256_setzero_ps();
-            float tot[ATTENTION_TILE];   // the rows' sums in one reduction tree
-            store_sums(acc, ATTENTION_TILE, 1.0f, tot);
-            for (int r = 0; r < nq; r++) {
-                w[(size_t)r * n + e] = tot[r];
-                merged_sum[r] += tot[r];
+            if (cnt == 2) {
+                pairs.e[pairs.k++] = e;
+                if (pairs.k == 4) { pairs_exp(l, at, &pairs, nq, n, w, vmax, merged_sum); pairs.k = 0; }
+            } else if (cnt <= 4) {
+                quads.e[quads.k++] = e;
+                if (quads.k == 2) { quads_exp(l, nm, at, &quads, nq, n, w, vmax, merged_sum); quads.k = 0; }
+            } else {
+                large_exp(l, cnt, at[e], e, nq, n, w, vmax, merged_sum);
             }
         }
     }
+    if (pairs.k) pairs_exp(l, at, &pairs, nq, n, w, vmax, merged_sum);
+    if (quads.k) quads_exp(l, nm, at, &quads, nq, n, w, vmax, merged_sum);
     for (int r = 0; r < nq; r++) sum_out[r] = hsum_ps(vsum[r]) + merged_sum[r];
 }
 #endif
 
 static void merged_exp(const struct kv_list *l, int j0, int n, int nq, float *w, float *max_out, float *sum_out) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (!scalar_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (!scalar_only && cpu_has_avx2()) {
         merged_exp_avx2(l, j0, n, nq, w, max_out, sum_out);
         return;
     }
@@ -320,7 +391,7 @@ static const wsum_fn wsum_avx2[2][ATTENTION_TILE + 1] = {
 };
 
 static int use_avx2(int d) {
-    return !scalar_only && d % 16 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return !scalar_only && d % 16 == 0 && cpu_has_avx2();
 }
 #endif
 

@@ -19,15 +19,16 @@ static void unit(float *x) {
     for (int i = 0; i < D; i++) x[i] /= (float)sqrt(s);
 }
 
-// A longer list: merged entries of 3, 8, 11, 17 and 300 members (vector tails, full
-// vectors, many vectors) among single tokens, groups of eight entries with none, one or
-// several merged; whole (attention_head) and in segments (attention_group_partial, the
+// A longer list: merged entries of 2, 3, 4, 8, 11, 17 and 300 members (small ones packed
+// several to a vector, in full and partial groups; vector tails, full vectors, many vectors)
+// among single tokens, groups of eight entries with none, one or several merged; whole (attention_head) and in segments (attention_group_partial, the
 // decode path), one query row or a tile of three sharing the list.
 static void check_wide_list(void) {
     enum { N = 90 };
     int members[N], total = 0;
     for (int j = 0; j < N; j++) {
-        members[j] = j == 5 ? 8 : j == 40 ? 17 : j == 60 ? 300 : j % 11 == 4 ? 11 : j % 7 == 1 ? 3 : 1;
+        members[j] = j == 5 ? 8 : j == 40 ? 17 : j == 60 ? 300 : j % 11 == 4 ? 11 : j % 7 == 1 ? 3
+                   : j % 5 == 2 ? 2 : j % 13 == 6 ? 4 : 1;
         total += members[j];
     }
     struct kv_cache merged, expanded;
