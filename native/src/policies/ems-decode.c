@@ -14,49 +14,96 @@
 // keeps the count, the new token adds one, an eviction removes the entry's members), rather
 // than dropping single member mappings from a look-up table.
 #include "ems.h"
-#include "../error.h"
 #include "../model.h"
 
-#include <stdlib.h>
+// The step's scores in one pass over the list: s_Glo and s_Loc_cur += the step's attention;
+// when `roll`, s_Loc_cur then replaces s_Loc_past and restarts at 0. Also the sums over the
+// list of s_Glo and of s_Loc = lp + lc, for the mean alignment (four partial sums each in
+// double).
+static void step_scores(struct ems_list *s, const struct policy_event *ev, int32_t g, int roll, double *sum_glo,
+                        double *sum_loc) {
+    enum { BLOCK = 64 };
+    float *restrict glo = s->glo, *restrict lp = s->lp, *restrict lc = s->lc;
+    double sg[4] = { 0 }, sl[4] = { 0 };
+    for (int32_t j0 = 0; j0 < s->n; j0 += BLOCK) {
+        const int32_t m = s->n - j0 < BLOCK ? s->n - j0 : BLOCK;
+        float a[BLOCK];
+        ems_attention_mean(ev, g, j0, m, a);
+        for (int32_t i = 0; i < m; i++) {
+            const int32_t j = j0 + i;
+            glo[j] += a[i];
+            lc[j] += a[i];
+            if (roll) {
+                lp[j] = lc[j];
+                lc[j] = 0.0f;
+            }
+            sg[i & 3] += glo[j];
+            sl[i & 3] += lp[j] + lc[j];
+        }
+    }
+    *sum_glo = (sg[0] + sg[1]) + (sg[2] + sg[3]);
+    *sum_loc = (sl[0] + sl[1]) + (sl[2] + sl[3]);
+}
+
+// The weakest of the nc centres by s_GL = max(a s_Glo, s_Loc) (ties -> lower position).
+static int32_t weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t nc, float a) {
+    int32_t weak = 0;
+    float best = 0.0f;
+    for (int32_t j = 0; j < nc; j++) {
+        const float x = a * s->glo[j], loc = s->lp[j] + s->lc[j], gl = x > loc ? x : loc;
+        if (j == 0 || gl < best || (gl == best && pos[j] < pos[weak])) {
+            weak = j;
+            best = gl;
+        }
+    }
+    return weak;
+}
+
+// The centre other than `weak` most similar to it (ties -> lower position); -1 when none.
+static int32_t most_similar(const struct kv_list *l, struct ems_list *s, int32_t d, int32_t nc, int32_t weak,
+                            float *r_best) {
+    float *r = s->work, *tmp = s->work + s->cap;
+    struct ems_probe probe;
+    ems_probe_init(&probe, l, d, weak);
+    ems_redundancy_all(l, s, d, &probe, nc, r, tmp);
+    int32_t best = -1;
+    for (int32_t c = 0; c < nc; c++)
+        if (c != weak && (best < 0 || r[c] > r[best] || (r[c] == r[best] && l->pos[c] < l->pos[best]))) best = c;
+    if (best >= 0) *r_best = r[best];
+    return best;
+}
 
 pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
-                            struct ems_list *s) {
+                            struct ems_list *s, int roll) {
     struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
     const int32_t d = ev->hp->head_dim;
     const int64_t cap = (int64_t)o->gamma * B;
-    if (l->n <= B) return PYKV_OK;
-    const int32_t n0 = l->n;
-    float *loc = malloc((size_t)n0 * 4 * sizeof(float));   // loc, gl, r, tmp
-    if (!loc) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory in the decode eviction");
-    float *gl = loc + n0, *r = gl + n0, *tmp = r + n0;
+    double sum_glo, sum_loc;
+    step_scores(s, ev, g, roll, &sum_glo, &sum_loc);
+    if (B <= 0 || l->n <= B) return PYKV_OK;
+    int64_t members = l->n;
+    if (l->n_members)
+        for (int32_t j = 0; j < l->n; j++) members += l->n_members[j] - 1;
     pykv_status st = PYKV_OK;
     while (st == PYKV_OK && l->n > B) {
         const int32_t n = l->n, P = o->window < n ? o->window : n, nc = n - P;
         if (nc < 1) break;
-        const float *restrict lp = s->lp, *restrict lc = s->lc;
-        for (int32_t j = 0; j < n; j++) loc[j] = lp[j] + lc[j];
-        int64_t members = n;
-        if (l->n_members)
-            for (int32_t j = 0; j < n; j++) members += l->n_members[j] - 1;
-        ems_global_local(s->glo, loc, n, nc, gl);
-        const int32_t *pos = l->pos;
-        int32_t weak = 0;
-        for (int32_t j = 1; j < nc; j++)
-            if (gl[j] < gl[weak] || (gl[j] == gl[weak] && pos[j] < pos[weak])) weak = j;
+        const float a = sum_glo > 0.0 ? (float)(sum_loc / sum_glo) : 1.0f;
+        const int32_t weak = weakest_centre(s, l->pos, nc, a);
         int32_t best = -1;
-        if (o->tau < 1.0 && members <= cap && nc > 1) {
-            struct ems_probe probe;
-            ems_probe_init(&probe, l, d, weak);
-            ems_redundancy_all(l, s, d, &probe, nc, r, tmp);
-            for (int32_t c = 0; c < nc; c++)
-                if (c != weak && (best < 0 || r[c] > r[best] || (r[c] == r[best] && pos[c] < pos[best]))) best = c;
+        float r_best = 0.0f;
+        if (o->tau < 1.0 && members <= cap && nc > 1) best = most_similar(l, s, d, nc, weak, &r_best);
+        if (best >= 0 && (double)r_best >= o->tau) {   // the sums and the member count stay
+            st = ems_merge_into(ev->cache, l, s, d, best, &weak, 1);
+        } else {
+            sum_glo -= s->glo[weak];
+            sum_loc -= s->lp[weak] + s->lc[weak];
+            members -= ems_members(l, weak);
         }
-        if (best >= 0 && (double)r[best] >= o->tau) st = ems_merge_into(ev->cache, l, s, d, best, &weak, 1, loc);
         if (st == PYKV_OK) {
             ems_list_drop(s, weak, P);
             st = kv_list_drop(ev->cache, l, weak, P);
         }
     }
-    free(loc);
     return st;
 }

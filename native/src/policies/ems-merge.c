@@ -6,7 +6,7 @@
 // pass tau and merge opposite directions).
 // Merge (one-shot weighted average over all members, members include the centre):
 //   k̂_e = normalize(sum_i w_i k̂_i), v_e = sum_i w_i v_i / sum_i w_i, member norms ||k_i||.
-// A single token's weight is w_single[j] (its s_Loc, floored at 1e-30 so that a zero local
+// A single token's weight is its s_Loc = lp + lc (floored at 1e-30 so that a zero local
 // score still counts); a merged entry contributes its stored sum: wsum * kmag * k̂_e for the
 // key, wsum * v_e for the value, so merging merged entries again equals the one-shot average
 // over all their tokens (with the weights they had when first merged). Sums in double.
@@ -64,7 +64,7 @@ void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, 
 
 // Add entry e's weighted key direction and value to the sums; append its member norms.
 static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_t d, int32_t e,
-                       const float *w_single, double *ks, double *vs, double *W, float *norms, int32_t *nn) {
+                       double *ks, double *vs, double *W, float *norms, int32_t *nn) {
     float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
     const float *k = kv_key_f32(l, e, d, tk), *v = kv_value_f32(l, e, d, tv);
     const float *mn = kv_member_norms(l, e);
@@ -79,7 +79,8 @@ static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_
     double nrm = 0.0;
     for (int32_t i = 0; i < d; i++) nrm += (double)k[i] * k[i];
     nrm = sqrt(nrm);
-    const double w = w_single[e] > EMS_W_FLOOR ? w_single[e] : EMS_W_FLOOR;
+    const float loc = s->lp[e] + s->lc[e];
+    const double w = loc > EMS_W_FLOOR ? loc : EMS_W_FLOOR;
     if (nrm > 0.0) for (int32_t i = 0; i < d; i++) ks[i] += w * k[i] / nrm;
     for (int32_t i = 0; i < d; i++) vs[i] += w * v[i];
     *W += w;
@@ -87,7 +88,7 @@ static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_
 }
 
 pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
-                           const int32_t *src, int32_t n_src, const float *w_single) {
+                           const int32_t *src, int32_t n_src) {
     int32_t total = ems_members(l, c);
     for (int32_t t = 0; t < n_src; t++) total += ems_members(l, src[t]);
     double *ks = calloc((size_t)2 * d, sizeof(double));
@@ -98,10 +99,10 @@ pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems
     }
     double *vs = ks + d, W = 0.0;
     int32_t nn = 0;
-    accumulate(l, s, d, c, w_single, ks, vs, &W, norms, &nn);
+    accumulate(l, s, d, c, ks, vs, &W, norms, &nn);
     for (int32_t t = 0; t < n_src; t++) {
         const int32_t e = src[t];
-        accumulate(l, s, d, e, w_single, ks, vs, &W, norms, &nn);
+        accumulate(l, s, d, e, ks, vs, &W, norms, &nn);
         s->glo[c] += s->glo[e];
         s->lp[c] += s->lp[e];
         s->lc[c] += s->lc[e];

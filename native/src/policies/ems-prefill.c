@@ -96,7 +96,7 @@ pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opt
     for (int32_t c = 0; c < n_imp && st == PYKV_OK; c++) {
         int32_t m = 0;
         for (int32_t j = 0; j < nc; j++) if (assign[j] == cent[c]) src[m++] = j;
-        if (m > 0) st = ems_merge_into(ev->cache, l, s, d, cent[c], src, m, loc);
+        if (m > 0) st = ems_merge_into(ev->cache, l, s, d, cent[c], src, m);
     }
     if (st != PYKV_OK) goto done;
     int32_t nk = 0;

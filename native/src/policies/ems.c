@@ -28,7 +28,8 @@
 //  * Policy args: window (L_win, default 32), kernel (odd, default 7), tau (in [0, 1], default
 //    0.6), gamma (integer >= 1, default 4). No sinks. Unknown keys are errors.
 //  * Merge metadata (member norms, flags) is allocated by the cache and counted in its bytes;
-//    the policy's own score arrays (6 floats per entry) are not cache bytes, as for h2o.
+//    the policy's own score arrays (6 floats per entry, and 2 of scratch) are not cache
+//    bytes, as for h2o.
 #include "ems.h"
 #include "policy-args.h"
 #include "window-scores.h"
@@ -72,6 +73,9 @@ pykv_status ems_list_track(struct ems_list *s, int32_t n) {
             if (!x) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
             *f[a] = x;
         }
+        float *w = realloc(s->work, (size_t)cap * 2 * sizeof(float));
+        if (!w) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
+        s->work = w;
         s->cap = cap;
     }
     for (int32_t j = s->n; j < n; j++) {
@@ -101,6 +105,7 @@ void ems_list_free(struct ems_list *s) {
     float **f[EMS_SCORE_ARRAYS];
     score_arrays(s, f);
     for (int a = 0; a < EMS_SCORE_ARRAYS; a++) free(*f[a]);
+    free(s->work);
     memset(s, 0, sizeof(*s));
 }
 
@@ -158,24 +163,24 @@ static int32_t ems_last_chunk_min(const struct kv_policy *base) {
 
 // ---- schedule --------------------------------------------------------------------------
 
-// s_Glo (and, while decoding, s_Loc_cur) += this chunk's attention, GQA mean, fixed order
-// (each entry's sum runs over the query heads in order; blocks of entries, so it vectorises).
-static void accumulate(struct ems_list *s, const struct policy_event *ev, int32_t g, int decoding) {
-    enum { BLOCK = 64 };
+void ems_attention_mean(const struct policy_event *ev, int32_t g, int32_t j0, int32_t m, float *a) {
     const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;
-    float *restrict glo = s->glo, *restrict lc = s->lc;
+    for (int32_t i = 0; i < m; i++) a[i] = 0.0f;
+    for (int32_t r = 0; r < G; r++) {   // the query heads in order: any thread count, same floats
+        const float *restrict row = ev->attn_colsum + (size_t)(g * G + r) * ev->attn_colsum_stride + j0;
+        for (int32_t i = 0; i < m; i++) a[i] += row[i];
+    }
+    for (int32_t i = 0; i < m; i++) a[i] /= (float)G;
+}
+
+// s_Glo += a prefill chunk's attention (blocks of entries, so that the mean vectorises).
+static void accumulate(struct ems_list *s, const struct policy_event *ev, int32_t g) {
+    enum { BLOCK = 64 };
     for (int32_t j0 = 0; j0 < s->n; j0 += BLOCK) {
         const int32_t m = s->n - j0 < BLOCK ? s->n - j0 : BLOCK;
-        float a[BLOCK] = { 0 };
-        for (int32_t r = 0; r < G; r++) {
-            const float *restrict row = ev->attn_colsum + (size_t)(g * G + r) * ev->attn_colsum_stride + j0;
-            for (int32_t i = 0; i < m; i++) a[i] += row[i];
-        }
-        for (int32_t i = 0; i < m; i++) {
-            a[i] /= (float)G;
-            glo[j0 + i] += a[i];
-        }
-        if (decoding) for (int32_t i = 0; i < m; i++) lc[j0 + i] += a[i];
+        float a[BLOCK];
+        ems_attention_mean(ev, g, j0, m, a);
+        for (int32_t i = 0; i < m; i++) s->glo[j0 + i] += a[i];
     }
 }
 
@@ -201,17 +206,12 @@ static pykv_status prefill_end(struct ems *p, const struct policy_event *ev) {
 // the list has attended, while other threads attend the layer's other lists; after_layer
 // did the layer's bookkeeping and checks before the attention): s_Glo and s_Loc_cur take
 // the step's attention, s_Loc_cur replaces s_Loc_past every L_win steps, then the list goes
-// back to the budget.
+// back to the budget (ems-decode.c).
 static pykv_status ems_decode_step(struct kv_policy *base, const struct policy_event *ev, int32_t g) {
     struct ems *p = (struct ems *)base;
     struct ems_list *s = &p->lists[ev->layer * ev->hp->n_head_kv + g];
     PYKV_TRY(ems_list_track(s, kv_cache_list(ev->cache, ev->layer, g)->n));
-    accumulate(s, ev, g, 1);
-    if (p->steps[ev->layer] % p->o.window == 0) {
-        memcpy(s->lp, s->lc, (size_t)s->n * sizeof(float));
-        memset(s->lc, 0, (size_t)s->n * sizeof(float));
-    }
-    return p->budget ? ems_decode_list(ev, &p->o, p->budget, g, s) : PYKV_OK;
+    return ems_decode_list(ev, &p->o, p->budget, g, s, p->steps[ev->layer] % p->o.window == 0);
 }
 
 static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_event *ev) {
@@ -233,7 +233,7 @@ static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_e
     for (int32_t g = 0; g < hkv; g++) {
         struct ems_list *s = &p->lists[ev->layer * hkv + g];
         PYKV_TRY(ems_list_track(s, kv_cache_list(ev->cache, ev->layer, g)->n));
-        accumulate(s, ev, g, 0);
+        accumulate(s, ev, g);
     }
     return ev->is_last_chunk ? prefill_end(p, ev) : PYKV_OK;
 }

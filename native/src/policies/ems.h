@@ -18,6 +18,7 @@ struct ems_list {
     float  *wsum;   // merged entries: sum of the members' merge weights (unused for single tokens)
     float  *kmag;   // merged entries: |sum_i w_i k̂_i| / wsum (so sum_i w_i k̂_i = wsum * kmag * k̂_e)
     float  *inv;    // 1 / (|key| |value|) as stored (0 if either is zero); -1 = not computed yet
+    float  *work;   // (2 * cap) a decode step's redundancies; not per entry, never moved
 };
 
 struct ems_opts {
@@ -49,11 +50,11 @@ void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, 
                         int32_t nc, float *r, float *tmp);
 
 // Merge entries src[0..n_src) of list l into entry c (in place: c's key becomes the unit
-// direction, its value the weighted mean, its member norms the union). w_single[j] is the
-// weight of entry j when it is still a single token (its s_Loc). Updates s (glo, lp, lc,
-// wsum, kmag of c). The caller drops the sources afterwards.
+// direction, its value the weighted mean, its member norms the union). A single token's
+// weight is its s_Loc = lp + lc (a prefill sets lp to its s_Loc and lc to 0 first). Updates
+// s (glo, lp, lc, wsum, kmag of c). The caller drops the sources afterwards.
 pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
-                           const int32_t *src, int32_t n_src, const float *w_single);
+                           const int32_t *src, int32_t n_src);
 
 static inline int32_t ems_members(const struct kv_list *l, int32_t j) {
     return l->n_members ? l->n_members[j] : 1;
@@ -65,5 +66,10 @@ void ems_global_local(const float *glo, const float *loc, int32_t n, int32_t n_c
 
 pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
                              struct ems_list *s, const float *loc);
+// A decode step of list g (after it has attended): the step's attention into the scores
+// (s_Loc_cur replaces s_Loc_past when `roll`), then, with a budget B > 0, the list back to B.
 pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
-                            struct ems_list *s);
+                            struct ems_list *s, int roll);
+
+// The GQA mean of the step's attention on entries [j0, j0 + m) of list g: a[i] for entry j0 + i.
+void ems_attention_mean(const struct policy_event *ev, int32_t g, int32_t j0, int32_t m, float *a);
