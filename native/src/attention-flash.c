@@ -68,7 +68,7 @@ static void row_scalar(const float *q, const float *Kt, const float *Vb, int nv,
 #include "simd-avx2.h"
 
 static int use_avx2(int d) {
-    return d % 32 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return d % 32 == 0 && cpu_has_avx2();
 }
 
 static inline AVX2_TGT void transpose8(__m256 r[8]) {

@@ -56,17 +56,13 @@ static AVX2_TGT void swiglu_avx2(float *out, const float *gate, const float *up,
     swiglu_scalar(out + i, gate + i, up + i, n - i);
 }
 
-static int have_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
 void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    if (have_avx2()) rmsnorm_avx2(out, x, w, n, eps);
+    if (cpu_has_avx2()) rmsnorm_avx2(out, x, w, n, eps);
     else rmsnorm_scalar(out, x, w, n, eps);
 }
 
 void swiglu(float *out, const float *gate, const float *up, int n) {
-    if (have_avx2()) swiglu_avx2(out, gate, up, n);
+    if (cpu_has_avx2()) swiglu_avx2(out, gate, up, n);
     else swiglu_scalar(out, gate, up, n);
 }
 #else

@@ -55,7 +55,7 @@ static void gemm_avx2(const float *W, int n_rows, const float *X, int T, int K, 
 
 void gemm_rows_f32(const float *W, int n_rows, const float *X, int T, int K, float *out, int64_t out_stride) {
 #ifdef GEMM_X86
-    if (K % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    if (K % 8 == 0 && cpu_has_avx2()) {
         gemm_avx2(W, n_rows, X, T, K, out, out_stride);
         return;
     }

@@ -8,6 +8,9 @@
 #include "pykv.h"
 #include "quant-blocks.h"
 #include "quant.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include "simd-avx2.h"
+#endif
 
 void quantize_row_q8_act_scalar(const float *x, block_q8_act *y, int64_t n) {
     for (int64_t i = 0; i < n / QK8_ACT; i++, x += QK8_ACT) {
@@ -103,7 +106,7 @@ const vec_dot_q8_fn q8_scalar_dots[Q8_N_TYPES] = {
 
 static int have_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return cpu_has_avx2();
 #else
     return 0;
 #endif

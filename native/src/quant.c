@@ -44,7 +44,7 @@ uint16_t fp32_to_fp16(float f) {
 float bf16_to_fp32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd-avx2.h"
 static int have_f16c(void) { return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"); }
 
 __attribute__((target("avx,f16c"))) static void fp16_to_fp32_f16c(const uint16_t *x, float *y, int64_t n) {
@@ -85,7 +85,7 @@ static const char *active_name = "scalar";
 __attribute__((constructor)) static void dispatch_init(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    if (cpu_has_avx2()) {
         active = &quant_avx2_kernels;
         active_name = "avx2 fma f16c";
     }

@@ -8,6 +8,11 @@
 
 #define AVX2_TGT __attribute__((target("avx2,fma,f16c")))
 
+// Whether this CPU runs AVX2_TGT code: the one run-time check in front of every AVX2 path.
+static inline int cpu_has_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
 static inline AVX2_TGT float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

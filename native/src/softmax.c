@@ -60,16 +60,12 @@ static AVX2_TGT void scale_avx2(float *x, int n, float s) {
     for (; i < n; i++) x[i] *= s;
 }
 
-static int have_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
 float softmax_exp(float *x, int n, float *max_out) {
-    return n >= 8 && have_avx2() ? softmax_exp_avx2(x, n, max_out) : softmax_exp_scalar(x, n, max_out);
+    return n >= 8 && cpu_has_avx2() ? softmax_exp_avx2(x, n, max_out) : softmax_exp_scalar(x, n, max_out);
 }
 
 void softmax(float *x, int n) {
-    if (n >= 8 && have_avx2()) {
+    if (n >= 8 && cpu_has_avx2()) {
         float max;
         scale_avx2(x, n, 1.0f / softmax_exp_avx2(x, n, &max));
     } else {
