@@ -102,15 +102,18 @@ struct merged_group { int e[4], k; };
 
 static inline AVX2_TGT void pairs_exp(const struct kv_list *l, const int32_t *at, const struct merged_group *g,
                                       int nq, int n, float *w, const __m256 *vmax, float *merged_sum) {
+    int e[4];   // the group's entries, its first in the spare lanes
     const float *p[4];
-    for (int i = 0; i < 4; i++) p[i] = l->member_pool + at[g->e[i < g->k ? i : 0]];
+    for (int i = 0; i < 4; i++) {
+        e[i] = g->e[i < g->k ? i : 0];
+        p[i] = l->member_pool + at[e[i]];
+    }
     const __m128 lo = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)p[0]), (const __m64 *)p[1]);
     const __m128 hi = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)p[2]), (const __m64 *)p[3]);
     const __m256 norms = _mm256_set_m128(hi, lo);
     for (int r = 0; r < nq; r++) {
         float *wr = w + (size_t)r * n, t[8];
-        const int *e = g->e;
-        const __m128 s4 = _mm_setr_ps(wr[e[0]], wr[e[g->k > 1 ? 1 : 0]], wr[e[g->k > 2 ? 2 : 0]], wr[e[g->k > 3 ? 3 : 0]]);
+        const __m128 s4 = _mm_setr_ps(wr[e[0]], wr[e[1]], wr[e[2]], wr[e[3]]);
         const __m256 s = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
         const __m256 x = exp_ps(_mm256_fmsub_ps(norms, s, vmax[r]));
         _mm256_storeu_ps(t, _mm256_hadd_ps(x, x));   // entry i's sum: t[0], t[1], t[4], t[5]

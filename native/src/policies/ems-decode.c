@@ -88,7 +88,7 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
     while (st == PYKV_OK && l->n > B) {
         const int32_t n = l->n, P = o->window < n ? o->window : n, nc = n - P;
         if (nc < 1) break;
-        const float a = sum_glo > 0.0 ? (float)(sum_loc / sum_glo) : 1.0f;
+        const float a = ems_alignment(sum_loc, sum_glo);
         const int32_t weak = weakest_centre(s, l->pos, nc, a);
         int32_t best = -1;
         float r_best = 0.0f;

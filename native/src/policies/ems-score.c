@@ -101,7 +101,7 @@ pykv_status ems_local_scores(const struct policy_event *ev, int32_t rows, float 
 void ems_global_local(const float *glo, const float *loc, int32_t n, int32_t n_cand, float *gl) {
     double sg = 0.0, sl = 0.0;
     for (int32_t j = 0; j < n; j++) { sg += glo[j]; sl += loc[j]; }
-    const float a = sg > 0.0 ? (float)(sl / sg) : 1.0f;
+    const float a = ems_alignment(sl, sg);
     for (int32_t j = 0; j < n_cand; j++) {
         const float x = a * glo[j];
         gl[j] = x > loc[j] ? x : loc[j];

@@ -60,6 +60,11 @@ static inline int32_t ems_members(const struct kv_list *l, int32_t j) {
     return l->n_members ? l->n_members[j] : 1;
 }
 
+// The mean alignment a = sum(s_Loc) / sum(s_Glo) over a list (1 when s_Glo sums to 0).
+static inline float ems_alignment(double sum_loc, double sum_glo) {
+    return sum_glo > 0.0 ? (float)(sum_loc / sum_glo) : 1.0f;
+}
+
 // The mean-aligned global-local score of entries [0, n_cand) of a list:
 // gl[j] = max(a * glo[j], loc[j]), a = sum(loc over all n) / sum(glo over all n).
 void ems_global_local(const float *glo, const float *loc, int32_t n, int32_t n_cand, float *gl);
