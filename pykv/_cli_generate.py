@@ -13,13 +13,28 @@ from .cli import EXIT_INTERRUPTED, EXIT_OK, UsageError, resolve_model_arg
 def read_prompt(args) -> str:
     if args.prompt is not None and args.file is not None:
         raise UsageError("give the prompt with -p or -f, not both")
+    # Bytes that are not UTF-8 are kept (as surrogate escapes, like the -p text Python hands
+    # over) and reach the tokenizer as they are: see model_prompt.
     if args.file is not None:
-        if args.file == "-":
-            return sys.stdin.read()
-        return Path(args.file).read_text(encoding="utf-8")
+        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+        return data.decode("utf-8", "surrogateescape")
     if args.prompt is not None:
         return args.prompt
     raise UsageError("no prompt: give -p TEXT or -f FILE")
+
+
+def model_prompt(prompt: str):
+    """What the model reads: the text, or its bytes when the input was not valid UTF-8 (the
+    tokenizer spells such bytes with byte tokens, as Llama.tokenize does for bytes)."""
+    try:
+        prompt.encode("utf-8")
+        return prompt
+    except UnicodeEncodeError as exc:
+        data = prompt.encode("utf-8", "surrogateescape")
+        offset = len(prompt[:exc.start].encode("utf-8", "surrogateescape"))
+        print(f"pykv: warning: the prompt is not valid UTF-8 (byte 0x{data[offset]:02x} at offset {offset}); "
+              "its bytes go to the tokenizer as they are", file=sys.stderr)
+        return data
 
 
 def parse_policy_args(items) -> dict:
@@ -45,6 +60,10 @@ def check_model_flags(args) -> None:
     for flag, value in (("--window", args.window), ("--sink", args.sink)):
         if value is not None and value < 0:
             raise UsageError(f"{flag} must be >= 0, got {value}")
+    if args.n_predict < -1:
+        raise UsageError(f"-n/--n-predict must be -1 (until the end), 0 (the prompt only) or more, got {args.n_predict}")
+    from .llama import make_sampler   # its range checks, before the model is loaded
+    make_sampler(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.repeat_last_n)
 
 
 def load_model(args, path):
@@ -80,6 +99,7 @@ def run_generate(args) -> int:
 
 
 def _generate(args, llm, prompt, path, load_ms) -> int:
+    text_in = model_prompt(prompt)
     streaming = not (args.no_stream or args.json)
     show_prompt = not args.no_display_prompt and not args.json
     try:
@@ -93,21 +113,24 @@ def _generate(args, llm, prompt, path, load_ms) -> int:
                   seed=args.seed if args.seed >= 0 else None, stop=args.stop or None,
                   ignore_eos=args.ignore_eos)
 
-    if show_prompt and streaming:
-        _write(prompt)
     interrupted = False
     steps = None
     t_start = time.perf_counter()
     try:
+        if streaming and args.n_predict != 0:
+            # generate() checks the prompt (empty, longer than the context) before it returns
+            # the stream, so an error is not printed after the prompt's text
+            steps = llm.generate(text_in, stream=True, **kwargs)
+        if show_prompt and streaming:
+            _write(prompt)
         if args.n_predict == 0:
-            result = _prefill_only(llm, prompt)
+            result = _prefill_only(llm, text_in)
         elif streaming:
-            steps = llm.generate(prompt, stream=True, **kwargs)
             for chunk in steps:
                 _write(chunk.text)
             result = llm.last_result
         else:
-            result = llm.generate(prompt, stream=False, **kwargs)
+            result = llm.generate(text_in, stream=False, **kwargs)
     except KeyboardInterrupt:
         interrupted = True
         if steps is not None:
@@ -146,7 +169,7 @@ class _PrefillResult:
 
 
 def _prefill_only(llm, prompt):
-    tokens = llm.tokenize(prompt, add_bos=True, special=True)
+    tokens = llm._prompt_tokens(prompt)
     llm.reset()
     llm.eval(tokens)
     return _PrefillResult(llm, len(tokens))

@@ -74,6 +74,22 @@ def _kv_type_code(kv_type) -> int:
     return getattr(lib, _KV_TYPES[name])
 
 
+def make_sampler(temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int = 0):
+    """A C sampler chain; InvalidArgumentError names the first parameter out of range."""
+    params = new_params("struct pykv_sampler_params", lib.pykv_sampler_default_params)
+    params.temperature = temperature
+    params.top_k = top_k
+    params.top_p = top_p
+    params.min_p = min_p
+    params.repeat_penalty = repeat_penalty
+    params.repeat_last_n = repeat_last_n
+    params.seed = seed & 0xFFFFFFFF
+    out = ffi.new("pykv_sampler **")
+    check(lib.pykv_sampler_init(params, out))
+    return ffi.gc(out[0], lib.pykv_sampler_free)
+
+
 def _resolve_model_path(model_path) -> str:
     path = os.fspath(model_path)
     if os.path.exists(path):
@@ -368,23 +384,20 @@ class Llama:
     # ---- generation ----
 
     def _make_sampler(self, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed):
-        params = new_params("struct pykv_sampler_params", lib.pykv_sampler_default_params)
-        params.temperature = temperature
-        params.top_k = top_k
-        params.top_p = top_p
-        params.min_p = min_p
-        params.repeat_penalty = repeat_penalty
-        params.repeat_last_n = repeat_last_n
         if seed is None or seed < 0:
             seed = self._rng.getrandbits(32) if self._seed is not None and self._seed >= 0 else lib.PYKV_DEFAULT_SEED
-        params.seed = seed & 0xFFFFFFFF
-        out = ffi.new("pykv_sampler **")
-        check(lib.pykv_sampler_init(params, out))
-        return ffi.gc(out[0], lib.pykv_sampler_free)
+        return make_sampler(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
 
     def _prompt_tokens(self, prompt: Prompt) -> List[int]:
         if isinstance(prompt, (str, bytes)):
-            return self.tokenize(prompt, add_bos=True, special=True)
+            tokens = self.tokenize(prompt, add_bos=True, special=True)
+            if not tokens and not prompt and self.token_bos() >= 0:
+                return [self.token_bos()]   # as llama-cpp-python: an empty text starts from BOS
+            if not tokens:
+                raise errors.InvalidArgumentError(
+                    "the prompt is empty" if not prompt else
+                    "the prompt has no tokens: none of its bytes has a token in this model's vocabulary")
+            return tokens
         tokens = [int(t) for t in prompt]
         if not tokens:
             raise errors.InvalidArgumentError("the prompt is empty")

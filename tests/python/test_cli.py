@@ -58,6 +58,9 @@ def test_generate_help_lists_llama_cpp_flags(capsys):
     ["generate", "-p", "x", "-f", "y.txt"],
     ["generate", "-p", "x", "--policy-arg", "novalue"],
     ["generate", "-p", "x", "-t", "0"],
+    ["generate", "-p", "x", "-n", "-5"],
+    ["generate", "-p", "x", "--top-p", "2"],      # sampler ranges are checked before a model loads
+    ["generate", "-p", "x", "--temp", "nan"],
 ])
 def test_usage_errors_exit_1(argv, capsys):
     assert main(argv) == 1
@@ -170,7 +173,47 @@ def test_sampler_value_error_exit_1(smollm2_path):
     r = run_cli("generate", smollm2_path, "-p", PROMPT, "-n", 2, "--top-p", 2)
     assert r.returncode == 1, r.stderr
     lines = error_lines(r.stderr)
-    assert lines[-1].startswith("pykv: error: ") and "top_p" in lines[-1]
+    assert lines == [lines[-1]] and lines[-1].startswith("pykv: error: ") and "top_p" in lines[-1]
+    assert r.stdout == ""   # the prompt is not echoed ahead of the error
+
+
+@pytest.mark.model
+def test_prompt_longer_than_context_is_not_echoed(smollm2_path):
+    r = run_cli("generate", smollm2_path, "-p", PROMPT, "-c", 3, "-n", 2)
+    assert r.returncode != 0 and r.stdout == ""
+    assert error_lines(r.stderr)[-1].startswith("pykv: error: the prompt has 5 tokens")
+
+
+@pytest.mark.model
+def test_empty_prompt_starts_from_bos(smollm2_path):
+    r = run_cli("generate", smollm2_path, "-p", "", "-n", 4, "--temp", 0, "--json", "-t", 2)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["prompt_tokens"] == 1 and len(data["tokens"]) >= 1
+    from pykv import Llama
+    with Llama(str(smollm2_path), n_ctx=64, n_threads=2) as llm:
+        res = llm.generate([llm.token_bos()], max_tokens=4, temperature=0.0)
+    assert data["tokens"] == res.tokens
+
+
+@pytest.mark.model
+def test_prompt_file_that_is_not_utf8_reaches_the_tokenizer_as_bytes(smollm2_path, tmp_path):
+    raw = b"The capital of Fran\xe7e is"   # Latin-1, not UTF-8
+    prompt_file = tmp_path / "latin1.txt"
+    prompt_file.write_bytes(raw)
+    for source, stdin in ((prompt_file, None), ("-", raw)):
+        r = subprocess.run([sys.executable, "-m", "pykv", "generate", str(smollm2_path), "-f", str(source), "-n", "4",
+                            "--temp", "0", "--json", "-t", "2"], capture_output=True, timeout=TIMEOUT, input=stdin)
+        assert r.returncode == 0, r.stderr
+        assert b"not valid UTF-8 (byte 0xe7 at offset 19)" in r.stderr
+        data = json.loads(r.stdout)
+        from pykv import Llama
+        with Llama(str(smollm2_path), n_ctx=64, n_threads=2, vocab_only=True) as vocab:
+            n_prompt = len(vocab.tokenize(raw, add_bos=True, special=True))
+            assert vocab.detokenize(vocab.tokenize(raw, add_bos=False)) == raw   # spelled with byte tokens
+        assert data["prompt_tokens"] == n_prompt
+        with Llama(str(smollm2_path), n_ctx=64, n_threads=2) as llm:
+            assert llm.generate(raw, max_tokens=4, temperature=0.0).tokens == data["tokens"]
 
 
 @pytest.mark.model

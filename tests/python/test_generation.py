@@ -97,3 +97,23 @@ def test_eval_argmax_loop_matches_torch_greedy(smollm2_path, torch_greedy):
             got.append(nxt)
             llm.eval([nxt])
     assert got == ref_ids[:n]
+
+
+def test_empty_prompt_starts_from_bos_like_torch(smollm2_path):
+    """An empty text prompt starts from BOS (llama-cpp-python's rule): SmolLM2 adds no BOS
+    itself, so without it there is nothing to evaluate."""
+    with _open(smollm2_path) as llm:
+        assert llm.tokenize("", add_bos=True) == []
+        bos = llm.token_bos()
+        res = llm.generate("", **dict(GREEDY, max_tokens=8))
+        assert res.prompt_tokens == 1
+        ref_ids, gaps = greedy_continuation(smollm2_path, [bos], 8, eos_id=_eos_id(smollm2_path))
+        n = _comparable_prefix(gaps)
+        eog_at = next((i for i, t in enumerate(ref_ids) if llm.is_eog(t)), len(ref_ids))
+        n = min(n, eog_at)
+        assert n >= 4 and list(res.tokens)[:n] == ref_ids[:n]
+        # bytes that no token spells leave no prompt: an error, not a silent BOS
+        with pytest.raises(ValueError, match="no tokens"):
+            llm.generate(b"\xff", max_tokens=2)
+        with pytest.raises(ValueError, match="empty"):
+            llm.generate([], max_tokens=2)
