@@ -1,8 +1,8 @@
-"""The ``pykv`` command: ``pykv generate|info|pull ...`` (llama.cpp flag spellings).
+"""The ``pykv`` command: ``pykv generate|chat|info|pull|bench ...`` (llama.cpp flag spellings).
 
 Exit codes: 0 ok, 1 usage error, 2 model or IO error, 3 runtime error, 130 interrupted.
 Errors print one line ``pykv: error: <message>`` on stderr (``-v`` adds the traceback).
-The subcommands live in _cli_generate.py, _cli_info.py, _cli_bench.py and here (pull); this file builds the
+The subcommands live in _cli_generate.py, _cli_chat.py, _cli_info.py, _cli_bench.py and here (pull); this file builds the
 parser and turns exceptions into exit codes.
 """
 
@@ -71,7 +71,19 @@ def _add_generate(sub):
                    help="tokens to generate (default 128; -1 = until end of generation or a full "
                         "context; 0 = evaluate the prompt only)")
     g.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+    _add_sampling_flags(p)
 
+    c = p.add_argument_group("generation control and output")
+    c.add_argument("--stop", "-r", "--reverse-prompt", action="append", default=[], metavar="STR",
+                   help="stop when this text appears (repeatable)")
+    c.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+    c.add_argument("--no-stream", action="store_true", help="print the text once, at the end")
+    c.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, timings) at the end")
+    c.add_argument("-v", "--verbose", action="store_true", help="log from the runtime; tracebacks on errors")
+    p.set_defaults(run="generate")
+
+
+def _add_sampling_flags(p):
     s = p.add_argument_group("sampling")
     s.add_argument("--temp", type=float, default=0.8, help="temperature (default 0.8; 0 = greedy)")
     s.add_argument("--top-k", type=int, default=40, help="top-k (default 40; 0 = off)")
@@ -82,14 +94,22 @@ def _add_generate(sub):
                    help="tokens the repeat penalty looks back over (default 64; -1 = all)")
     s.add_argument("-s", "--seed", type=int, default=-1, help="sampling seed (default -1 = random)")
 
-    c = p.add_argument_group("generation control and output")
-    c.add_argument("--stop", "-r", "--reverse-prompt", action="append", default=[], metavar="STR",
-                   help="stop when this text appears (repeatable)")
-    c.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
-    c.add_argument("--no-stream", action="store_true", help="print the text once, at the end")
-    c.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, timings) at the end")
-    c.add_argument("-v", "--verbose", action="store_true", help="log from the runtime; tracebacks on errors")
-    p.set_defaults(run="generate")
+
+def _add_chat(sub):
+    p = sub.add_parser("chat", help="talk with a model, one message per line",
+                       description="A conversation with the model's chat template: each line read from stdin "
+                                   "is a user message (end a line with \\ to continue it on the next), the "
+                                   "reply streams to stdout. /reset starts over, /exit or end of input stops.")
+    _add_model_flags(p)
+    g = p.add_argument_group("conversation")
+    g.add_argument("-sys", "--system-prompt", default=None, metavar="TEXT", help="a system message first")
+    g.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
+                   help="at most N tokens per reply (default -1: until the model ends its turn or the context is full)")
+    g.add_argument("--stop", "-r", "--reverse-prompt", action="append", default=[], metavar="STR",
+                   help="also end a reply when this text appears (repeatable)")
+    g.add_argument("-v", "--verbose", action="store_true", help="log from the runtime; timings per reply; tracebacks")
+    _add_sampling_flags(p)
+    p.set_defaults(run="chat")
 
 
 def _add_info(sub):
@@ -121,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_generate(sub)
+    _add_chat(sub)
     _add_info(sub)
     _add_pull(sub)
     from ._cli_bench import add_bench_parser
@@ -145,6 +166,9 @@ def _dispatch(args) -> int:
     if args.run == "generate":
         from ._cli_generate import run_generate
         return run_generate(args)
+    if args.run == "chat":
+        from ._cli_chat import run_chat
+        return run_chat(args)
     if args.run == "info":
         from ._cli_info import run_info
         return run_info(args)
@@ -199,7 +223,7 @@ def main(argv=None) -> int:
                 print("pykv (not installed)")
             return EXIT_OK
         if not args.command:
-            raise UsageError("a command is required: generate, info or pull (see 'pykv --help')")
+            raise UsageError("a command is required: generate, chat, info, pull or bench (see 'pykv --help')")
         return _dispatch(args)
     except KeyboardInterrupt:
         print("\npykv: interrupted", file=sys.stderr)

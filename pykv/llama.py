@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
@@ -481,30 +479,34 @@ class Llama:
                           repeat_penalty: float = 1.0, seed: Optional[int] = None,
                           stop: Union[None, str, Sequence[str]] = None, stream: bool = False):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True)."""
-        completion_id = f"cmpl-{os.urandom(8).hex()}"
-        created = int(time.time())
-        model = Path(self.model_path).name
-        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                      repeat_penalty=repeat_penalty, seed=seed, stop=stop)
+        from ._openai import completion
+        return completion(self, prompt, stream, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                          top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop)
 
-        def shape(text, finish_reason, usage=None):
-            body = {"id": completion_id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
-            if usage is not None:
-                body["usage"] = usage
-            return body
+    def chat_prompt(self, messages, add_generation_prompt: bool = True) -> List[int]:
+        """Token ids of messages rendered with the model's chat template (ChatML without one)."""
+        from .chat import render
+        text = render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=self._special_text(self.token_bos()), eos_token=self._special_text(self.token_eos()))
+        tokens = self.tokenize(text, add_bos=True, special=True)
+        bos = self.token_bos()
+        if len(tokens) > 1 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]   # the template wrote BOS itself: not twice
+        return tokens
 
-        def usage(result):
-            return {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
-                    "total_tokens": result.prompt_tokens + len(result.tokens)}
+    def _special_text(self, token: int) -> str:
+        return self.token_to_piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
 
-        if stream:
-            def chunks():
-                for chunk in self.generate(prompt, stream=True, **kwargs):
-                    yield shape(chunk.text, None)
-                yield shape("", self.last_result.finish_reason)
-            return chunks()
-        result = self.generate(prompt, **kwargs)
-        return shape(result.text, result.finish_reason, usage(result))
+    def create_chat_completion(self, messages, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
+                               min_p: float = 0.05, stream: bool = False, seed: Optional[int] = None,
+                               stop: Union[None, str, Sequence[str]] = None, max_tokens: Optional[int] = None,
+                               repeat_penalty: float = 1.0):
+        """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
+        the GGUF's chat template, an OpenAI-shaped "chat.completion" dict back (or its chunks with
+        stream=True). max_tokens=None runs until end of generation or a full context."""
+        from ._openai import chat_completion
+        return chat_completion(self, self.chat_prompt(messages), stream, max_tokens=max_tokens,
+                               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                               repeat_penalty=repeat_penalty, seed=seed, stop=stop)
 
     __call__ = create_completion

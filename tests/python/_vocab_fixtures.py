@@ -132,7 +132,7 @@ def read_bpe_vocab(gguf_path: Path) -> dict:
     }
 
 
-def bpe_gguf_variant(vocab: dict, pre: str, path: Path, add_bos: bool = False) -> Path:
+def bpe_gguf_variant(vocab: dict, pre: str, path: Path, add_bos: bool = False, chat_template=None) -> Path:
     """A vocab-only GGUF with this BPE vocabulary and tokenizer.ggml.pre = pre."""
     import gguf
 
@@ -146,6 +146,8 @@ def bpe_gguf_variant(vocab: dict, pre: str, path: Path, add_bos: bool = False) -
     w.add_bos_token_id(vocab["bos"])
     w.add_eos_token_id(vocab["eos"])
     w.add_add_bos_token(add_bos)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     _finish(w)
     return path
 

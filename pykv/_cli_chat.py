@@ -1,0 +1,131 @@
+"""``pykv chat``: a conversation on stdin/stdout through the model's chat template.
+
+Each turn renders the whole conversation and generates the reply from a fresh context, so a
+KV policy compresses the conversation as it stands. Ctrl-C during a reply cuts the reply
+short and keeps the conversation; at the prompt it ends the session (exit 130).
+"""
+from __future__ import annotations
+
+import sys
+
+from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, resolve_model_arg
+from ._cli_generate import _write, check_model_flags, load_model, print_kv_stats
+from .errors import PykvError
+
+COMMANDS = "/reset starts over, /exit ends"
+
+
+def read_message(interactive: bool):
+    """One user message: a line, or several joined where a line ends with a backslash.
+    None at the end of input."""
+    lines = []
+    while True:
+        if interactive:
+            _write("> " if not lines else ". ")
+        line = sys.stdin.readline()
+        if not line:
+            return "\n".join(lines) if lines else None
+        line = line.rstrip("\r\n")
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+class Totals:
+    """Token counts and times over the session, for the closing timings line."""
+
+    def __init__(self):
+        self.turns = self.prompt_n = self.predicted_n = 0
+        self.prompt_ms = self.predicted_ms = 0.0
+
+    def add(self, timings: dict) -> None:
+        self.turns += 1
+        self.prompt_n += timings.get("prompt_n", 0)
+        self.prompt_ms += timings.get("prompt_ms", 0.0)
+        self.predicted_n += timings.get("predicted_n", 0)
+        self.predicted_ms += timings.get("predicted_ms", 0.0)
+
+    def line(self) -> str:
+        def rate(n, ms):
+            return n / ms * 1e3 if ms > 0 else 0.0
+        return (f"pykv: {self.turns} replies; prompts {self.prompt_n} tokens at {rate(self.prompt_n, self.prompt_ms):.2f} "
+                f"tok/s, replies {self.predicted_n} tokens at {rate(self.predicted_n, self.predicted_ms):.2f} tok/s")
+
+
+def run_chat(args) -> int:
+    from .pull import default_model_path, pull
+
+    check_model_flags(args)
+    model = resolve_model_arg(args)
+    path = pull(model) if model else default_model_path()
+    llm = load_model(args, path)
+    try:
+        return converse(args, llm)
+    finally:
+        llm.close()
+
+
+def converse(args, llm) -> int:
+    interactive = sys.stdin.isatty()
+    opening = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+    history = list(opening)
+    sampling = dict(max_tokens=args.n_predict if args.n_predict > 0 else None, temperature=args.temp,
+                    top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                    repeat_last_n=args.repeat_last_n, seed=args.seed if args.seed >= 0 else None,
+                    stop=args.stop or None)
+    totals, failed = Totals(), False
+    if interactive:
+        print(f"pykv: chatting with {llm.model_path} ({COMMANDS}; end a line with \\ to go on)", file=sys.stderr)
+    code = EXIT_OK
+    while True:
+        try:
+            message = read_message(interactive)
+        except KeyboardInterrupt:
+            _write("\n")
+            code = EXIT_INTERRUPTED
+            break
+        if message is None or message.strip() in ("/exit", "/quit"):
+            break
+        if message.strip() == "/reset":
+            history = list(opening)
+            continue
+        if not message.strip():
+            continue
+        turn = history + [{"role": "user", "content": message}]
+        try:
+            reply = _reply(llm, turn, sampling)
+        except PykvError as exc:   # this turn cannot run (say, the conversation outgrew the context)
+            print(f"pykv: error: {exc} ({COMMANDS})", file=sys.stderr)
+            failed = True
+            continue
+        history = turn + [{"role": "assistant", "content": reply.text}]
+        totals.add(reply.timings)
+        if args.verbose:
+            t = reply.timings
+            print(f"pykv: prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.2f} tok/s; reply "
+                  f"{len(reply.tokens)} tokens, {t['predicted_per_second']:.2f} tok/s ({reply.finish_reason})",
+                  file=sys.stderr)
+    if totals.turns:
+        print(totals.line(), file=sys.stderr)
+        if args.kv_stats:
+            print_kv_stats(llm.kv_stats())
+    return code if code != EXIT_OK else EXIT_RUNTIME if failed else EXIT_OK
+
+
+def _reply(llm, messages, sampling):
+    """Stream the assistant's reply to stdout; Ctrl-C ends it early. Returns the result."""
+    prompt = llm.chat_prompt(messages)
+    if len(prompt) >= llm.n_ctx:
+        from .errors import ContextOverflowError
+        raise ContextOverflowError(f"the conversation has {len(prompt)} tokens and leaves no room for a reply "
+                                   f"in n_ctx={llm.n_ctx}")
+    steps = llm.generate(prompt, stream=True, **sampling)
+    try:
+        for chunk in steps:
+            _write(chunk.text)
+    except KeyboardInterrupt:
+        steps.close()   # the generator records the reply so far as llm.last_result
+    _write("\n")
+    return llm.last_result
