@@ -1,4 +1,4 @@
-"""The ``pykv`` command: ``pykv generate|chat|info|pull|bench ...`` (llama.cpp flag spellings).
+"""The ``pykv`` command: ``pykv generate|chat|info|pull|convert|bench ...`` (llama.cpp flag spellings).
 
 Exit codes: 0 ok, 1 usage error, 2 model or IO error, 3 runtime error, 130 interrupted.
 Errors print one line ``pykv: error: <message>`` on stderr (``-v`` adds the traceback).
@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import traceback
+from pathlib import Path
 
 EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_RUNTIME, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -135,6 +136,24 @@ def _add_pull(sub):
     p.set_defaults(run="pull")
 
 
+def _add_convert(sub):
+    p = sub.add_parser("convert", help="convert a Hugging Face Llama/Mistral folder to GGUF",
+                       description="Write a GGUF file from a Hugging Face model folder (config.json, "
+                                   "*.safetensors, tokenizer.json) and print its path. Needs the gguf "
+                                   "package (pip install 'pykv[hf]').")
+    p.add_argument("model_dir", metavar="DIR", help="the Hugging Face model folder")
+    p.add_argument("-o", "--outfile", default=None, metavar="PATH",
+                   help="the GGUF to write (default: DIR/<name>-<OUTTYPE>.gguf)")
+    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "q8_0", "q4_0", "q4_1"],
+                   help="type of the weight matrices (default f16; norms stay f32)")
+    p.add_argument("--pre", default=None, metavar="NAME",
+                   help="the tokenizer's pre-tokenizer when tokenizer.json does not tell (gpt2, llama-bpe, "
+                        "qwen2, smollm, default)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+    p.set_defaults(run="convert")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pykv", description="pykv: a llama.cpp-style GGUF runtime with KV-cache "
                                               "eviction policies.")
@@ -144,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chat(sub)
     _add_info(sub)
     _add_pull(sub)
+    _add_convert(sub)
     from ._cli_bench import add_bench_parser
     add_bench_parser(sub)
     return parser
@@ -166,6 +186,12 @@ def _dispatch(args) -> int:
     if args.run == "generate":
         from ._cli_generate import run_generate
         return run_generate(args)
+    if args.run == "convert":
+        from .convert import convert
+        model_dir = Path(args.model_dir)
+        out = args.outfile or model_dir / f"{model_dir.resolve().name}-{args.outtype.upper()}.gguf"
+        print(convert(model_dir, out, args.outtype, args.pre, progress=None if args.quiet else sys.stderr))
+        return EXIT_OK
     if args.run == "chat":
         from ._cli_chat import run_chat
         return run_chat(args)
@@ -223,7 +249,7 @@ def main(argv=None) -> int:
                 print("pykv (not installed)")
             return EXIT_OK
         if not args.command:
-            raise UsageError("a command is required: generate, chat, info, pull or bench (see 'pykv --help')")
+            raise UsageError("a command is required: generate, chat, info, pull, convert or bench (see 'pykv --help')")
         return _dispatch(args)
     except KeyboardInterrupt:
         print("\npykv: interrupted", file=sys.stderr)
