@@ -2,7 +2,8 @@
 package. Facts followed (llama.cpp's GGUF conventions): tensors take GGUF's names; the query
 and key projections are permuted from HF's rotate-half RoPE layout to the interleaved pairs
 that GGUF Llama models use; norms stay float32; a byte-level BPE vocabulary is stored as
-tokenizer.json spells it, with tokenizer.ggml.pre naming its pre-tokenizer.
+tokenizer.json spells it, with tokenizer.ggml.pre naming its pre-tokenizer, a SentencePiece
+one as pieces, scores and token types; Llama 3's rope scaling becomes the rope_freqs divisors.
 """
 from __future__ import annotations
 
@@ -78,9 +79,31 @@ def _config(model_dir: Path) -> dict:
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch not in ARCHITECTURES:
         raise ConvertError(f"architecture {arch} is not supported (pykv converts {', '.join(ARCHITECTURES)})")
-    if cfg.get("rope_scaling"):
-        raise ConvertError(f"rope_scaling {cfg['rope_scaling']} is not converted yet")
+    theta, scaling = rope_config(cfg)
+    if scaling and scaling.get("rope_type", scaling.get("type")) != "llama3":
+        raise ConvertError(f"rope scaling {scaling} is not converted (pykv reads Llama 3's, as rope_freqs)")
     return cfg
+
+
+def rope_config(cfg: dict) -> Tuple[float, Optional[dict]]:
+    """(RoPE base, scaling parameters or None) from a config.json written by transformers 4
+    (rope_theta, rope_scaling) or 5 (rope_parameters holding both)."""
+    params = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    return float(theta), scaling
+
+
+def llama3_rope_factors(theta: float, s: dict, head_dim: int) -> np.ndarray:
+    """Llama 3.1's RoPE scaling as per-frequency divisors (GGUF's rope_freqs): long wavelengths
+    are slowed by `factor`, short ones kept, those between blended."""
+    factor, lo, hi = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_ctx = s.get("original_max_position_embeddings", 8192)
+    freqs = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freqs
+    smooth = np.clip((old_ctx / wavelen - lo) / (hi - lo), 0.0, 1.0)
+    out = 1.0 / ((1.0 - smooth) / factor + smooth)   # 1 for short wavelengths, factor for long ones
+    return out.astype(np.float32)
 
 
 def _permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -145,18 +168,57 @@ def _pre_tokenizer(tok: dict) -> str:
                        "name it with --pre (gpt2, llama-bpe, qwen2, smollm, default)")
 
 
+def _is_byte_level(tok: dict) -> bool:
+    model = tok.get("model", {})
+    return (model.get("type") == "BPE" and not model.get("byte_fallback")
+            and (tok.get("decoder") or {}).get("type") == "ByteLevel")
+
+
 def _add_vocab(w, model_dir: Path, n_vocab: int, pre: Optional[str]) -> None:
+    path = model_dir / "tokenizer.json"
+    tok = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    if tok is not None and _is_byte_level(tok):
+        _add_bpe_vocab(w, model_dir, tok, n_vocab, pre)
+    elif (model_dir / "tokenizer.model").exists():   # Llama 2, Mistral: SentencePiece
+        _add_spm_vocab(w, model_dir, n_vocab)
+    elif tok is not None:
+        raise ConvertError("tokenizer.json is not a byte-level BPE vocabulary and there is no tokenizer.model")
+    else:
+        raise ConvertError(f"{model_dir} has no tokenizer.json or tokenizer.model")
+
+
+def _add_spm_vocab(w, model_dir: Path, n_vocab: int) -> None:
+    """Pieces, scores and token types from the SentencePiece model, as llama.cpp stores them."""
+    import gguf
+    try:
+        import sentencepiece
+    except ImportError as exc:
+        raise ConvertError("a tokenizer.model vocabulary needs the sentencepiece package "
+                           "(pip install sentencepiece)") from exc
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
+    T = gguf.TokenType
+    tokens, scores, types = [], [], []
+    for i in range(sp.get_piece_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        types.append(T.UNKNOWN if sp.is_unknown(i) else T.CONTROL if sp.is_control(i) else
+                     T.BYTE if sp.is_byte(i) else T.UNUSED if sp.is_unused(i) else T.NORMAL)
+    for i in range(len(tokens), n_vocab):   # a model may have rows past the tokenizer's pieces
+        tokens.append(f"[PAD{i}]")
+        scores.append(-1000.0)
+        types.append(T.UNUSED)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    gguf.SpecialVocab(model_dir, load_merges=False, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+
+
+def _add_bpe_vocab(w, model_dir: Path, tok: dict, n_vocab: int, pre: Optional[str]) -> None:
     import gguf
 
-    path = model_dir / "tokenizer.json"
-    if not path.exists():
-        hint = " (SentencePiece tokenizer.model vocabularies are not converted yet)" \
-            if (model_dir / "tokenizer.model").exists() else ""
-        raise ConvertError(f"{model_dir} has no tokenizer.json{hint}")
-    tok = json.loads(path.read_text(encoding="utf-8"))
-    model = tok.get("model", {})
-    if model.get("type") != "BPE" or model.get("byte_fallback") or (tok.get("decoder") or {}).get("type") != "ByteLevel":
-        raise ConvertError("tokenizer.json is not a byte-level BPE vocabulary (the kind pykv converts)")
+    model = tok["model"]
     tokens: Dict[int, str] = {i: t for t, i in model["vocab"].items()}
     types = {i: gguf.TokenType.NORMAL for i in tokens}
     for added in tok.get("added_tokens", []):
@@ -197,7 +259,8 @@ def convert(model_dir, out_path, out_type: str = "f16", pre: Optional[str] = Non
         w.add_head_count(n_head)
         w.add_head_count_kv(cfg.get("num_key_value_heads", n_head))
         w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
-        w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+        theta, scaling = rope_config(cfg)
+        w.add_rope_freq_base(theta)
         w.add_rope_dimension_count(head_dim)
         if head_dim != n_embd // n_head:
             w.add_key_length(head_dim)
@@ -208,6 +271,8 @@ def convert(model_dir, out_path, out_type: str = "f16", pre: Optional[str] = Non
         _add_vocab(w, model_dir, cfg["vocab_size"], pre)
 
         names = []
+        if scaling:
+            w.add_tensor("rope_freqs.weight", llama3_rope_factors(theta, scaling, head_dim))
         for name, arr in _tensors(model_dir, cfg):
             data, qtype = _stored(name, arr, out_type)
             if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):

@@ -42,24 +42,31 @@ def _tokenizer_json(vocab) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def hf_model(smollm2_path, tmp_path_factory):
-    """(folder, transformers model): 2 layers, 4 heads (2 KV), SmolLM2's 49152-token vocabulary."""
+def _save_random_model(folder, arch="Llama", **config):
+    """A transformers model with random weights (2 layers, 4 heads, 2 KV heads) saved as
+    safetensors in folder."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    vocab = vf.read_bpe_vocab(Path(smollm2_path))
-    folder = tmp_path_factory.mktemp("hf-llama")
-    cfg = transformers.LlamaConfig(vocab_size=len(vocab["tokens"]), hidden_size=64, intermediate_size=160,
-                                   num_hidden_layers=2, num_attention_heads=N_HEAD, num_key_value_heads=N_HEAD_KV,
-                                   max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
-                                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    cfg = getattr(transformers, f"{arch}Config")(**dict(
+        dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=N_HEAD,
+             num_key_value_heads=N_HEAD_KV, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), **config))
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).float().eval()
+    model = getattr(transformers, f"{arch}ForCausalLM")(cfg).float().eval()
     with torch.no_grad():   # larger than the default init, so the logits are far from flat
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.15)
     model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_path, tmp_path_factory):
+    """(folder, transformers model): a Llama with SmolLM2's 49152-token byte-level vocabulary."""
+    vocab = vf.read_bpe_vocab(Path(smollm2_path))
+    folder = tmp_path_factory.mktemp("hf-llama")
+    model = _save_random_model(folder, vocab_size=len(vocab["tokens"]))
     (folder / "tokenizer.json").write_text(json.dumps(_tokenizer_json(vocab)), encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False, "chat_template": TEMPLATE}))
@@ -75,7 +82,7 @@ def _hf_logits(model, tokens):
 def _pykv_logits(path, tokens):
     """Logits after each token, fed one at a time (every decode step is compared)."""
     rows = []
-    with Llama(str(path), n_ctx=64, n_threads=2, **EXACT) as llm:
+    with Llama(str(path), n_ctx=128, n_threads=2, **EXACT) as llm:
         for t in tokens:
             llm.eval([t])
             rows.append(llm.logits().astype(np.float64))
@@ -91,6 +98,38 @@ def test_f32_matches_transformers(hf_model, tmp_path):
     got, ref = _pykv_logits(out, TOKENS), _hf_logits(model, TOKENS)
     for i in range(len(TOKENS)):
         assert_logits_close(got[i], ref[i], atol=1e-3, rtol_scale=1e-4, what=f"f32 step {i}")
+
+
+@pytest.mark.parametrize("config_style", ["transformers 5", "transformers 4"])
+def test_llama3_rope_scaling_matches_transformers(tmp_path, config_style):
+    """Llama 3.1's rope scaling becomes rope_freqs; a short original context puts the model's
+    frequencies in all three regimes (kept, blended, slowed by the factor). config.json spells
+    RoPE as transformers 5 writes it (rope_parameters) or as hub models from transformers 4 do
+    (rope_theta, rope_scaling)."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    model = _save_random_model(tmp_path, vocab_size=512, rope_theta=500000.0, rope_scaling=scaling)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["rope_parameters"]["rope_theta"] == 500000.0 and "rope_theta" not in cfg
+    if config_style == "transformers 4":
+        params = cfg.pop("rope_parameters")
+        cfg["rope_theta"] = params.pop("rope_theta")
+        cfg["rope_scaling"] = params
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "tokenizer.json").write_text(json.dumps(_tiny_bpe_tokenizer(512)), encoding="utf-8")
+    out = convert(tmp_path, tmp_path / "llama3.gguf", "f32", pre="gpt2", progress=None)
+    tokens = [(7 * i + 3) % 512 for i in range(48)]
+    got, ref = _pykv_logits(out, tokens), _hf_logits(model, tokens)
+    for i in range(len(tokens)):
+        assert_logits_close(got[i], ref[i], atol=1e-3, rtol_scale=1e-4, what=f"llama3 rope step {i}")
+
+
+def _tiny_bpe_tokenizer(n: int) -> dict:
+    """A byte-level BPE vocabulary of n single-character tokens (no merges)."""
+    chars = [chr(c) for c in range(0x21, 0x7F)] + [chr(c) for c in range(0x100, 0x100 + n)]
+    tok = _tokenizer_json({"tokens": chars[:n], "types": [1] * n, "merges": []})
+    tok["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return tok
 
 
 def _dequantized_model(model, gguf_path):
@@ -191,3 +230,38 @@ def test_cli_convert(hf_model, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "pykv", "convert", str(tmp_path / "missing")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("pykv: error: ") and "config.json" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def mistral_model(tmp_path_factory):
+    """(folder, transformers model): a Mistral with Mistral's v1 SentencePiece tokenizer.model."""
+    pytest.importorskip("sentencepiece")
+    try:
+        proto = vf.spm_model_bytes("v1")
+    except vf.DownloadError as exc:
+        pytest.skip(f"mistral-common wheel unavailable: {exc}")
+    folder = tmp_path_factory.mktemp("hf-mistral")
+    model = _save_random_model(folder, arch="Mistral", vocab_size=32000, sliding_window=None)
+    (folder / "tokenizer.model").write_bytes(proto)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False}))
+    return folder, model
+
+
+def test_mistral_sentencepiece_matches_sentencepiece_and_transformers(mistral_model, tmp_path):
+    import sentencepiece
+
+    folder, model = mistral_model
+    out = convert(folder, tmp_path / "mistral.gguf", "f32", progress=None)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    with Llama(str(out), vocab_only=True) as llm:
+        for text in TEXTS[:3] + ["  two spaces\nand a newline", "\x07 control byte"]:
+            ids = llm.tokenize(text, add_bos=True)
+            assert ids == [sp.bos_id()] + sp.encode(text), text
+            assert llm.detokenize(ids[1:]) == text.encode(), text   # byte pieces spell bytes
+        assert (llm.token_bos(), llm.token_eos()) == (1, 2)
+        assert llm.metadata["tokenizer.ggml.model"] == "llama"
+    tokens = [1, 415, 5565, 302, 4843, 349, 2, 28705, 31999, 1000, 13]
+    got, ref = _pykv_logits(out, tokens), _hf_logits(model, tokens)
+    for i in range(len(tokens)):
+        assert_logits_close(got[i], ref[i], atol=1e-3, rtol_scale=1e-4, what=f"mistral step {i}")
