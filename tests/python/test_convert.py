@@ -100,6 +100,28 @@ def test_f32_matches_transformers(hf_model, tmp_path):
         assert_logits_close(got[i], ref[i], atol=1e-3, rtol_scale=1e-4, what=f"f32 step {i}")
 
 
+def test_tied_embeddings_and_bf16(tmp_path):
+    """A model that ties lm_head to the embeddings (SmolLM2 does) saved in bfloat16: no
+    output.weight in the GGUF, the runtime reads token_embd for the logits."""
+    import torch
+
+    model = _save_random_model(tmp_path, vocab_size=512, tie_word_embeddings=True)
+    model.to(torch.bfloat16).save_pretrained(tmp_path, safe_serialization=True)
+    model = model.float()   # the bf16-rounded weights, in float32 for the reference
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    assert header["model.embed_tokens.weight"]["dtype"] == "BF16" and "lm_head.weight" not in header
+    (tmp_path / "tokenizer.json").write_text(json.dumps(_tiny_bpe_tokenizer(512)), encoding="utf-8")
+    out = convert(tmp_path, tmp_path / "tied.gguf", "f32", pre="gpt2", progress=None)
+    with Llama(str(out), vocab_only=True) as llm:
+        names = {t["name"] for t in llm.tensors}
+    assert "output.weight" not in names and "token_embd.weight" in names
+    tokens = [5, 77, 300, 12, 511, 0, 42]
+    got, ref = _pykv_logits(out, tokens), _hf_logits(model, tokens)
+    for i in range(len(tokens)):
+        assert_logits_close(got[i], ref[i], atol=1e-3, rtol_scale=1e-4, what=f"tied step {i}")
+
+
 @pytest.mark.parametrize("config_style", ["transformers 5", "transformers 4"])
 def test_llama3_rope_scaling_matches_transformers(tmp_path, config_style):
     """Llama 3.1's rope scaling becomes rope_freqs; a short original context puts the model's
