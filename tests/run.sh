@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: install pykv with its test extras, build and
-# run the C unit tests under AddressSanitizer + UndefinedBehaviorSanitizer, fetch the
-# SmolLM2 model once, then run pytest. Exits nonzero on any failure.
+# run the C unit tests under AddressSanitizer + UndefinedBehaviorSanitizer, every policy's
+# threaded decode under ThreadSanitizer, fetch the SmolLM2 model once, then run pytest.
+# Exits nonzero on any failure.
 #
 #   bash tests/run.sh            # everything
 #   PYTHON=python3.12 bash tests/run.sh
@@ -24,6 +25,17 @@ cmake -S . -B "$ASAN_BUILD" -DPYKV_BUILD_TESTS=ON -DPYKV_SANITIZE=ON -DCMAKE_BUI
 cmake --build "$ASAN_BUILD" -j "$JOBS"
 (cd "$ASAN_BUILD" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --output-on-failure -j "$JOBS")
+
+echo "==> every policy's threaded decode under ThreadSanitizer (tiny model)"
+# The decode step runs each list's policy work on whichever thread finishes the list while
+# the other thread attends: decode_threads drives that for every policy on a TSan build.
+TSAN_BUILD=build/ctest-tsan
+cmake -S . -B "$TSAN_BUILD" -DPYKV_BUILD_TESTS=ON -DPYKV_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$TSAN_BUILD" -j "$JOBS" --target decode_threads test_threadpool
+"$PYTHON" -c "import sys; sys.path.insert(0, 'tests/python'); import _tiny_models as t; \
+t.write_tiny_gguf(t.variant('llama_q8_0_h8kv2'), sys.argv[1])" "$TSAN_BUILD/tiny.gguf"
+TSAN_OPTIONS=halt_on_error=1 "$TSAN_BUILD/tests/c/test_threadpool"
+TSAN_OPTIONS=halt_on_error=1 "$TSAN_BUILD/tests/c/decode_threads" "$TSAN_BUILD/tiny.gguf"
 
 echo "==> the native code behind the Python API (forward pass, policies) under ASan + UBSan"
 # The sanitized libpykv is loaded into Python with the sanitizer runtimes preloaded; the

@@ -30,6 +30,7 @@ struct scratch {
     float *part_m, *part_l; // (n_head, DECODE_MAX_SEGMENTS) a decode step's split attention
     float *part_o;          // (n_head, DECODE_MAX_SEGMENTS, head_dim)
     atomic_int *segments_left;   // (n_head_kv) a decode step's segments still to attend per list
+    int        *segments;        // (n_head_kv) its segment counts, fixed before the threads start
 };
 
 // A decode step splits each list into segments of at least DECODE_SEGMENT entries, at most

@@ -125,7 +125,7 @@ static void finish_list(struct decode_job *job, int g) {
     const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
     for (int h = g * n_rep; h < (g + 1) * n_rep; h++) {
         const size_t slot = (size_t)h * DECODE_MAX_SEGMENTS;
-        attention_merge(decode_segments(l->n), b->part_m + slot, b->part_l + slot, b->part_o + slot * hd, hd,
+        attention_merge(b->segments[g], b->part_m + slot, b->part_l + slot, b->part_o + slot * hd, hd,
                         b->att + (size_t)h * hd);
         if (b->attn_colsum) normalize_colsum(b->attn_colsum + (size_t)h * ctx->n_ctx, l->n, b->part_m + slot, b->part_l + slot);
     }
@@ -147,9 +147,11 @@ static void decode_split_task(void *arg, int ith, int nth) {
     (void)nth;
     for (int it; (it = atomic_fetch_add(&job->next, 1)) < job->n_items;) {
         const int g = it / DECODE_MAX_SEGMENTS, seg = it % DECODE_MAX_SEGMENTS;
-        const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
-        const int n_seg = decode_segments(l->n);
+        // the count fixed before the threads started: another thread may already have
+        // finished list g and let its policy shrink it
+        const int n_seg = b->segments[g];
         if (seg >= n_seg) continue;
+        const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
         const int j0 = segment_start(l->n, n_seg, seg), j1 = segment_start(l->n, n_seg, seg + 1);
         for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
             const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
@@ -178,8 +180,10 @@ static pykv_status decode_attention(pykv_context *ctx, int layer, const struct p
     struct decode_job job = { .ctx = ctx, .layer = layer, .n_items = hp->n_head_kv * DECODE_MAX_SEGMENTS, .ev = ev };
     atomic_init(&job.next, 0);
     atomic_init(&job.failed, 0);
-    for (int g = 0; g < hp->n_head_kv; g++)
-        atomic_init(&ctx->buf.segments_left[g], decode_segments(kv_cache_list(&ctx->cache, layer, g)->n));
+    for (int g = 0; g < hp->n_head_kv; g++) {
+        ctx->buf.segments[g] = decode_segments(kv_cache_list(&ctx->cache, layer, g)->n);
+        atomic_init(&ctx->buf.segments_left[g], ctx->buf.segments[g]);
+    }
     threadpool_run(ctx->pool, decode_split_task, &job);
     return atomic_load(&job.failed) ? pykv_error(job.st, "%s", job.msg) : PYKV_OK;
 }
