@@ -8,65 +8,20 @@ one as pieces, scores and token types; Llama 3's rope scaling becomes the rope_f
 from __future__ import annotations
 
 import json
-import struct
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
+from ._convert_vocab import add_vocab
+from ._safetensors import read_safetensors, safetensors_files
+from .errors import ConvertError
+
+__all__ = ["convert", "ConvertError", "ARCHITECTURES", "OUT_TYPES"]
+
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 OUT_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
-# safetensors dtypes that can be read (BF16 is widened to float32 by a shift)
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-
-
-class ConvertError(ValueError):
-    """The model folder cannot be converted; the message says why."""
-
-
-# ---- safetensors ----------------------------------------------------------------------
-
-def _safetensors_files(model_dir: Path):
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / n for n in names]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ConvertError(f"no *.safetensors files in {model_dir} (pytorch .bin checkpoints are not read)")
-    return files
-
-
-def read_safetensors(path: Path) -> Iterator[Tuple[str, np.ndarray]]:
-    """(name, float array) for every tensor of one file, mapped rather than read."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ConvertError(f"{path.name}: truncated safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-            raise ConvertError(f"{path.name}: the header claims {n} bytes, more than the file holds")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConvertError(f"{path.name}: corrupt safetensors header ({exc})") from exc
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise ConvertError(f"{path.name}: tensor {name} has dtype {info.get('dtype')}; F32, F16 and BF16 are read")
-        start, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if end > data.size or end - start != int(np.prod(shape)) * np.dtype(dtype).itemsize:
-            raise ConvertError(f"{path.name}: tensor {name} lies outside the file or has the wrong size")
-        arr = data[start:end].view(dtype).reshape(shape)
-        if dtype is np.uint16:
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        yield name, arr
 
 
 # ---- hyperparameters and tensors --------------------------------------------------------
@@ -79,7 +34,7 @@ def _config(model_dir: Path) -> dict:
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch not in ARCHITECTURES:
         raise ConvertError(f"architecture {arch} is not supported (pykv converts {', '.join(ARCHITECTURES)})")
-    theta, scaling = rope_config(cfg)
+    _, scaling = rope_config(cfg)
     if scaling and scaling.get("rope_type", scaling.get("type")) != "llama3":
         raise ConvertError(f"rope scaling {scaling} is not converted (pykv reads Llama 3's, as rope_freqs)")
     return cfg
@@ -119,7 +74,7 @@ def _tensors(model_dir: Path, cfg: dict) -> Iterator[Tuple[str, np.ndarray]]:
     n_layer, n_head = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     n_head_kv = cfg.get("num_key_value_heads", n_head)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layer)
-    for path in _safetensors_files(model_dir):
+    for path in safetensors_files(model_dir):
         for name, arr in read_safetensors(path):
             if name.endswith("rotary_emb.inv_freq"):
                 continue
@@ -148,89 +103,6 @@ def _stored(name: str, arr: np.ndarray, out_type: str):
     if arr.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
         return arr.astype(np.float16), T.F16
     return gguf.quants.quantize(arr, qtype), qtype
-
-
-# ---- tokenizer ------------------------------------------------------------------------------
-
-def _pre_tokenizer(tok: dict) -> str:
-    """tokenizer.ggml.pre for the pre-tokenizers pykv implements, read from tokenizer.json."""
-    pre = tok.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
-    kinds = [s.get("type") for s in steps]
-    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
-        return "gpt2"
-    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
-        return "smollm"
-    if kinds and kinds[-1] == "ByteLevel" and any(
-            "\\p{N}{1,3}" in (s.get("pattern") or {}).get("Regex", "") for s in steps):
-        return "llama-bpe"
-    raise ConvertError(f"tokenizer.json's pre-tokenizer ({kinds}) is not one pykv knows; "
-                       "name it with --pre (gpt2, llama-bpe, qwen2, smollm, default)")
-
-
-def _is_byte_level(tok: dict) -> bool:
-    model = tok.get("model", {})
-    return (model.get("type") == "BPE" and not model.get("byte_fallback")
-            and (tok.get("decoder") or {}).get("type") == "ByteLevel")
-
-
-def _add_vocab(w, model_dir: Path, n_vocab: int, pre: Optional[str]) -> None:
-    path = model_dir / "tokenizer.json"
-    tok = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    if tok is not None and _is_byte_level(tok):
-        _add_bpe_vocab(w, model_dir, tok, n_vocab, pre)
-    elif (model_dir / "tokenizer.model").exists():   # Llama 2, Mistral: SentencePiece
-        _add_spm_vocab(w, model_dir, n_vocab)
-    elif tok is not None:
-        raise ConvertError("tokenizer.json is not a byte-level BPE vocabulary and there is no tokenizer.model")
-    else:
-        raise ConvertError(f"{model_dir} has no tokenizer.json or tokenizer.model")
-
-
-def _add_spm_vocab(w, model_dir: Path, n_vocab: int) -> None:
-    """Pieces, scores and token types from the SentencePiece model, as llama.cpp stores them."""
-    import gguf
-    try:
-        import sentencepiece
-    except ImportError as exc:
-        raise ConvertError("a tokenizer.model vocabulary needs the sentencepiece package "
-                           "(pip install sentencepiece)") from exc
-    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
-    T = gguf.TokenType
-    tokens, scores, types = [], [], []
-    for i in range(sp.get_piece_size()):
-        tokens.append(sp.id_to_piece(i))
-        scores.append(sp.get_score(i))
-        types.append(T.UNKNOWN if sp.is_unknown(i) else T.CONTROL if sp.is_control(i) else
-                     T.BYTE if sp.is_byte(i) else T.UNUSED if sp.is_unused(i) else T.NORMAL)
-    for i in range(len(tokens), n_vocab):   # a model may have rows past the tokenizer's pieces
-        tokens.append(f"[PAD{i}]")
-        scores.append(-1000.0)
-        types.append(T.UNUSED)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    gguf.SpecialVocab(model_dir, load_merges=False, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
-
-
-def _add_bpe_vocab(w, model_dir: Path, tok: dict, n_vocab: int, pre: Optional[str]) -> None:
-    import gguf
-
-    model = tok["model"]
-    tokens: Dict[int, str] = {i: t for t, i in model["vocab"].items()}
-    types = {i: gguf.TokenType.NORMAL for i in tokens}
-    for added in tok.get("added_tokens", []):
-        tokens[added["id"]] = added["content"]
-        types[added["id"]] = gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED
-    size = max(n_vocab, max(tokens) + 1)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre or _pre_tokenizer(tok))
-    w.add_token_list([tokens.get(i, f"[PAD{i}]") for i in range(size)])
-    w.add_token_types([types.get(i, gguf.TokenType.UNUSED) for i in range(size)])
-    # merges, BOS/EOS/PAD ids, add_bos and the chat template, from tokenizer_config.json
-    gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=size).add_to_gguf(w, quiet=True)
 
 
 # ---- the file ------------------------------------------------------------------------------
@@ -268,7 +140,7 @@ def convert(model_dir, out_path, out_type: str = "f16", pre: Optional[str] = Non
         w.add_vocab_size(cfg["vocab_size"])
         w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}[out_type])
         w.add_quantization_version(2)
-        _add_vocab(w, model_dir, cfg["vocab_size"], pre)
+        add_vocab(w, model_dir, cfg["vocab_size"], pre)
 
         names = []
         if scaling:

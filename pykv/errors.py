@@ -27,3 +27,7 @@ class BackendError(PykvError, RuntimeError):
 
 class GenerationCancelled(PykvError):
     """A running evaluation was cancelled (internal: generate() reports finish_reason="cancelled")."""
+
+
+class ConvertError(ValueError):
+    """pykv convert cannot convert the model folder; the message says why."""

@@ -287,3 +287,21 @@ def test_mistral_sentencepiece_matches_sentencepiece_and_transformers(mistral_mo
     got, ref = _pykv_logits(out, tokens), _hf_logits(model, tokens)
     for i in range(len(tokens)):
         assert_logits_close(got[i], ref[i], atol=1e-3, rtol_scale=1e-4, what=f"mistral step {i}")
+
+
+@pytest.mark.parametrize("pre_tokenizer, name", [
+    ({"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}, "gpt2"),
+    ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                           {"type": "ByteLevel", "use_regex": True}]}, "smollm"),
+    ({"type": "Sequence", "pretokenizers": [   # Llama 3's tokenizer.json
+        {"type": "Split", "pattern": {"Regex": vf.LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}, "llama-bpe"),
+    ({"type": "Metaspace", "replacement": "\u2581"}, None),
+])
+def test_pre_tokenizer_is_recognised_or_named(pre_tokenizer, name):
+    from pykv._convert_vocab import _pre_tokenizer
+    if name is None:
+        with pytest.raises(ConvertError, match="--pre"):
+            _pre_tokenizer({"pre_tokenizer": pre_tokenizer})
+    else:
+        assert _pre_tokenizer({"pre_tokenizer": pre_tokenizer}) == name
