@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 
 from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, resolve_model_arg
-from ._cli_generate import _write, check_model_flags, load_model, print_kv_stats
-from .errors import PykvError
+from ._cli_generate import _write, check_model_flags, load_model, print_kv_stats, sampling_kwargs
+from .errors import ContextOverflowError, PykvError
 
 COMMANDS = "/reset starts over, /exit ends"
 
@@ -71,10 +71,7 @@ def converse(args, llm) -> int:
     interactive = sys.stdin.isatty()
     opening = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     history = list(opening)
-    sampling = dict(max_tokens=args.n_predict if args.n_predict > 0 else None, temperature=args.temp,
-                    top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                    repeat_last_n=args.repeat_last_n, seed=args.seed if args.seed >= 0 else None,
-                    stop=args.stop or None)
+    sampling = sampling_kwargs(args)
     totals, failed = Totals(), False
     if interactive:
         print(f"pykv: chatting with {llm.model_path} ({COMMANDS}; end a line with \\ to go on)", file=sys.stderr)
@@ -118,7 +115,6 @@ def _reply(llm, messages, sampling):
     """Stream the assistant's reply to stdout; Ctrl-C ends it early. Returns the result."""
     prompt = llm.chat_prompt(messages)
     if len(prompt) >= llm.n_ctx:
-        from .errors import ContextOverflowError
         raise ContextOverflowError(f"the conversation has {len(prompt)} tokens and leaves no room for a reply "
                                    f"in n_ctx={llm.n_ctx}")
     steps = llm.generate(prompt, stream=True, **sampling)

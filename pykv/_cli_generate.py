@@ -66,6 +66,14 @@ def check_model_flags(args) -> None:
     make_sampler(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.repeat_last_n)
 
 
+def sampling_kwargs(args) -> dict:
+    """Llama.generate's length, sampling and stop arguments from the shared flags."""
+    return dict(max_tokens=args.n_predict if args.n_predict > 0 else None,
+                temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                seed=args.seed if args.seed >= 0 else None, stop=args.stop or None)
+
+
 def load_model(args, path):
     from . import Llama
     return Llama(str(path), n_ctx=args.ctx_size, n_threads=args.threads, n_batch=args.batch_size,
@@ -107,11 +115,7 @@ def _generate(args, llm, prompt, path, load_ms) -> int:
     except (AttributeError, ValueError):
         pass
 
-    kwargs = dict(max_tokens=args.n_predict if args.n_predict > 0 else None,
-                  temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                  repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                  seed=args.seed if args.seed >= 0 else None, stop=args.stop or None,
-                  ignore_eos=args.ignore_eos)
+    kwargs = dict(sampling_kwargs(args), ignore_eos=args.ignore_eos)
 
     interrupted = False
     steps = None

@@ -18,10 +18,12 @@ from ._convert_vocab import add_vocab
 from ._safetensors import read_safetensors, safetensors_files
 from .errors import ConvertError
 
-__all__ = ["convert", "ConvertError", "ARCHITECTURES", "OUT_TYPES"]
+__all__ = ["convert", "ConvertError", "ARCHITECTURES", "OUT_TYPES", "FILE_TYPES"]
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-OUT_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
+# out type -> general.file_type (llama.cpp's llama_ftype); the quantized ones name a GGML type
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}
+OUT_TYPES = tuple(FILE_TYPES)
 
 
 # ---- hyperparameters and tensors --------------------------------------------------------
@@ -88,7 +90,7 @@ def _tensors(model_dir: Path, cfg: dict) -> Iterator[Tuple[str, np.ndarray]]:
             yield new, arr
 
 
-def _stored(name: str, arr: np.ndarray, out_type: str):
+def _stored(arr: np.ndarray, out_type: str):
     """(array to write, its GGML type): vectors stay float32, matrices take out_type where
     their rows split into whole blocks, else f16."""
     import gguf
@@ -99,7 +101,7 @@ def _stored(name: str, arr: np.ndarray, out_type: str):
         return arr, T.F32
     if out_type == "f16":
         return arr.astype(np.float16), T.F16
-    qtype = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1}[out_type]
+    qtype = T[out_type.upper()]
     if arr.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
         return arr.astype(np.float16), T.F16
     return gguf.quants.quantize(arr, qtype), qtype
@@ -138,7 +140,7 @@ def convert(model_dir, out_path, out_type: str = "f16", pre: Optional[str] = Non
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
         w.add_vocab_size(cfg["vocab_size"])
-        w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}[out_type])
+        w.add_file_type(FILE_TYPES[out_type])
         w.add_quantization_version(2)
         add_vocab(w, model_dir, cfg["vocab_size"], pre)
 
@@ -146,7 +148,7 @@ def convert(model_dir, out_path, out_type: str = "f16", pre: Optional[str] = Non
         if scaling:
             w.add_tensor("rope_freqs.weight", llama3_rope_factors(theta, scaling, head_dim))
         for name, arr in _tensors(model_dir, cfg):
-            data, qtype = _stored(name, arr, out_type)
+            data, qtype = _stored(arr, out_type)
             if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
                 w.add_tensor(name, data)
             else:   # bytes of blocks: the writer takes the element shape from them
