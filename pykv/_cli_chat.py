@@ -1,8 +1,10 @@
 """``pykv chat``: a conversation on stdin/stdout through the model's chat template.
 
-Each turn renders the whole conversation and generates the reply from a fresh context, so a
-KV policy compresses the conversation as it stands. Ctrl-C during a reply cuts the reply
-short and keeps the conversation; at the prompt it ends the session (exit 130).
+Each turn renders the whole conversation. With the `full` policy the context keeps what it
+holds of the earlier turns (Llama.generate's prefix match), so a turn evaluates only its new
+tokens; an evicting policy compresses the conversation as it stands, from a fresh context.
+Ctrl-C during a reply cuts the reply short and keeps the conversation; at the prompt it ends
+the session (exit 130).
 """
 from __future__ import annotations
 
@@ -101,7 +103,8 @@ def converse(args, llm) -> int:
         totals.add(reply.timings)
         if args.verbose:
             t = reply.timings
-            print(f"pykv: prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.2f} tok/s; reply "
+            print(f"pykv: prompt {reply.prompt_tokens} tokens ({reply.cached_tokens} kept from the last turn), "
+                  f"{t['prompt_per_second']:.2f} tok/s; reply "
                   f"{len(reply.tokens)} tokens, {t['predicted_per_second']:.2f} tok/s ({reply.finish_reason})",
                   file=sys.stderr)
     if totals.turns:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 def _usage(result) -> dict:
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
-            "total_tokens": result.prompt_tokens + len(result.tokens)}
+            "total_tokens": result.prompt_tokens + len(result.tokens),
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
 
 
 class _Envelope:

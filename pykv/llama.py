@@ -32,6 +32,7 @@ class GenerationResult:
     tokens: List[int]
     finish_reason: str                     # "stop" (EOG or stop string), "length", "cancelled"
     prompt_tokens: int = 0
+    cached_tokens: int = 0                 # of prompt_tokens, kept from the previous call (not evaluated)
     timings: dict = field(default_factory=dict)
     kv_stats: dict = field(default_factory=dict)
 
@@ -328,6 +329,15 @@ class Llama:
         lib.pykv_reset(self._need_ctx())
         self.input_ids = []
 
+    def truncate(self, n_keep: int) -> None:
+        """Forget the tokens after the first n_keep, so that eval() continues after them. Only
+        the `full` policy allows it (an evicting policy's cache cannot be cut back to a prefix:
+        InvalidArgumentError, whatever n_keep); n_keep=0 is reset()."""
+        if not isinstance(n_keep, int) or isinstance(n_keep, bool):
+            raise errors.InvalidArgumentError(f"n_keep must be an integer, got {n_keep!r}")
+        check(lib.pykv_truncate(self._need_ctx(), n_keep))
+        del self.input_ids[n_keep:]
+
     def cancel(self) -> None:
         """Ask a running eval() (from another thread) to stop: it raises GenerationCancelled
         at the next layer, or with an evicting policy at the next chunk boundary (a decode
@@ -405,7 +415,9 @@ class Llama:
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
                  ignore_eos: bool = False, stream: bool = False):
-        """Generate text after prompt (text or token ids) from a fresh context.
+        """Generate text after prompt (text or token ids). With the `full` policy the context
+        keeps the longest prefix of the prompt it already holds and evaluates the rest
+        (result.cached_tokens); otherwise, or after reset(), it starts afresh.
 
         max_tokens <= 0 or None generates until an end-of-generation token or a full context.
         Returns a GenerationResult, or with stream=True an iterator of GenerationChunk whose
@@ -425,15 +437,31 @@ class Llama:
             pass
         return self.last_result
 
-    def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos) -> Iterator[GenerationChunk]:
+    def _start_from(self, tokens: List[int]) -> int:
+        """Make the context hold a prefix of tokens, ready to evaluate the rest: the longest
+        one it already holds when the policy allows cutting back to it (`full`), else none.
+        At least the last token is left to evaluate, for its logits. Returns the prefix's
+        length (llama-cpp-python's prefix match)."""
+        keep = 0
+        for held, wanted in zip(self.input_ids, tokens[:-1]):
+            if held != wanted:
+                break
+            keep += 1
+        if keep and lib.pykv_truncate(self._ctx, keep) == lib.PYKV_OK:
+            del self.input_ids[keep:]
+            return keep
         self.reset()
+        return 0
+
+    def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos) -> Iterator[GenerationChunk]:
+        cached = self._start_from(prompt_tokens)
         lib.pykv_reset_timings(self._ctx)
         text = TextStream(stop)
         generated: List[int] = []
         finish_reason = "length"
         limit = max_tokens if max_tokens and max_tokens > 0 else None
         try:
-            self.eval(prompt_tokens)
+            self.eval(prompt_tokens[cached:])
             for t in prompt_tokens:
                 lib.pykv_sampler_accept(sampler, t)
             while limit is None or len(generated) < limit:
@@ -460,17 +488,17 @@ class Llama:
                 self.eval([token])
         except (KeyboardInterrupt, errors.GenerationCancelled, GeneratorExit):
             finish_reason = "cancelled"
-            self._finish(text, generated, prompt_tokens, finish_reason)
+            self._finish(text, generated, prompt_tokens, cached, finish_reason)
             raise
         tail = text.flush()
         if tail:
             yield GenerationChunk(tail, generated[-1] if generated else -1)
-        self._finish(text, generated, prompt_tokens, finish_reason)
+        self._finish(text, generated, prompt_tokens, cached, finish_reason)
 
-    def _finish(self, text, generated, prompt_tokens, finish_reason):
+    def _finish(self, text, generated, prompt_tokens, cached, finish_reason):
         self.last_result = GenerationResult(text=text.text, tokens=list(generated), finish_reason=finish_reason,
-                                            prompt_tokens=len(prompt_tokens), timings=self.timings(),
-                                            kv_stats=self.kv_stats())
+                                            prompt_tokens=len(prompt_tokens), cached_tokens=cached,
+                                            timings=self.timings(), kv_stats=self.kv_stats())
 
     # ---- llama-cpp-python compatible completion ----
 

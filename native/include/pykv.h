@@ -212,6 +212,13 @@ PYKV_API int32_t     pykv_n_past(const pykv_context *ctx);
 PYKV_API int32_t     pykv_n_ctx(const pykv_context *ctx);
 /* Forget every token; the cache's memory is returned. */
 PYKV_API void        pykv_reset(pykv_context *ctx);
+/* Forget the tokens from position n_keep on (0 <= n_keep <= pykv_n_past), so that the next
+ * pykv_decode continues after the first n_keep: the cache then holds what a fresh run over
+ * those tokens would leave. Only the `full` policy allows it (PYKV_ERR_INVALID_ARG otherwise,
+ * even for n_keep = pykv_n_past, and nothing changes): an evicting policy chose what to keep
+ * with the later tokens in view. n_keep = 0 is pykv_reset (any policy). The logits are gone
+ * unless n_keep is pykv_n_past; as pykv_reset, it forgets a pending cancel. */
+PYKV_API pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep);
 /* Ask a running pykv_decode to stop (callable from any thread); it returns
  * PYKV_ERR_CANCELLED. It stops at the next layer boundary, or, with a policy that works
  * layer by layer (every evicting policy), at the next chunk boundary: the chunk it stops in
@@ -219,7 +226,7 @@ PYKV_API void        pykv_reset(pykv_context *ctx);
  * that arrives during the call's last chunk (a decode step is one) lets it finish and is
  * reported all the same. A cancel stays pending until a pykv_decode reports it (one that
  * arrives between two calls stops the next at its start, before it evaluates anything) or
- * pykv_reset clears the context. */
+ * pykv_reset or pykv_truncate clears it. */
 PYKV_API void        pykv_cancel(pykv_context *ctx);
 
 struct pykv_kv_stats {

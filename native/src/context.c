@@ -331,6 +331,31 @@ void pykv_reset(pykv_context *ctx) {
     atomic_store(&ctx->cancel, 0);
 }
 
+pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep) {
+    pykv_clear_error();
+    if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_truncate: ctx is NULL");
+    if (n_keep < 0 || n_keep > ctx->n_past)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_truncate: n_keep %d is outside 0..%d (the tokens evaluated)",
+                          n_keep, ctx->n_past);
+    if (n_keep == 0) {
+        pykv_reset(ctx);
+        return PYKV_OK;
+    }
+    // refused even when nothing would be cut, so that a caller learns it on any call
+    if (!ctx->policy->ops->keeps_every_entry)
+        return pykv_error(PYKV_ERR_INVALID_ARG,
+                          "pykv_truncate: the '%s' policy compresses the cache with the later tokens in view, so "
+                          "it cannot be cut back to a prefix; reset and evaluate the prefix again",
+                          ctx->policy->ops->name);
+    if (n_keep < ctx->n_past) {
+        PYKV_TRY(kv_cache_keep_prefix(&ctx->cache, n_keep));
+        ctx->n_past = n_keep;
+        ctx->has_logits = 0;
+    }
+    atomic_store(&ctx->cancel, 0);
+    return PYKV_OK;
+}
+
 void pykv_cancel(pykv_context *ctx) {
     if (ctx) atomic_store(&ctx->cancel, 1);
 }

@@ -293,6 +293,19 @@ void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n) {
     if (n < l->n) l->n = n;
 }
 
+pykv_status kv_cache_keep_prefix(struct kv_cache *c, int32_t n_pos) {
+    for (int i = 0; i < c->n_layer * c->n_head_kv; i++) {
+        struct kv_list *l = &c->lists[i];
+        int32_t n = l->n;
+        while (n > 0 && l->pos[n - 1] >= n_pos) n--;
+        kv_list_truncate(c, l, n);
+        // the room of a long cut goes back, so kv stats show what the prefix holds
+        const int32_t cap = n > KV_MIN_CAP ? n + n / 8 : KV_MIN_CAP;
+        if (l->cap > cap) PYKV_TRY(list_resize(c, l, cap));
+    }
+    return PYKV_OK;
+}
+
 int64_t kv_cache_entries(const struct kv_cache *c) {
     int64_t total = 0;
     for (int i = 0; i < c->n_layer * c->n_head_kv; i++) total += c->lists[i].n;

@@ -85,6 +85,9 @@ struct policy_ops {
     // Nonzero: the same sums on decode steps only, for decode_list (a decode step's attention
     // writes them as it goes, no extra pass); multi-token chunks then get attn_colsum NULL.
     int           wants_decode_attention_sums;
+    // Nonzero: the policy never evicts and keeps no per-entry state, so the cache can be cut
+    // back to any prefix of the tokens (pykv_truncate) and equal a fresh run over it.
+    int           keeps_every_entry;
 };
 
 // The budget in entries per (layer, KV head) for a prompt of n_prompt tokens: cfg->budget,

@@ -1,5 +1,6 @@
 // test_kv_cache.c - ragged per-head lists: append, retain (compaction), byte accounting,
-// for both element types (the values used are exact in halves too), and the accessors.
+// for both element types (the values used are exact in halves too), the accessors, and
+// cutting every list back to a prefix of positions.
 #include "check.h"
 #include "kv-cache.h"
 
@@ -53,8 +54,47 @@ static void check_type(int f16) {
     kv_cache_free(&c);
 }
 
+// kv_cache_keep_prefix: lists of different lengths (positions in order) keep what lies
+// before the cut, their room shrinks to fit, nothing counts as evicted.
+static void check_keep_prefix(int f16) {
+    struct kv_cache c;
+    const int hd = 4, n_lists = 2 * 2;
+    CHECK(kv_cache_init(&c, 2, 2, hd, 1000, f16) == PYKV_OK);
+    float k[4], v[4];
+    for (int i = 0; i < n_lists; i++) {
+        struct kv_list *l = &c.lists[i];
+        const int n = 50 * (i + 1);   // 50, 100, 150, 200 entries
+        CHECK(kv_list_reserve(&c, l, n) == PYKV_OK);
+        for (int j = 0; j < n; j++) {
+            fill(k, hd, (float)j);
+            fill(v, hd, (float)-j);
+            kv_list_push(&c, l, k, v, j);
+        }
+    }
+    const int64_t peak = c.peak_bytes;
+    CHECK(kv_cache_keep_prefix(&c, 120) == PYKV_OK);
+    const int64_t per_entry = 2 * hd * (f16 ? 2 : 4) + 4;
+    int64_t held = 0;
+    for (int i = 0; i < n_lists; i++) {
+        const struct kv_list *l = &c.lists[i];
+        const int want = 50 * (i + 1) < 120 ? 50 * (i + 1) : 120;
+        CHECK(l->n == want);
+        CHECK(l->cap <= want + want / 8 || l->cap <= 16);
+        float tk[4];
+        CHECK(l->pos[want - 1] == want - 1 && kv_key_f32(l, want - 1, hd, tk)[2] == (float)(want + 1));
+        held += (int64_t)l->cap * per_entry;
+    }
+    CHECK(c.bytes == held && c.peak_bytes == peak && c.evicted == 0);
+    CHECK(kv_cache_keep_prefix(&c, 5) == PYKV_OK);
+    CHECK(kv_cache_entries(&c) == 5 * n_lists && c.lists[3].cap == 16);
+    CHECK(kv_cache_keep_prefix(&c, 0) == PYKV_OK && kv_cache_entries(&c) == 0);
+    kv_cache_free(&c);
+}
+
 int main(void) {
     check_type(0);
     check_type(1);
+    check_keep_prefix(0);
+    check_keep_prefix(1);
     return check_report("test_kv_cache");
 }

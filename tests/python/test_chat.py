@@ -127,7 +127,8 @@ def test_chat_completion_greedy_matches_torch(smollm2_path):
         assert choice["message"] == {"role": "assistant", "content": llm.detokenize(tokens).decode("utf-8")}
         assert choice["finish_reason"] in ("stop", "length")
         assert out["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-                                "total_tokens": len(prompt) + len(tokens)}
+                                "total_tokens": len(prompt) + len(tokens),
+                                "prompt_tokens_details": {"cached_tokens": 0}}
 
         chunks = list(llm.create_chat_completion(messages, stream=True, **greedy))
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)

@@ -96,3 +96,12 @@ def test_ctrl_c_cuts_a_reply_short_and_the_session_goes_on(smollm2_path):
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "pykv: 2 replies" in err
     assert (got + rest).decode(errors="replace").count("\n") >= 2   # the cut reply ended, the next one came
+
+
+@pytest.mark.parametrize("policy,kept", [("full", True), ("snapkv", False)])
+def test_a_turn_keeps_the_earlier_turns_with_full(smollm2_path, policy, kept):
+    r = chat(smollm2_path, "Name a colour.\nAnd another?\n", "-v", "--policy", policy, "--budget", "64")
+    assert r.returncode == 0, r.stderr
+    counts = [int(line.split("(")[1].split()[0]) for line in r.stderr.splitlines() if "kept from the last turn" in line]
+    assert len(counts) == 2 and counts[0] == 0
+    assert (counts[1] > 0) == kept

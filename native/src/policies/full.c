@@ -22,4 +22,5 @@ const struct policy_ops policy_full = {
     .description = "keep every entry: no eviction",
     .init = full_init,
     .free = full_free,
+    .keeps_every_entry = 1,
 };
