@@ -1,11 +1,12 @@
 """Reading safetensors checkpoints (one file or an index of shards) as float arrays, mapped
-rather than read; for pykv convert."""
+rather than read and loaded one at a time; for pykv convert."""
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Callable, Iterator, Tuple
 
 import numpy as np
 
@@ -26,8 +27,9 @@ def safetensors_files(model_dir: Path):
     return files
 
 
-def read_safetensors(path: Path) -> Iterator[Tuple[str, np.ndarray]]:
-    """(name, float array) for every tensor of one file, mapped rather than read."""
+def read_safetensors(path: Path) -> Iterator[Tuple[str, Tuple[int, ...], Callable[[], np.ndarray]]]:
+    """(name, shape, load) for every tensor of one file, checked against the file's size;
+    load() gives the float array, mapped rather than read (BF16 widened to float32 then)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -51,7 +53,9 @@ def read_safetensors(path: Path) -> Iterator[Tuple[str, np.ndarray]]:
         shape = tuple(info["shape"])
         if end > data.size or end - start != int(np.prod(shape)) * np.dtype(dtype).itemsize:
             raise ConvertError(f"{path.name}: tensor {name} lies outside the file or has the wrong size")
-        arr = data[start:end].view(dtype).reshape(shape)
-        if dtype is np.uint16:
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        yield name, arr
+        yield name, shape, functools.partial(_load, data, start, end, dtype, shape)
+
+
+def _load(data: np.ndarray, start: int, end: int, dtype, shape) -> np.ndarray:
+    arr = data[start:end].view(dtype).reshape(shape)
+    return (arr.astype(np.uint32) << 16).view(np.float32) if dtype is np.uint16 else arr

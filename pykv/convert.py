@@ -7,10 +7,11 @@ one as pieces, scores and token types; Llama 3's rope scaling becomes the rope_f
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
-from typing import Iterator, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -70,41 +71,67 @@ def _permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _tensors(model_dir: Path, cfg: dict) -> Iterator[Tuple[str, np.ndarray]]:
+def _tensors(model_dir: Path, cfg: dict) -> List[Tuple[str, Tuple[int, ...], Callable[[], np.ndarray]]]:
+    """(GGUF name, shape, load) of every tensor, from the files' headers: load() reads one
+    tensor when it is written, so a conversion holds one tensor at a time."""
     import gguf
 
     n_layer, n_head = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     n_head_kv = cfg.get("num_key_value_heads", n_head)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layer)
+    out = []
     for path in safetensors_files(model_dir):
-        for name, arr in read_safetensors(path):
+        for name, shape, load in read_safetensors(path):
             if name.endswith("rotary_emb.inv_freq"):
                 continue
             new = names.get_name(name, try_suffixes=(".weight", ".bias"))
             if new is None:
                 raise ConvertError(f"tensor {name} has no GGUF name for a Llama model")
             if name.endswith("q_proj.weight"):
-                arr = _permute_rope(arr, n_head)
+                load = functools.partial(_permuted, load, n_head)
             elif name.endswith("k_proj.weight"):
-                arr = _permute_rope(arr, n_head_kv)
-            yield new, arr
+                load = functools.partial(_permuted, load, n_head_kv)
+            out.append((new, shape, load))
+    return out
 
 
-def _stored(arr: np.ndarray, out_type: str):
-    """(array to write, its GGML type): vectors stay float32, matrices take out_type where
-    their rows split into whole blocks, else f16."""
+def _permuted(load: Callable[[], np.ndarray], n_head: int) -> np.ndarray:
+    return _permute_rope(load(), n_head)
+
+
+def _stored_type(shape: Tuple[int, ...], out_type: str):
+    """The GGML type a tensor is written in: vectors stay float32, matrices take out_type
+    where their rows split into whole blocks, else f16."""
     import gguf
 
     T = gguf.GGMLQuantizationType
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    if arr.ndim == 1 or out_type == "f32":
-        return arr, T.F32
-    if out_type == "f16":
-        return arr.astype(np.float16), T.F16
+    if len(shape) == 1 or out_type == "f32":
+        return T.F32
     qtype = T[out_type.upper()]
-    if arr.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
-        return arr.astype(np.float16), T.F16
-    return gguf.quants.quantize(arr, qtype), qtype
+    return qtype if qtype == T.F16 or shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else T.F16
+
+
+def _add_info(w, name: str, shape: Tuple[int, ...], qtype) -> None:
+    import gguf
+
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // block) * block_bytes
+    float_dtype = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}
+    if qtype in float_dtype:
+        w.add_tensor_info(name, shape, np.dtype(float_dtype[qtype]), nbytes)
+    else:   # element shape, bytes of blocks
+        w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
+
+
+def _encoded(arr: np.ndarray, qtype) -> np.ndarray:
+    import gguf
+
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return arr
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return arr.astype(np.float16)
+    return gguf.quants.quantize(arr, qtype)
 
 
 # ---- the file ------------------------------------------------------------------------------
@@ -144,23 +171,23 @@ def convert(model_dir, out_path, out_type: str = "f16", pre: Optional[str] = Non
         w.add_quantization_version(2)
         add_vocab(w, model_dir, cfg["vocab_size"], pre)
 
-        names = []
+        tensors = _tensors(model_dir, cfg)
         if scaling:
-            w.add_tensor("rope_freqs.weight", llama3_rope_factors(theta, scaling, head_dim))
-        for name, arr in _tensors(model_dir, cfg):
-            data, qtype = _stored(arr, out_type)
-            if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-                w.add_tensor(name, data)
-            else:   # bytes of blocks: the writer takes the element shape from them
-                w.add_tensor(name, data, raw_dtype=qtype)
-            names.append(name)
-            if progress:
-                print(f"pykv: [{len(names):4d}] {name:32s} {str(tuple(arr.shape)):16s} -> {qtype.name}", file=progress)
-        if "output.weight" not in names and not cfg.get("tie_word_embeddings", False):
+            factors = llama3_rope_factors(theta, scaling, head_dim)
+            tensors.insert(0, ("rope_freqs.weight", factors.shape, lambda: factors))
+        if not any(name == "output.weight" for name, _, _ in tensors) and not cfg.get("tie_word_embeddings", False):
             raise ConvertError("the model has no lm_head.weight and does not tie its embeddings")
+        types = [_stored_type(shape, out_type) for _, shape, _ in tensors]
+        for (name, shape, _), qtype in zip(tensors, types):
+            _add_info(w, name, shape, qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        w.write_ti_data_to_file()
+        for i, ((name, shape, load), qtype) in enumerate(zip(tensors, types)):
+            w.write_tensor_data(_encoded(load(), qtype))
+            if progress:
+                print(f"pykv: [{i + 1:4d}/{len(tensors)}] {name:32s} {str(tuple(shape)):16s} -> {qtype.name}",
+                      file=progress)
         w.close()
         tmp.replace(out_path)
     except BaseException:
