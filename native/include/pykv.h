@@ -61,9 +61,13 @@ typedef enum pykv_type {
     PYKV_TYPE_Q5_0 = 6,
     PYKV_TYPE_Q5_1 = 7,
     PYKV_TYPE_Q8_0 = 8,
+    PYKV_TYPE_Q2_K = 10,
+    PYKV_TYPE_Q3_K = 11,
     PYKV_TYPE_Q4_K = 12,
     PYKV_TYPE_Q5_K = 13,
     PYKV_TYPE_Q6_K = 14,
+    PYKV_TYPE_IQ4_NL = 20,
+    PYKV_TYPE_IQ4_XS = 23,
     PYKV_TYPE_BF16 = 30,
 } pykv_type;
 

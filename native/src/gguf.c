@@ -195,8 +195,8 @@ static pykv_status place_tensors(struct gguf_file *f, size_t data_start) {
         struct gguf_tensor *t = &f->tensors[i];
         const struct type_traits *tt = type_traits_of(t->type);
         if (!tt)
-            return pykv_error(PYKV_ERR_UNSUPPORTED, "tensor '%s' has tensor type %d, which pykv does not support",
-                              t->name, t->type);
+            return pykv_error(PYKV_ERR_UNSUPPORTED, "tensor '%s' has tensor type %d (%s), which pykv does not support",
+                              t->name, t->type, type_ggml_name(t->type));
         if (t->ne[0] % tt->block_size != 0)
             return pykv_error(PYKV_ERR_FORMAT, "tensor '%s': row length %lld is not a multiple of the %s block size %d",
                               t->name, (long long)t->ne[0], tt->name, tt->block_size);

@@ -224,10 +224,10 @@ static TGT float vdot_q4_K(const void *row, const float *x, int64_t n) {
     return sum4(a0, a1, a2, a3);
 }
 
-// qh's bit `bit` of each byte as 0x10 or 0.
-static inline TGT __m256i bit_to_16(__m256i qh, int bit) {
+// qh's bit `bit` of each byte as `value` or 0.
+static inline TGT __m256i bit_as(__m256i qh, int bit, char value) {
     const __m256i m = _mm256_set1_epi8((char)(1 << bit));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(0x10));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(value));
 }
 
 // Q5_K: as Q4_K plus a fifth bit, bit 2c of qh[l] for sub-block 2c and bit 2c+1 for 2c+1.
@@ -243,11 +243,118 @@ static TGT float vdot_q5_K(const void *row, const float *x, int64_t n) {
             k_sub(b[i].scales, 2 * c, d, dmin, &d1, &m1);
             k_sub(b[i].scales, 2 * c + 1, d, dmin, &d2, &m2);
             const __m256i q = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, nib), bit_to_16(qh, 2 * c));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib), bit_to_16(qh, 2 * c + 1));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, nib), bit_as(qh, 2 * c, 0x10));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib), bit_as(qh, 2 * c + 1, 0x10));
             fma32(lo, d1, m1, d1, m1, x, &a0, &a1, &a2, &a3);
             fma32(hi, d2, m2, d2, m2, x + 32, &a0, &a1, &a2, &a3);
         }
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+// Q2_K and Q3_K: run r (0..3) of half h takes bits 2r..2r+1 of the half's 32 bytes of qs, for
+// x[0..31] of the run; its elements 0-15 are sub-block 8h + 2r, 16-31 sub-block 8h + 2r + 1.
+static inline TGT __m256i two_bits(__m256i qs, int run) {
+    return _mm256_and_si256(_mm256_srli_epi16(qs, 2 * run), _mm256_set1_epi8(3));   // masks the crossing bits
+}
+
+// f[j] = (float)v[j] * k for 16 small signed integers in the bytes of v.
+static inline TGT void scaled16(__m128i v, float k, float *f) {
+    const __m256 kv = _mm256_set1_ps(k);
+    _mm256_storeu_ps(f, _mm256_mul_ps(i8_ps(v), kv));
+    _mm256_storeu_ps(f + 8, _mm256_mul_ps(i8_ps(_mm_srli_si128(v, 8)), kv));
+}
+
+// Q2_K: x = q * d*scale - dmin*min, scale and min the two nibbles of scales[sub-block]; the
+// block's 16 sub-block factors are made together, then broadcast run by run.
+static TGT float vdot_q2_K(const void *row, const float *x, int64_t n) {
+    const block_q2_K *b = row;
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    float dl[16], ml[16];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m128i sc = _mm_loadu_si128((const __m128i *)b[i].scales);
+        scaled16(_mm_and_si128(sc, nib), half(b[i].d), dl);
+        scaled16(_mm_and_si128(_mm_srli_epi16(sc, 4), nib), -half(b[i].dmin), ml);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            for (int r = 0; r < 4; r++, x += 32) {
+                const int j = 8 * h + 2 * r;
+                fma32(two_bits(qs, r), _mm256_broadcast_ss(dl + j), _mm256_broadcast_ss(ml + j),
+                      _mm256_broadcast_ss(dl + j + 1), _mm256_broadcast_ss(ml + j + 1), x, &a0, &a1, &a2, &a3);
+            }
+        }
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+// The 16 signed scales of a Q3_K block as bytes (q3_scale for j = 0..15): low nibbles of bytes
+// 0-7 then their high nibbles; top bits from bytes 8-11, byte 8 + j%4 shifted by 2*(j/4).
+static inline TGT __m128i q3_scales16(const uint8_t *s) {
+    uint64_t lo8;
+    uint32_t hi4;
+    __builtin_memcpy(&lo8, s, 8);
+    __builtin_memcpy(&hi4, s + 8, 4);
+    const __m128i nib = _mm_set1_epi8(0x0F), v = _mm_cvtsi64_si128((long long)lo8);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)hi4), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+}
+
+// Q3_K: the third bit of run r of half h is bit 4h + r of hmask's bytes; taken as q + 4 (0..7)
+// with the offset -4*d*scale, as the scalar's d*scale*(q - 4 or q).
+static TGT float vdot_q3_K(const void *row, const float *x, int64_t n) {
+    const block_q3_K *b = row;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    float dl[16], ml[16];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m128i sc = q3_scales16(b[i].scales);
+        const float d = half(b[i].d);
+        scaled16(sc, d, dl);
+        scaled16(sc, -4.0f * d, ml);   // exact: -4 d s is -4 times d s, a power of two apart
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b[i].hmask);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            for (int r = 0; r < 4; r++, x += 32) {
+                const int j = 8 * h + 2 * r;
+                const __m256i q = _mm256_or_si256(two_bits(qs, r), bit_as(hm, 4 * h + r, 4));
+                fma32(q, _mm256_broadcast_ss(dl + j), _mm256_broadcast_ss(ml + j),
+                      _mm256_broadcast_ss(dl + j + 1), _mm256_broadcast_ss(ml + j + 1), x, &a0, &a1, &a2, &a3);
+            }
+        }
+    }
+    return sum4(a0, a1, a2, a3);
+}
+
+// IQ4: 16 bytes of indices for x[0..31] (low nibbles for 0-15, high for 16-31), each level
+// times d, as the scalar's d * level.
+static inline TGT void iq4_32(const uint8_t *qs, __m256 d, const float *x,
+                              __m256 *a0, __m256 *a1, __m256 *a2, __m256 *a3) {
+    const __m128i levels = _mm_loadu_si128((const __m128i *)iq4_levels), nib = _mm_set1_epi8(0x0F);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(q, nib));
+    const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(q, 4), nib));
+    *a0 = _mm256_fmadd_ps(_mm256_mul_ps(i8_ps(lo), d), _mm256_loadu_ps(x), *a0);
+    *a1 = _mm256_fmadd_ps(_mm256_mul_ps(i8_ps(_mm_srli_si128(lo, 8)), d), _mm256_loadu_ps(x + 8), *a1);
+    *a2 = _mm256_fmadd_ps(_mm256_mul_ps(i8_ps(hi), d), _mm256_loadu_ps(x + 16), *a2);
+    *a3 = _mm256_fmadd_ps(_mm256_mul_ps(i8_ps(_mm_srli_si128(hi, 8)), d), _mm256_loadu_ps(x + 24), *a3);
+}
+
+static TGT float vdot_iq4_nl(const void *row, const float *x, int64_t n) {
+    const block_iq4_nl *b = row;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK4_NL; i++, x += QK4_NL) iq4_32(b[i].qs, _mm256_set1_ps(half(b[i].d)), x, &a0, &a1, &a2, &a3);
+    return sum4(a0, a1, a2, a3);
+}
+
+static TGT float vdot_iq4_xs(const void *row, const float *x, int64_t n) {
+    const block_iq4_xs *b = row;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = half(b[i].d);
+        for (int j = 0; j < QK_K / 32; j++, x += 32)
+            iq4_32(b[i].qs + 16 * j, _mm256_set1_ps(d * (float)iq4_xs_scale(&b[i], j)), x, &a0, &a1, &a2, &a3);
     }
     return sum4(a0, a1, a2, a3);
 }
@@ -297,9 +404,13 @@ const struct quant_kernels quant_avx2_kernels = {
         [PYKV_TYPE_Q5_0] = vdot_q5_0,
         [PYKV_TYPE_Q5_1] = vdot_q5_1,
         [PYKV_TYPE_Q8_0] = vdot_q8_0,
+        [PYKV_TYPE_Q2_K] = vdot_q2_K,
+        [PYKV_TYPE_Q3_K] = vdot_q3_K,
         [PYKV_TYPE_Q4_K] = vdot_q4_K,
         [PYKV_TYPE_Q5_K] = vdot_q5_K,
         [PYKV_TYPE_Q6_K] = vdot_q6_K,
+        [PYKV_TYPE_IQ4_NL] = vdot_iq4_nl,
+        [PYKV_TYPE_IQ4_XS] = vdot_iq4_xs,
     },
     .dot_f32  = dot_f32_avx2,
     .axpy_f32 = axpy_f32_avx2,

@@ -40,14 +40,61 @@ typedef struct {
     uint16_t d;
 } block_q6_K;
 
+// Q2_K: 16 sub-blocks of 16; scales[j] holds sub-block j's 4-bit scale (low) and 4-bit min
+// (high); 2-bit quants, four to a byte.
+typedef struct {
+    uint8_t  scales[QK_K / 16];
+    uint8_t  qs[QK_K / 4];
+    uint16_t d, dmin;
+} block_q2_K;
+// Q3_K: 16 sub-blocks of 16 with 6-bit signed scales (packed in 12 bytes); 2 low bits in qs,
+// the third in hmask (a clear bit subtracts 4).
+typedef struct {
+    uint8_t  hmask[QK_K / 8];
+    uint8_t  qs[QK_K / 4];
+    uint8_t  scales[K_SCALE_SIZE];
+    uint16_t d;
+} block_q3_K;
+// IQ4_NL / IQ4_XS: 4-bit indices into a fixed table of 16 int8 levels (iq4_levels).
+#define QK4_NL 32
+typedef struct { uint16_t d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
+// IQ4_XS: 8 sub-blocks of 32 with 6-bit signed scales: low 4 bits in scales_l (two per byte),
+// top 2 bits in scales_h (two per sub-block).
+typedef struct {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t  scales_l[QK_K / 64];
+    uint8_t  qs[QK_K / 2];
+} block_iq4_xs;
+
 _Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(block_q4_1) == 20, "q4_1 layout");
 _Static_assert(sizeof(block_q5_0) == 22, "q5_0 layout");
 _Static_assert(sizeof(block_q5_1) == 24, "q5_1 layout");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
+_Static_assert(sizeof(block_q2_K) == 84, "q2_K layout");
+_Static_assert(sizeof(block_q3_K) == 110, "q3_K layout");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");
+_Static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl layout");
+_Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs layout");
+
+// The 16 levels of the IQ4 types (ggml's kvalues_iq4nl).
+static const int8_t iq4_levels[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+
+// Sub-block j (0..15) of a Q3_K block: its signed scale. Bytes 0-7 hold the low 4 bits (of j
+// in the low nibble of byte j%8 for j < 8, the high nibble for j >= 8); bytes 8-11 the top 2
+// bits, byte 8 + j%4 at bit 2*(j/4).
+static inline int q3_scale(const uint8_t *s, int j) {
+    const int lo = (s[j % 8] >> (4 * (j / 8))) & 0xF, hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+// Sub-block j (0..7) of an IQ4_XS block: its signed scale.
+static inline int iq4_xs_scale(const block_iq4_xs *b, int j) {
+    return (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | ((b->scales_h >> (2 * j)) & 3) << 4) - 32;
+}
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block (ggml get_scale_min_k4):
 // bytes 0-3 hold scales 0-3 (low 6 bits), bytes 4-7 mins 0-3; sub-blocks 4-7 take their low

@@ -150,6 +150,63 @@ static void deq_q6_K(const void *src, float *y, int64_t n) {
     }
 }
 
+// Q2_K: two halves of 128, each from 32 bytes of qs; run r (0..3) of a half takes bits 2r..2r+1
+// of those bytes; element e's sub-block is e / 16; x = d*scale*q - dmin*min.
+static void deq_q2_K(const void *src, float *y, int64_t n) {
+    const block_q2_K *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+        for (int e = 0; e < QK_K; e++) {
+            const int half = e / 128, run = (e / 32) % 4, l = e % 32;
+            const uint8_t sc = b[i].scales[e / 16];
+            const float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
+            *y++ = dl * (float)((b[i].qs[32 * half + l] >> (2 * run)) & 3) - ml;
+        }
+    }
+}
+
+// Q3_K: laid out as Q2_K's low bits; the third bit of element e is bit e / 32 of hmask[e % 32],
+// and a clear bit subtracts 4; x = d*scale*q.
+static void deq_q3_K(const void *src, float *y, int64_t n) {
+    const block_q3_K *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int e = 0; e < QK_K; e++) {
+            const int half = e / 128, run = (e / 32) % 4, l = e % 32;
+            const int lo = (b[i].qs[32 * half + l] >> (2 * run)) & 3, high = (b[i].hmask[l] >> (e / 32)) & 1;
+            *y++ = d * (float)q3_scale(b[i].scales, e / 16) * (float)(lo - (high ? 0 : 4));
+        }
+    }
+}
+
+// IQ4_NL: elements 0-15 index the levels with the low nibbles of qs, 16-31 with the high ones.
+static void deq_iq4_nl(const void *src, float *y, int64_t n) {
+    const block_iq4_nl *b = src;
+    for (int64_t i = 0; i < n / QK4_NL; i++, y += QK4_NL) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int l = 0; l < 16; l++) {
+            y[l] = d * (float)iq4_levels[b[i].qs[l] & 0xF];
+            y[l + 16] = d * (float)iq4_levels[b[i].qs[l] >> 4];
+        }
+    }
+}
+
+// IQ4_XS: sub-block j of 32 is IQ4_NL's layout on qs[16j..16j+15], with scale d*scale_j.
+static void deq_iq4_xs(const void *src, float *y, int64_t n) {
+    const block_iq4_xs *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int j = 0; j < QK_K / 32; j++, y += 32) {
+            const float dl = d * (float)iq4_xs_scale(&b[i], j);
+            const uint8_t *q = b[i].qs + 16 * j;
+            for (int l = 0; l < 16; l++) {
+                y[l] = dl * (float)iq4_levels[q[l] & 0xF];
+                y[l + 16] = dl * (float)iq4_levels[q[l] >> 4];
+            }
+        }
+    }
+}
+
 typedef void (*deq_fn)(const void *src, float *y, int64_t n);
 
 static deq_fn deq_for(int32_t type) {
@@ -162,9 +219,13 @@ static deq_fn deq_for(int32_t type) {
     case PYKV_TYPE_Q5_0: return deq_q5_0;
     case PYKV_TYPE_Q5_1: return deq_q5_1;
     case PYKV_TYPE_Q8_0: return deq_q8_0;
+    case PYKV_TYPE_Q2_K: return deq_q2_K;
+    case PYKV_TYPE_Q3_K: return deq_q3_K;
     case PYKV_TYPE_Q4_K: return deq_q4_K;
     case PYKV_TYPE_Q5_K: return deq_q5_K;
     case PYKV_TYPE_Q6_K: return deq_q6_K;
+    case PYKV_TYPE_IQ4_NL: return deq_iq4_nl;
+    case PYKV_TYPE_IQ4_XS: return deq_iq4_xs;
     default:             return NULL;
     }
 }
@@ -208,9 +269,13 @@ REF_DOT(vdot_q4_1, deq_q4_1, QK4_1, block_q4_1)
 REF_DOT(vdot_q5_0, deq_q5_0, QK5_0, block_q5_0)
 REF_DOT(vdot_q5_1, deq_q5_1, QK5_1, block_q5_1)
 REF_DOT(vdot_q8_0, deq_q8_0, QK8_0, block_q8_0)
+REF_DOT(vdot_q2_K, deq_q2_K, QK_K, block_q2_K)
+REF_DOT(vdot_q3_K, deq_q3_K, QK_K, block_q3_K)
 REF_DOT(vdot_q4_K, deq_q4_K, QK_K, block_q4_K)
 REF_DOT(vdot_q5_K, deq_q5_K, QK_K, block_q5_K)
 REF_DOT(vdot_q6_K, deq_q6_K, QK_K, block_q6_K)
+REF_DOT(vdot_iq4_nl, deq_iq4_nl, QK4_NL, block_iq4_nl)
+REF_DOT(vdot_iq4_xs, deq_iq4_xs, QK_K, block_iq4_xs)
 REF_DOT(vdot_f16, deq_f16, 32, uint16_t[32])
 REF_DOT(vdot_bf16, deq_bf16, 32, uint16_t[32])
 
@@ -241,9 +306,13 @@ const struct quant_kernels quant_scalar_kernels = {
         [PYKV_TYPE_Q5_0] = vdot_q5_0,
         [PYKV_TYPE_Q5_1] = vdot_q5_1,
         [PYKV_TYPE_Q8_0] = vdot_q8_0,
+        [PYKV_TYPE_Q2_K] = vdot_q2_K,
+        [PYKV_TYPE_Q3_K] = vdot_q3_K,
         [PYKV_TYPE_Q4_K] = vdot_q4_K,
         [PYKV_TYPE_Q5_K] = vdot_q5_K,
         [PYKV_TYPE_Q6_K] = vdot_q6_K,
+        [PYKV_TYPE_IQ4_NL] = vdot_iq4_nl,
+        [PYKV_TYPE_IQ4_XS] = vdot_iq4_xs,
     },
     .dot_f32  = dot_scalar,
     .axpy_f32 = axpy_scalar,

@@ -40,6 +40,8 @@ static inline void random_row(int32_t type, uint8_t *row, int64_t n) {
     switch (type) {
     case PYKV_TYPE_Q4_1: case PYKV_TYPE_Q5_1: case PYKV_TYPE_Q4_K: case PYKV_TYPE_Q5_K: off_m = 2; break;
     case PYKV_TYPE_Q6_K: off_d = 208; break;
+    case PYKV_TYPE_Q2_K: off_d = 80; off_m = 82; break;
+    case PYKV_TYPE_Q3_K: off_d = 108; break;
     default: break;
     }
     for (int64_t b = 0; b < n / t->block_size; b++) {

@@ -68,6 +68,7 @@ class TinySpec:
     n_ctx_train: int = 512
     seed: int = 0
     omit: tuple = ()            # tensor names left out (for bad-input tests)
+    tensor_types: tuple = ()    # (name part, type) pairs overriding wtype for matching tensors
 
     @property
     def head_dim(self) -> int:
@@ -98,6 +99,12 @@ VARIANTS = {
                  seed=6),
         TinySpec("mistral_f16_h4kv1", n_embd=128, n_layer=3, n_head=4, n_head_kv=1,
                  n_ff=256, wtype="F16", tied=False, rope_base=1e6, rms_eps=1e-5, seed=7),
+        # the K-quant and IQ4 types, which gguf cannot quantize: random blocks (see below)
+        TinySpec("llama_kquants_h4kv2", n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512,
+                 wtype="Q4_K", embd_type="Q6_K", tied=False, rope_base=10000.0, rms_eps=1e-5, seed=8,
+                 tensor_types=(("attn_q", "Q2_K"), ("attn_k", "Q3_K"), ("attn_v", "IQ4_NL"),
+                               ("attn_output", "Q5_K"), ("ffn_gate", "IQ4_XS"), ("ffn_up", "Q3_K"),
+                               ("ffn_down", "Q2_K"))),
     ]
 }
 DEFAULT_VARIANT = "llama_f32_h4kv4"
@@ -140,10 +147,35 @@ def _weights(spec: TinySpec) -> dict:
     return w
 
 
-_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K": 15}
+
+# Byte offsets of the f16 scale fields in the blocks of the types gguf cannot quantize.
+_SCALE_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+                 "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
-def _add_tensor(writer, name: str, arr: np.ndarray, qtype_name: str) -> None:
+def _random_blocks(arr: np.ndarray, qtype, seed: int) -> np.ndarray:
+    """Blocks of random bytes in arr's shape whose scale fields are set so that the weights
+    they stand for have arr's RMS (the values are whatever the bytes say: the reference reads
+    them back with gguf's dequantizer, so the tests compare the same weights)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(arr.size // block, block_bytes), dtype=np.uint8)
+
+    def set_scales(value):
+        for off in _SCALE_FIELDS[qtype.name]:
+            raw[:, off:off + 2] = np.full(len(raw), value, dtype=np.float16).view(np.uint8).reshape(-1, 2)
+
+    set_scales(1.0)
+    rms = float(np.sqrt(np.mean(dequantize(raw.reshape(-1), qtype) ** 2)))
+    set_scales(float(np.sqrt(np.mean(arr.astype(np.float64) ** 2))) / rms)
+    return raw.reshape(arr.shape[0], -1)
+
+
+def _add_tensor(writer, name: str, arr: np.ndarray, qtype_name: str, seed: int = 0) -> None:
     import gguf
     from gguf.quants import quantize
 
@@ -153,7 +185,8 @@ def _add_tensor(writer, name: str, arr: np.ndarray, qtype_name: str) -> None:
         writer.add_tensor(name, arr.astype(np.float16))
     else:
         qtype = gguf.GGMLQuantizationType[qtype_name]
-        writer.add_tensor(name, quantize(arr, qtype), raw_dtype=qtype)
+        data = _random_blocks(arr, qtype, seed) if qtype_name in _SCALE_FIELDS else quantize(arr, qtype)
+        writer.add_tensor(name, data, raw_dtype=qtype)
 
 
 def write_tiny_gguf(spec: TinySpec, path) -> Path:
@@ -193,8 +226,8 @@ def write_tiny_gguf(spec: TinySpec, path) -> Path:
         if name == "token_embd.weight":
             qt = spec.embd_type or spec.wtype
         else:
-            qt = spec.wtype
-        _add_tensor(wr, name, arr, qt)
+            qt = next((t for part, t in spec.tensor_types if part in name), spec.wtype)
+        _add_tensor(wr, name, arr, qt, seed=spec.seed * 1000 + len(name) + sum(map(ord, name)))
 
     wr.write_header_to_file()
     wr.write_kv_data_to_file()

@@ -77,7 +77,12 @@ def test_tensor_offset_past_end(tiny_model, tmp_path):
 
 def test_unknown_tensor_type(tiny_model, tmp_path):
     p = patch.tensor_type_copy(tiny_model(), tmp_path / "type.gguf", "blk.0.attn_k.weight", 200)
-    _load_error(p, r"type")
+    _load_error(p, r"'blk\.0\.attn_k\.weight' has tensor type 200 \(unknown\)")
+
+
+def test_unsupported_ggml_type_is_named(tiny_model, tmp_path):
+    p = patch.tensor_type_copy(tiny_model(), tmp_path / "type.gguf", "blk.0.attn_q.weight", 16)
+    _load_error(p, r"'blk\.0\.attn_q\.weight' has tensor type 16 \(iq2_xxs\), which pykv does not support")
 
 
 def test_missing_required_tensor(tiny_model):

@@ -19,14 +19,16 @@ from pykv._ffi import ffi, lib
 TYPES = {
     "F32": lib.PYKV_TYPE_F32, "F16": lib.PYKV_TYPE_F16, "BF16": lib.PYKV_TYPE_BF16,
     "Q8_0": lib.PYKV_TYPE_Q8_0, "Q4_0": lib.PYKV_TYPE_Q4_0, "Q4_1": lib.PYKV_TYPE_Q4_1,
-    "Q5_0": lib.PYKV_TYPE_Q5_0, "Q5_1": lib.PYKV_TYPE_Q5_1, "Q4_K": lib.PYKV_TYPE_Q4_K,
-    "Q5_K": lib.PYKV_TYPE_Q5_K, "Q6_K": lib.PYKV_TYPE_Q6_K,
+    "Q5_0": lib.PYKV_TYPE_Q5_0, "Q5_1": lib.PYKV_TYPE_Q5_1, "Q2_K": lib.PYKV_TYPE_Q2_K,
+    "Q3_K": lib.PYKV_TYPE_Q3_K, "Q4_K": lib.PYKV_TYPE_Q4_K, "Q5_K": lib.PYKV_TYPE_Q5_K,
+    "Q6_K": lib.PYKV_TYPE_Q6_K, "IQ4_NL": lib.PYKV_TYPE_IQ4_NL, "IQ4_XS": lib.PYKV_TYPE_IQ4_XS,
 }
 QUANTIZABLE = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 # Byte offsets of the f16 scale fields in each block (ggml's block_* structs).
 F16_FIELDS = {
     "Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2),
-    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "IQ4_NL": (0,), "IQ4_XS": (0,),
 }
 
 
