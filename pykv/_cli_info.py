@@ -107,9 +107,10 @@ def print_info(d: dict, out=sys.stdout) -> None:
     w(f"tensors ({len(tensors)}):")
     nw = max((len(t["name"]) for t in tensors), default=4)
     sw = max((len(_shape(t)) for t in tensors), default=5)
-    w(f"  {'name':<{nw}}  {'type':<5}  {'shape':<{sw}}  {'bytes':>12}")
+    tw = max([len("type")] + [len(str(t["type"])) for t in tensors])
+    w(f"  {'name':<{nw}}  {'type':<{tw}}  {'shape':<{sw}}  {'bytes':>12}")
     for t in tensors:
-        w(f"  {t['name']:<{nw}}  {str(t['type']):<5}  {_shape(t):<{sw}}  {int(t['n_bytes']):>12,}")
+        w(f"  {t['name']:<{nw}}  {str(t['type']):<{tw}}  {_shape(t):<{sw}}  {int(t['n_bytes']):>12,}")
     w()
     template = d["chat_template"]
     if template:

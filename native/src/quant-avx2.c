@@ -224,12 +224,6 @@ static TGT float vdot_q4_K(const void *row, const float *x, int64_t n) {
     return sum4(a0, a1, a2, a3);
 }
 
-// qh's bit `bit` of each byte as `value` or 0.
-static inline TGT __m256i bit_as(__m256i qh, int bit, char value) {
-    const __m256i m = _mm256_set1_epi8((char)(1 << bit));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(value));
-}
-
 // Q5_K: as Q4_K plus a fifth bit, bit 2c of qh[l] for sub-block 2c and bit 2c+1 for 2c+1.
 static TGT float vdot_q5_K(const void *row, const float *x, int64_t n) {
     const block_q5_K *b = row;
@@ -331,10 +325,8 @@ static TGT float vdot_q3_K(const void *row, const float *x, int64_t n) {
 // times d, as the scalar's d * level.
 static inline TGT void iq4_32(const uint8_t *qs, __m256 d, const float *x,
                               __m256 *a0, __m256 *a1, __m256 *a2, __m256 *a3) {
-    const __m128i levels = _mm_loadu_si128((const __m128i *)iq4_levels), nib = _mm_set1_epi8(0x0F);
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(q, nib));
-    const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(q, 4), nib));
+    const __m256i w = nibble_lookup32(qs, iq4_levels);
+    const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
     *a0 = _mm256_fmadd_ps(_mm256_mul_ps(i8_ps(lo), d), _mm256_loadu_ps(x), *a0);
     *a1 = _mm256_fmadd_ps(_mm256_mul_ps(i8_ps(_mm_srli_si128(lo, 8)), d), _mm256_loadu_ps(x + 8), *a1);
     *a2 = _mm256_fmadd_ps(_mm256_mul_ps(i8_ps(hi), d), _mm256_loadu_ps(x + 16), *a2);

@@ -92,12 +92,153 @@ static AVX2_TGT float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t
     return hsum_ps(_mm256_add_ps(acc0, acc1));
 }
 
+// ---- 256-element super-blocks (see quant-q8.c): one activation block per sub-block of 32 ----
+
+// Q4_K/Q5_K: the eight sub-blocks' d*scale and dmin*min as floats, unpacked four at a time
+// (k4_scale_min's layout: scales and mins 0-3 in the low 6 bits of bytes 0-3 and 4-7; 4-7
+// from the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7).
+static inline AVX2_TGT void k4_factors(const uint8_t *scales, float d, float dmin, float *ds, float *dm) {
+    uint32_t u[3], sc[2], mn[2];
+    __builtin_memcpy(u, scales, 12);
+    sc[0] = u[0] & 0x3F3F3F3Fu;
+    mn[0] = u[1] & 0x3F3F3F3Fu;
+    sc[1] = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    mn[1] = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    uint64_t s8, m8;
+    __builtin_memcpy(&s8, sc, 8);
+    __builtin_memcpy(&m8, mn, 8);
+    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8))), _mm256_set1_ps(d)));
+    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))), _mm256_set1_ps(dmin)));
+}
+
+// Chunk c of 64 holds sub-blocks 2c (x[0]) and 2c+1 (x[1]) as 32 quants each.
+static inline AVX2_TGT void k4_pair(const float *ds, const float *dm, int c, __m256i q0, __m256i q1,
+                                    const block_q8_act *x, __m256 *acc0, __m256 *acc1, float *off) {
+    *acc0 = _mm256_fmadd_ps(dot_u8s8(q0, act_bytes(x)), _mm256_set1_ps(ds[2 * c] * x[0].d), *acc0);
+    *acc1 = _mm256_fmadd_ps(dot_u8s8(q1, act_bytes(x + 1)), _mm256_set1_ps(ds[2 * c + 1] * x[1].d), *acc1);
+    *off += dm[2 * c] * x[0].s + dm[2 * c + 1] * x[1].s;
+}
+
+static AVX2_TGT float q8dot_q4_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q4_K *b = row;
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float off = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        float ds[8], dm[8];
+        k4_factors(b[i].scales, half(b[i].d), half(b[i].dmin), ds, dm);
+        for (int c = 0; c < 4; c++, x += 2) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
+            k4_pair(ds, dm, c, _mm256_and_si256(q, nib), _mm256_and_si256(_mm256_srli_epi16(q, 4), nib),
+                    x, &acc0, &acc1, &off);
+        }
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) - off;
+}
+
+static AVX2_TGT float q8dot_q5_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q5_K *b = row;
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float off = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        float ds[8], dm[8];
+        k4_factors(b[i].scales, half(b[i].d), half(b[i].dmin), ds, dm);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b[i].qh);
+        for (int c = 0; c < 4; c++, x += 2) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, nib), bit_as(qh, 2 * c, 0x10));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib), bit_as(qh, 2 * c + 1, 0x10));
+            k4_pair(ds, dm, c, lo, hi, x, &acc0, &acc1, &off);
+        }
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) - off;
+}
+
+// Q6_K: quants 0..63 (q + 32) against the block, minus 32 times the block's own sums; the
+// eight int32 lanes of a product cover four elements each, so lanes 0-3 are the first half
+// of 16 and lanes 4-7 the second, and one vector of two scales weighs both halves.
+static AVX2_TGT float q8dot_q6_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q6_K *b = row;
+    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256i c32 = _mm256_set1_epi8(32);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        const float d = half(b[i].d);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b[i].ql + 64 * h;
+            const int8_t *sc = b[i].scales + 8 * h;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
+                _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib), _mm256_and_si256(_mm256_srli_epi16(qh, 2), top)),
+            };
+            for (int r = 0; r < 4; r++, x++) {
+                const __m256i a = act_bytes(x);
+                const __m256i p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q[r], a), ones),
+                                                   _mm256_madd_epi16(_mm256_maddubs_epi16(c32, a), ones));
+                const float s0 = d * (float)sc[2 * r] * x->d, s1 = d * (float)sc[2 * r + 1] * x->d;
+                const __m256 scale = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+                if (r & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc1);
+                else       acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc0);
+            }
+        }
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+// IQ4: signed levels; as Q8_0, |w| against x carrying w's sign.
+static inline AVX2_TGT __m256 iq4_block(const uint8_t *qs, const block_q8_act *x) {
+    const __m256i w = nibble_lookup32(qs, iq4_levels);
+    return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(act_bytes(x), w));
+}
+
+static AVX2_TGT float q8dot_iq4_nl(const void *row, const block_q8_act *x, int64_t n) {
+    const block_iq4_nl *b = row;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK4_NL; i++) {
+        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        const __m256 p = iq4_block(b[i].qs, &x[i]), scale = _mm256_set1_ps(half(b[i].d) * x[i].d);
+        if (i & 1) acc1 = _mm256_fmadd_ps(p, scale, acc1);
+        else       acc0 = _mm256_fmadd_ps(p, scale, acc0);
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+static AVX2_TGT float q8dot_iq4_xs(const void *row, const block_q8_act *x, int64_t n) {
+    const block_iq4_xs *b = row;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        const float d = half(b[i].d);
+        for (int j = 0; j < QK_K / 32; j++, x++) {
+            const __m256 p = iq4_block(b[i].qs + 16 * j, x);
+            const __m256 scale = _mm256_set1_ps(d * (float)iq4_xs_scale(&b[i], j) * x->d);
+            if (j & 1) acc1 = _mm256_fmadd_ps(p, scale, acc1);
+            else       acc0 = _mm256_fmadd_ps(p, scale, acc0);
+        }
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
 const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES] = {
     [PYKV_TYPE_Q4_0] = q8dot_q4_0,
     [PYKV_TYPE_Q4_1] = q8dot_q4_1,
     [PYKV_TYPE_Q5_0] = q8dot_q5_0,
     [PYKV_TYPE_Q5_1] = q8dot_q5_1,
     [PYKV_TYPE_Q8_0] = q8dot_q8_0,
+    [PYKV_TYPE_Q4_K] = q8dot_q4_K,
+    [PYKV_TYPE_Q5_K] = q8dot_q5_K,
+    [PYKV_TYPE_Q6_K] = q8dot_q6_K,
+    [PYKV_TYPE_IQ4_NL] = q8dot_iq4_nl,
+    [PYKV_TYPE_IQ4_XS] = q8dot_iq4_xs,
 };
 
 static inline AVX2_TGT __m256i round_i32(__m256 v, __m256 id) {

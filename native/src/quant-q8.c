@@ -94,12 +94,108 @@ static float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t n) {
     return acc;
 }
 
+// ---- 256-element super-blocks: each activation block of 32 meets one sub-block (or two
+// halves of 16 with their own scales) ----
+
+// Q4_K/Q5_K: sub-block j (32 quants q, 0..15 or 0..31) has x = q * d*scale_j - dmin*min_j.
+static float q8dot_k4(const uint8_t *scales, float d, float dmin, const int *q, int j, const block_q8_act *x) {
+    uint8_t sc, m;
+    k4_scale_min(j, scales, &sc, &m);
+    int s = 0;
+    for (int l = 0; l < 32; l++) s += q[l] * x->qs[l];
+    return d * (float)sc * x->d * (float)s - dmin * (float)m * x->s;
+}
+
+static float q8dot_q4_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q4_K *b = row;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT) {
+        const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+        for (int c = 0; c < 4; c++) {
+            int lo[32], hi[32];
+            for (int l = 0; l < 32; l++) lo[l] = b[i].qs[32 * c + l] & 0xF, hi[l] = b[i].qs[32 * c + l] >> 4;
+            acc += q8dot_k4(b[i].scales, d, dmin, lo, 2 * c, x + 2 * c) + q8dot_k4(b[i].scales, d, dmin, hi, 2 * c + 1, x + 2 * c + 1);
+        }
+    }
+    return acc;
+}
+
+static float q8dot_q5_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q5_K *b = row;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT) {
+        const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+        for (int c = 0; c < 4; c++) {
+            int lo[32], hi[32];
+            for (int l = 0; l < 32; l++) {
+                lo[l] = (b[i].qs[32 * c + l] & 0xF) | ((b[i].qh[l] >> (2 * c)) & 1) << 4;
+                hi[l] = (b[i].qs[32 * c + l] >> 4) | ((b[i].qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
+            acc += q8dot_k4(b[i].scales, d, dmin, lo, 2 * c, x + 2 * c) + q8dot_k4(b[i].scales, d, dmin, hi, 2 * c + 1, x + 2 * c + 1);
+        }
+    }
+    return acc;
+}
+
+// Q6_K: run r (0..3) of half h is activation block 4h + r; its halves of 16 have scales
+// scales[8h + 2r] and [8h + 2r + 1] (see deq_q6_K for the bits).
+static float q8dot_q6_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q6_K *b = row;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+            for (int r = 0; r < 4; r++, x++) {
+                int s[2] = { 0, 0 };
+                for (int l = 0; l < 32; l++) {
+                    const int low = r & 1 ? ql[l + 32] : ql[l];
+                    const int q = ((r < 2 ? low & 0xF : low >> 4) | ((qh[l] >> (2 * r)) & 3) << 4) - 32;
+                    s[l / 16] += q * x->qs[l];
+                }
+                acc += d * x->d * ((float)b[i].scales[8 * h + 2 * r] * (float)s[0] + (float)b[i].scales[8 * h + 2 * r + 1] * (float)s[1]);
+            }
+        }
+    }
+    return acc;
+}
+
+// IQ4: 16 bytes of level indices (low nibbles for 0-15, high for 16-31) against one block.
+static int isum_iq4(const uint8_t *qs, const int8_t *x) {
+    int s = 0;
+    for (int l = 0; l < 16; l++) s += iq4_levels[qs[l] & 0xF] * x[l] + iq4_levels[qs[l] >> 4] * x[l + 16];
+    return s;
+}
+
+static float q8dot_iq4_nl(const void *row, const block_q8_act *x, int64_t n) {
+    const block_iq4_nl *b = row;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK4_NL; i++) acc += fp16_to_fp32(b[i].d) * x[i].d * (float)isum_iq4(b[i].qs, x[i].qs);
+    return acc;
+}
+
+static float q8dot_iq4_xs(const void *row, const block_q8_act *x, int64_t n) {
+    const block_iq4_xs *b = row;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int j = 0; j < QK_K / 32; j++, x++)
+            acc += d * (float)iq4_xs_scale(&b[i], j) * x->d * (float)isum_iq4(b[i].qs + 16 * j, x->qs);
+    }
+    return acc;
+}
+
 const vec_dot_q8_fn q8_scalar_dots[Q8_N_TYPES] = {
     [PYKV_TYPE_Q4_0] = q8dot_q4_0,
     [PYKV_TYPE_Q4_1] = q8dot_q4_1,
     [PYKV_TYPE_Q5_0] = q8dot_q5_0,
     [PYKV_TYPE_Q5_1] = q8dot_q5_1,
     [PYKV_TYPE_Q8_0] = q8dot_q8_0,
+    [PYKV_TYPE_Q4_K] = q8dot_q4_K,
+    [PYKV_TYPE_Q5_K] = q8dot_q5_K,
+    [PYKV_TYPE_Q6_K] = q8dot_q6_K,
+    [PYKV_TYPE_IQ4_NL] = q8dot_iq4_nl,
+    [PYKV_TYPE_IQ4_XS] = q8dot_iq4_xs,
 };
 
 // ---- dispatch ----

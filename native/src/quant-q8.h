@@ -30,7 +30,7 @@ vec_dot_q8_fn vec_dot_q8_for(int32_t type);          // NULL: the type has no in
 vec_dot_q8_fn vec_dot_q8_scalar_for(int32_t type);   // the scalar reference of the same
 
 // Kernel tables (quant-q8-scalar.c, quant-q8-avx2.c), indexed by pykv_type.
-#define Q8_N_TYPES 16
+#define Q8_N_TYPES 24
 extern const vec_dot_q8_fn q8_scalar_dots[Q8_N_TYPES];
 extern const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES];
 void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t n);

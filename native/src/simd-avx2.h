@@ -53,6 +53,21 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void
                : _mm256_loadu_ps((const float *)row + i);
 }
 
+// qh's bit `bit` of each byte as `value` or 0.
+static inline AVX2_TGT __m256i bit_as(__m256i qh, int bit, char value) {
+    const __m256i m = _mm256_set1_epi8((char)(1 << bit));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(value));
+}
+
+// 16 bytes of 4-bit indices into a table of 16 bytes: the low nibbles' entries as bytes 0-15,
+// the high nibbles' as bytes 16-31 (the IQ4 layout).
+static inline AVX2_TGT __m256i nibble_lookup32(const uint8_t *qs, const int8_t *table) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)table), nib = _mm_set1_epi8(0x0F);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_set_m128i(_mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(q, 4), nib)),
+                            _mm_shuffle_epi8(t, _mm_and_si128(q, nib)));
+}
+
 // The 32 bits of qh as 32 bytes: byte j is 0x10 when bit j is set, else 0.
 static inline AVX2_TGT __m256i qh_bytes(uint32_t qh) {
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,

@@ -46,7 +46,8 @@ static void test_quantize(void) {
     free(x); free(a); free(b);
 }
 
-static const int32_t q8_types[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q8_0 };
+static const int32_t q8_types[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q8_0,
+                                    PYKV_TYPE_Q4_K, PYKV_TYPE_Q5_K, PYKV_TYPE_Q6_K, PYKV_TYPE_IQ4_NL, PYKV_TYPE_IQ4_XS };
 
 static void check_dot(int32_t type, int64_t n) {
     uint8_t *row = malloc((size_t)type_row_bytes(type, n));
@@ -78,15 +79,19 @@ static void check_dot(int32_t type, int64_t n) {
 
 static void test_dots(void) {
     const int64_t ns[] = { 32, 64, 96, 576, 1536 };   // odd block counts reach the tail
+    const int64_t ns_k[] = { 256, 768, 1536, 2816 };  // super-blocks of 256
     for (size_t k = 0; k < sizeof(q8_types) / sizeof(q8_types[0]); k++) {
         CHECK(vec_dot_q8_for(q8_types[k]) != NULL);
         CHECK(vec_dot_q8_scalar_for(q8_types[k]) != NULL);
-        for (int i = 0; i < 5; i++) check_dot(q8_types[k], ns[i]);
+        if (pykv_type_block_size(q8_types[k]) == 256)
+            for (int i = 0; i < 4; i++) check_dot(q8_types[k], ns_k[i]);
+        else
+            for (int i = 0; i < 5; i++) check_dot(q8_types[k], ns[i]);
     }
     // Types without an integer kernel fall back to the float path.
     CHECK(vec_dot_q8_for(PYKV_TYPE_F32) == NULL);
     CHECK(vec_dot_q8_for(PYKV_TYPE_F16) == NULL);
-    CHECK(vec_dot_q8_for(PYKV_TYPE_Q6_K) == NULL);
+    CHECK(vec_dot_q8_for(PYKV_TYPE_Q2_K) == NULL);   // float activations
     CHECK(vec_dot_q8_for(-1) == NULL);
     CHECK(vec_dot_q8_for(99) == NULL);
 }

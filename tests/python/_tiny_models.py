@@ -68,7 +68,7 @@ class TinySpec:
     n_ctx_train: int = 512
     seed: int = 0
     omit: tuple = ()            # tensor names left out (for bad-input tests)
-    tensor_types: tuple = ()    # (name part, type) pairs overriding wtype for matching tensors
+    tensor_types: tuple = ()    # (name part, type): the first pair whose part is in a tensor's name wins
 
     @property
     def head_dim(self) -> int:
@@ -104,7 +104,7 @@ VARIANTS = {
                  wtype="Q4_K", embd_type="Q6_K", tied=False, rope_base=10000.0, rms_eps=1e-5, seed=8,
                  tensor_types=(("attn_q", "Q2_K"), ("attn_k", "Q3_K"), ("attn_v", "IQ4_NL"),
                                ("attn_output", "Q5_K"), ("ffn_gate", "IQ4_XS"), ("ffn_up", "Q3_K"),
-                               ("ffn_down", "Q2_K"))),
+                               ("ffn_down", "Q2_K"), ("output.weight", "Q6_K"))),
     ]
 }
 DEFAULT_VARIANT = "llama_f32_h4kv4"
