@@ -111,51 +111,40 @@ static inline AVX2_TGT void k4_factors(const uint8_t *scales, float d, float dmi
     _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))), _mm256_set1_ps(dmin)));
 }
 
-// Chunk c of 64 holds sub-blocks 2c (x[0]) and 2c+1 (x[1]) as 32 quants each.
-static inline AVX2_TGT void k4_pair(const float *ds, const float *dm, int c, __m256i q0, __m256i q1,
-                                    const block_q8_act *x, __m256 *acc0, __m256 *acc1, float *off) {
-    *acc0 = _mm256_fmadd_ps(dot_u8s8(q0, act_bytes(x)), _mm256_set1_ps(ds[2 * c] * x[0].d), *acc0);
-    *acc1 = _mm256_fmadd_ps(dot_u8s8(q1, act_bytes(x + 1)), _mm256_set1_ps(ds[2 * c + 1] * x[1].d), *acc1);
-    *off += dm[2 * c] * x[0].s + dm[2 * c + 1] * x[1].s;
+// One Q4_K/Q5_K super-block against its eight activation blocks: chunk c of 64 holds sub-blocks
+// 2c (low nibbles) and 2c+1 (high nibbles); Q5_K's fifth bits come from qh (NULL for Q4_K).
+static inline AVX2_TGT void k4_block(const uint8_t *scales, uint16_t d, uint16_t dmin, const uint8_t *qs,
+                                     const uint8_t *qh, const block_q8_act *x, __m256 *acc0, __m256 *acc1, float *off) {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    const __m256i high = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+    float ds[8], dm[8];
+    k4_factors(scales, half(d), half(dmin), ds, dm);
+    for (int c = 0; c < 4; c++, x += 2) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
+        if (qh) {
+            lo = _mm256_or_si256(lo, bit_as(high, 2 * c, 0x10));
+            hi = _mm256_or_si256(hi, bit_as(high, 2 * c + 1, 0x10));
+        }
+        *acc0 = _mm256_fmadd_ps(dot_u8s8(lo, act_bytes(x)), _mm256_set1_ps(ds[2 * c] * x[0].d), *acc0);
+        *acc1 = _mm256_fmadd_ps(dot_u8s8(hi, act_bytes(x + 1)), _mm256_set1_ps(ds[2 * c + 1] * x[1].d), *acc1);
+        *off += dm[2 * c] * x[0].s + dm[2 * c + 1] * x[1].s;
+    }
 }
 
-static AVX2_TGT float q8dot_q4_K(const void *row, const block_q8_act *x, int64_t n) {
-    const block_q4_K *b = row;
-    const __m256i nib = _mm256_set1_epi8(0x0F);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float off = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
-        float ds[8], dm[8];
-        k4_factors(b[i].scales, half(b[i].d), half(b[i].dmin), ds, dm);
-        for (int c = 0; c < 4; c++, x += 2) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
-            k4_pair(ds, dm, c, _mm256_and_si256(q, nib), _mm256_and_si256(_mm256_srli_epi16(q, 4), nib),
-                    x, &acc0, &acc1, &off);
-        }
+#define K4_DOT(name, block_t, QH)                                                                 \
+    static AVX2_TGT float name(const void *row, const block_q8_act *x, int64_t n) {              \
+        const block_t *b = row;                                                                   \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                           \
+        float off = 0.0f;                                                                         \
+        for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT) {                             \
+            _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);                       \
+            k4_block(b[i].scales, b[i].d, b[i].dmin, b[i].qs, QH, x, &acc0, &acc1, &off);         \
+        }                                                                                         \
+        return hsum_ps(_mm256_add_ps(acc0, acc1)) - off;                                          \
     }
-    return hsum_ps(_mm256_add_ps(acc0, acc1)) - off;
-}
-
-static AVX2_TGT float q8dot_q5_K(const void *row, const block_q8_act *x, int64_t n) {
-    const block_q5_K *b = row;
-    const __m256i nib = _mm256_set1_epi8(0x0F);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float off = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
-        float ds[8], dm[8];
-        k4_factors(b[i].scales, half(b[i].d), half(b[i].dmin), ds, dm);
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)b[i].qh);
-        for (int c = 0; c < 4; c++, x += 2) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, nib), bit_as(qh, 2 * c, 0x10));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib), bit_as(qh, 2 * c + 1, 0x10));
-            k4_pair(ds, dm, c, lo, hi, x, &acc0, &acc1, &off);
-        }
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1)) - off;
-}
+K4_DOT(q8dot_q4_K, block_q4_K, NULL)
+K4_DOT(q8dot_q5_K, block_q5_K, b[i].qh)
 
 // Q6_K: quants 0..63 (q + 32) against the block, minus 32 times the block's own sums; the
 // eight int32 lanes of a product cover four elements each, so lanes 0-3 are the first half

@@ -97,43 +97,40 @@ static float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t n) {
 // ---- 256-element super-blocks: each activation block of 32 meets one sub-block (or two
 // halves of 16 with their own scales) ----
 
-// Q4_K/Q5_K: sub-block j (32 quants q, 0..15 or 0..31) has x = q * d*scale_j - dmin*min_j.
-static float q8dot_k4(const uint8_t *scales, float d, float dmin, const int *q, int j, const block_q8_act *x) {
-    uint8_t sc, m;
-    k4_scale_min(j, scales, &sc, &m);
-    int s = 0;
-    for (int l = 0; l < 32; l++) s += q[l] * x->qs[l];
-    return d * (float)sc * x->d * (float)s - dmin * (float)m * x->s;
+// Q4_K/Q5_K: sub-block j of 32 quants q (0..15, or 0..31 with Q5_K's fifth bit from qh, NULL
+// for Q4_K) has x = q * d*scale_j - dmin*min_j; chunk c of 64 holds sub-blocks 2c and 2c+1
+// (low and high nibbles).
+static float q8dot_k4_block(const uint8_t *scales, uint16_t d16, uint16_t dmin16, const uint8_t *qs,
+                            const uint8_t *qh, const block_q8_act *x) {
+    const float d = fp16_to_fp32(d16), dmin = fp16_to_fp32(dmin16);
+    float acc = 0.0f;
+    for (int j = 0; j < 8; j++, x++) {
+        uint8_t sc, m;
+        k4_scale_min(j, scales, &sc, &m);
+        int s = 0;
+        for (int l = 0; l < 32; l++) {
+            const uint8_t byte = qs[32 * (j / 2) + l];
+            const int q = (j % 2 ? byte >> 4 : byte & 0xF) | (qh ? ((qh[l] >> j) & 1) << 4 : 0);
+            s += q * x->qs[l];
+        }
+        acc += d * (float)sc * x->d * (float)s - dmin * (float)m * x->s;
+    }
+    return acc;
 }
 
 static float q8dot_q4_K(const void *row, const block_q8_act *x, int64_t n) {
     const block_q4_K *b = row;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT) {
-        const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
-        for (int c = 0; c < 4; c++) {
-            int lo[32], hi[32];
-            for (int l = 0; l < 32; l++) lo[l] = b[i].qs[32 * c + l] & 0xF, hi[l] = b[i].qs[32 * c + l] >> 4;
-            acc += q8dot_k4(b[i].scales, d, dmin, lo, 2 * c, x + 2 * c) + q8dot_k4(b[i].scales, d, dmin, hi, 2 * c + 1, x + 2 * c + 1);
-        }
-    }
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT)
+        acc += q8dot_k4_block(b[i].scales, b[i].d, b[i].dmin, b[i].qs, NULL, x);
     return acc;
 }
 
 static float q8dot_q5_K(const void *row, const block_q8_act *x, int64_t n) {
     const block_q5_K *b = row;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT) {
-        const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
-        for (int c = 0; c < 4; c++) {
-            int lo[32], hi[32];
-            for (int l = 0; l < 32; l++) {
-                lo[l] = (b[i].qs[32 * c + l] & 0xF) | ((b[i].qh[l] >> (2 * c)) & 1) << 4;
-                hi[l] = (b[i].qs[32 * c + l] >> 4) | ((b[i].qh[l] >> (2 * c + 1)) & 1) << 4;
-            }
-            acc += q8dot_k4(b[i].scales, d, dmin, lo, 2 * c, x + 2 * c) + q8dot_k4(b[i].scales, d, dmin, hi, 2 * c + 1, x + 2 * c + 1);
-        }
-    }
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT)
+        acc += q8dot_k4_block(b[i].scales, b[i].d, b[i].dmin, b[i].qs, b[i].qh, x);
     return acc;
 }
 
