@@ -4,7 +4,8 @@ The NumPy float64 forward (_reference.py, adjacent-pair RoPE on the GGUF tensors
 transformers (which un-permutes Q/K and uses rotate_half) must give the same logits on
 the same GGUF.  This validates the RoPE convention, the GQA head mapping and the
 dequantization that the pykv tests rely on.  Measured: tiny variants <= 4.3e-5 abs
-(logits up to ~110), SmolLM2 4.3e-5 abs (logits up to ~35).
+(logits up to ~110; the K-quant variant, logits up to ~5, 1.1e-5..3.3e-5 from run to run:
+transformers' float32), SmolLM2 4.3e-5 abs (logits up to ~35).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def test_tiny_numpy_reference_matches_transformers(tiny_model, name):
     ref = _reference.forward(path, tokens)
     hf = _hf_logits(path, tokens)
     for i in (0, 7, 39):
-        assert_logits_close(hf[i], ref[i], atol=1e-5, rtol_scale=2e-6,
+        assert_logits_close(hf[i], ref[i], atol=1e-4, rtol_scale=2e-6,
                             what=f"{name} position {i}")
 
 
