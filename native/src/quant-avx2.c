@@ -246,11 +246,6 @@ static TGT float vdot_q5_K(const void *row, const float *x, int64_t n) {
     return sum4(a0, a1, a2, a3);
 }
 
-// Q2_K and Q3_K: run r (0..3) of half h takes bits 2r..2r+1 of the half's 32 bytes of qs, for
-// x[0..31] of the run; its elements 0-15 are sub-block 8h + 2r, 16-31 sub-block 8h + 2r + 1.
-static inline TGT __m256i two_bits(__m256i qs, int run) {
-    return _mm256_and_si256(_mm256_srli_epi16(qs, 2 * run), _mm256_set1_epi8(3));   // masks the crossing bits
-}
 
 // f[j] = (float)v[j] * k for 16 small signed integers in the bytes of v.
 static inline TGT void scaled16(__m128i v, float k, float *f) {
@@ -267,6 +262,7 @@ static TGT float vdot_q2_K(const void *row, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     float dl[16], ml[16];
     for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_superblock(b + i, sizeof(*b));
         const __m128i sc = _mm_loadu_si128((const __m128i *)b[i].scales);
         scaled16(_mm_and_si128(sc, nib), half(b[i].d), dl);
         scaled16(_mm_and_si128(_mm_srli_epi16(sc, 4), nib), -half(b[i].dmin), ml);
@@ -282,20 +278,6 @@ static TGT float vdot_q2_K(const void *row, const float *x, int64_t n) {
     return sum4(a0, a1, a2, a3);
 }
 
-// The 16 signed scales of a Q3_K block as bytes (q3_scale for j = 0..15): low nibbles of bytes
-// 0-7 then their high nibbles; top bits from bytes 8-11, byte 8 + j%4 shifted by 2*(j/4).
-static inline TGT __m128i q3_scales16(const uint8_t *s) {
-    uint64_t lo8;
-    uint32_t hi4;
-    __builtin_memcpy(&lo8, s, 8);
-    __builtin_memcpy(&hi4, s + 8, 4);
-    const __m128i nib = _mm_set1_epi8(0x0F), v = _mm_cvtsi64_si128((long long)lo8);
-    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
-    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)hi4), _mm_setr_epi32(0, 2, 4, 6)),
-                                     _mm_set1_epi8(3));
-    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
-}
-
 // Q3_K: the third bit of run r of half h is bit 4h + r of hmask's bytes; taken as q + 4 (0..7)
 // with the offset -4*d*scale, as the scalar's d*scale*(q - 4 or q).
 static TGT float vdot_q3_K(const void *row, const float *x, int64_t n) {
@@ -303,6 +285,7 @@ static TGT float vdot_q3_K(const void *row, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     float dl[16], ml[16];
     for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_superblock(b + i, sizeof(*b));
         const __m128i sc = q3_scales16(b[i].scales);
         const float d = half(b[i].d);
         scaled16(sc, d, dl);

@@ -36,11 +36,6 @@ static inline AVX2_TGT __m128 scales_dd(const void *blk, const block_q8_act *x) 
     return _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi16((short)d)), _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)x)));
 }
 
-// Weights are read once per token, straight from memory. The hardware prefetcher alone
-// leaves the kernels waiting on loads; asking for the bytes 2 KiB ahead (two or three rows,
-// which each thread reads in one sequential run) made Q4_1 18% faster on Zen 3. Prefetching
-// past the end of the matrix is harmless: a prefetch never faults.
-#define Q8_PREFETCH 2048
 
 // One kernel per type: QUANTS(b) gives the block's unsigned quants, SCALES its two factors,
 // and the offset terms add up to CENTRE times lane 1's sum.
@@ -138,7 +133,7 @@ static inline AVX2_TGT void k4_block(const uint8_t *scales, uint16_t d, uint16_t
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                           \
         float off = 0.0f;                                                                         \
         for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT) {                             \
-            _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);                       \
+            prefetch_superblock(b + i, sizeof(block_t));                                         \
             k4_block(b[i].scales, b[i].d, b[i].dmin, b[i].qs, QH, x, &acc0, &acc1, &off);         \
         }                                                                                         \
         return hsum_ps(_mm256_add_ps(acc0, acc1)) - off;                                          \
@@ -146,20 +141,36 @@ static inline AVX2_TGT void k4_block(const uint8_t *scales, uint16_t d, uint16_t
 K4_DOT(q8dot_q4_K, block_q4_K, NULL)
 K4_DOT(q8dot_q5_K, block_q5_K, b[i].qh)
 
-// Q6_K: quants 0..63 (q + 32) against the block, minus 32 times the block's own sums; the
-// eight int32 lanes of a product cover four elements each, so lanes 0-3 are the first half
-// of 16 and lanes 4-7 the second, and one vector of two scales weighs both halves.
+// Q2_K, Q3_K and Q6_K: 16-element halves with their own scales. s holds a block's 16 scales
+// as int16; the two of run r of half h (sub-blocks 8h + 2r and 8h + 2r + 1) become one
+// vector for madd, the first in the low 128 bits, the second in the high.
+static inline AVX2_TGT __m256i half_scales(const int16_t *s, int h, int r) {
+    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    int32_t pair;
+    __builtin_memcpy(&pair, s + 8 * h + 2 * r, 4);
+    return _mm256_shuffle_epi8(_mm256_set1_epi32(pair), spread);
+}
+
+// 16 small integers in the bytes of v as int16 in s.
+static inline AVX2_TGT void widen16(__m128i v, int16_t *s) {
+    _mm256_storeu_si256((__m256i *)s, _mm256_cvtepi8_epi16(v));
+}
+
+// Q6_K: quants 0..63 (q + 32) against the block, minus 32 times the block's own pair sums, in
+// 16 bits; then each pair weighed by its half's integer scale (madd: lanes 0-3 hold elements
+// 0-15, lanes 4-7 elements 16-31), and one FMA by d * d_x per block.
 static AVX2_TGT float q8dot_q6_K(const void *row, const block_q8_act *x, int64_t n) {
     const block_q6_K *b = row;
-    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
-    const __m256i c32 = _mm256_set1_epi8(32);
+    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        prefetch_superblock(b + i, sizeof(*b));
         const float d = half(b[i].d);
+        int16_t sc[16];
+        widen16(_mm_loadu_si128((const __m128i *)b[i].scales), sc);
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = b[i].ql + 64 * h;
-            const int8_t *sc = b[i].scales + 8 * h;
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
@@ -171,12 +182,63 @@ static AVX2_TGT float q8dot_q6_K(const void *row, const block_q8_act *x, int64_t
             };
             for (int r = 0; r < 4; r++, x++) {
                 const __m256i a = act_bytes(x);
-                const __m256i p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q[r], a), ones),
-                                                   _mm256_madd_epi16(_mm256_maddubs_epi16(c32, a), ones));
-                const float s0 = d * (float)sc[2 * r] * x->d, s1 = d * (float)sc[2 * r + 1] * x->d;
-                const __m256 scale = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
-                if (r & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc1);
-                else       acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc0);
+                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[r], a), _mm256_maddubs_epi16(c32, a));
+                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, half_scales(sc, h, r)));
+                if (r & 1) acc1 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d), acc1);
+                else       acc0 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d), acc0);
+            }
+        }
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+// Q2_K: sum(q a) weighed by the scales (times d) minus sum(a) weighed by the mins (times dmin).
+static AVX2_TGT float q8dot_q2_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q2_K *b = row;
+    const __m256i ones = _mm256_set1_epi8(1);
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    __m256 accd = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_superblock(b + i, sizeof(*b));
+        const float d = half(b[i].d), dmin = half(b[i].dmin);
+        int16_t sc[16], mn[16];
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b[i].scales);
+        widen16(_mm_and_si128(raw, nib), sc);
+        widen16(_mm_and_si128(_mm_srli_epi16(raw, 4), nib), mn);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            for (int r = 0; r < 4; r++, x++) {
+                const __m256i a = act_bytes(x);
+                const __m256i ps = _mm256_madd_epi16(_mm256_maddubs_epi16(two_bits(qs, r), a), half_scales(sc, h, r));
+                const __m256i pm = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, a), half_scales(mn, h, r));
+                accd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ps), _mm256_set1_ps(d * x->d), accd);
+                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dmin * x->d), accm);
+            }
+        }
+    }
+    return hsum_ps(accd) - hsum_ps(accm);
+}
+
+// Q3_K: quants taken as q + 4 (0..7), minus 4 times the pair sums, in 16 bits.
+static AVX2_TGT float q8dot_q3_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q3_K *b = row;
+    const __m256i four = _mm256_set1_epi8(4);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_superblock(b + i, sizeof(*b));
+        const float d = half(b[i].d);
+        int16_t sc[16];
+        widen16(q3_scales16(b[i].scales), sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b[i].hmask);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            for (int r = 0; r < 4; r++, x++) {
+                const __m256i a = act_bytes(x);
+                const __m256i q = _mm256_or_si256(two_bits(qs, r), bit_as(hm, 4 * h + r, 4));
+                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, a), _mm256_maddubs_epi16(four, a));
+                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, half_scales(sc, h, r)));
+                if (r & 1) acc1 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d), acc1);
+                else       acc0 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d), acc0);
             }
         }
     }
@@ -205,7 +267,7 @@ static AVX2_TGT float q8dot_iq4_xs(const void *row, const block_q8_act *x, int64
     const block_iq4_xs *b = row;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        prefetch_superblock(b + i, sizeof(*b));
         const float d = half(b[i].d);
         for (int j = 0; j < QK_K / 32; j++, x++) {
             const __m256 p = iq4_block(b[i].qs + 16 * j, x);
@@ -223,6 +285,8 @@ const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES] = {
     [PYKV_TYPE_Q5_0] = q8dot_q5_0,
     [PYKV_TYPE_Q5_1] = q8dot_q5_1,
     [PYKV_TYPE_Q8_0] = q8dot_q8_0,
+    [PYKV_TYPE_Q2_K] = q8dot_q2_K,
+    [PYKV_TYPE_Q3_K] = q8dot_q3_K,
     [PYKV_TYPE_Q4_K] = q8dot_q4_K,
     [PYKV_TYPE_Q5_K] = q8dot_q5_K,
     [PYKV_TYPE_Q6_K] = q8dot_q6_K,

@@ -134,6 +134,51 @@ static float q8dot_q5_K(const void *row, const block_q8_act *x, int64_t n) {
     return acc;
 }
 
+// Q2_K and Q3_K: run r (0..3) of half h is activation block 4h + r; its halves of 16 are
+// sub-blocks 8h + 2r and 8h + 2r + 1 (see deq_q2_K and deq_q3_K for the bits).
+static float q8dot_q2_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q2_K *b = row;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < 4; r++, x++) {
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t sc = b[i].scales[8 * h + 2 * r + half];
+                    int s = 0, sum = 0;
+                    for (int l = 16 * half; l < 16 * half + 16; l++) {
+                        s += ((b[i].qs[32 * h + l] >> (2 * r)) & 3) * x->qs[l];
+                        sum += x->qs[l];
+                    }
+                    acc += d * (float)(sc & 0xF) * x->d * (float)s - dmin * (float)(sc >> 4) * x->d * (float)sum;
+                }
+            }
+        }
+    }
+    return acc;
+}
+
+static float q8dot_q3_K(const void *row, const block_q8_act *x, int64_t n) {
+    const block_q3_K *b = row;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < 4; r++, x++) {
+                for (int half = 0; half < 2; half++) {
+                    int s = 0;
+                    for (int l = 16 * half; l < 16 * half + 16; l++) {
+                        const int q = ((b[i].qs[32 * h + l] >> (2 * r)) & 3) - ((b[i].hmask[l] >> (4 * h + r)) & 1 ? 0 : 4);
+                        s += q * x->qs[l];
+                    }
+                    acc += d * (float)q3_scale(b[i].scales, 8 * h + 2 * r + half) * x->d * (float)s;
+                }
+            }
+        }
+    }
+    return acc;
+}
+
 // Q6_K: run r (0..3) of half h is activation block 4h + r; its halves of 16 have scales
 // scales[8h + 2r] and [8h + 2r + 1] (see deq_q6_K for the bits).
 static float q8dot_q6_K(const void *row, const block_q8_act *x, int64_t n) {
@@ -188,6 +233,8 @@ const vec_dot_q8_fn q8_scalar_dots[Q8_N_TYPES] = {
     [PYKV_TYPE_Q5_0] = q8dot_q5_0,
     [PYKV_TYPE_Q5_1] = q8dot_q5_1,
     [PYKV_TYPE_Q8_0] = q8dot_q8_0,
+    [PYKV_TYPE_Q2_K] = q8dot_q2_K,
+    [PYKV_TYPE_Q3_K] = q8dot_q3_K,
     [PYKV_TYPE_Q4_K] = q8dot_q4_K,
     [PYKV_TYPE_Q5_K] = q8dot_q5_K,
     [PYKV_TYPE_Q6_K] = q8dot_q6_K,

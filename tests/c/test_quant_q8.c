@@ -47,7 +47,8 @@ static void test_quantize(void) {
 }
 
 static const int32_t q8_types[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q8_0,
-                                    PYKV_TYPE_Q4_K, PYKV_TYPE_Q5_K, PYKV_TYPE_Q6_K, PYKV_TYPE_IQ4_NL, PYKV_TYPE_IQ4_XS };
+                                    PYKV_TYPE_Q2_K, PYKV_TYPE_Q3_K, PYKV_TYPE_Q4_K, PYKV_TYPE_Q5_K, PYKV_TYPE_Q6_K,
+                                    PYKV_TYPE_IQ4_NL, PYKV_TYPE_IQ4_XS };
 
 static void check_dot(int32_t type, int64_t n) {
     uint8_t *row = malloc((size_t)type_row_bytes(type, n));
@@ -91,7 +92,7 @@ static void test_dots(void) {
     // Types without an integer kernel fall back to the float path.
     CHECK(vec_dot_q8_for(PYKV_TYPE_F32) == NULL);
     CHECK(vec_dot_q8_for(PYKV_TYPE_F16) == NULL);
-    CHECK(vec_dot_q8_for(PYKV_TYPE_Q2_K) == NULL);   // float activations
+    CHECK(vec_dot_q8_for(PYKV_TYPE_BF16) == NULL);
     CHECK(vec_dot_q8_for(-1) == NULL);
     CHECK(vec_dot_q8_for(99) == NULL);
 }

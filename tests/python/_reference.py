@@ -149,7 +149,8 @@ def attention(q, k, v, n_rep: int) -> np.ndarray:
 
 
 # Weight types whose decode-step product pykv takes with 8-bit activations (quant-q8.h).
-INT8_ACT_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}
+INT8_ACT_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                  "IQ4_XS"}
 
 
 def q8_roundtrip(x: np.ndarray) -> np.ndarray:
