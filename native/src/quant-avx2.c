@@ -246,7 +246,6 @@ static TGT float vdot_q5_K(const void *row, const float *x, int64_t n) {
     return sum4(a0, a1, a2, a3);
 }
 
-
 // f[j] = (float)v[j] * k for 16 small signed integers in the bytes of v.
 static inline TGT void scaled16(__m128i v, float k, float *f) {
     const __m256 kv = _mm256_set1_ps(k);
@@ -334,7 +333,7 @@ static TGT float vdot_iq4_xs(const void *row, const float *x, int64_t n) {
     return sum4(a0, a1, a2, a3);
 }
 
-// Q6_K run of 32 (see deq_q6_K): elements 0-15 use scale sc[0], 16-31 use sc[1]; q - 32.
+// Q6_K run of 32 (quant-blocks.h: q6k_quant): elements 0-15 use scale sc[0], 16-31 use sc[1]; q - 32.
 static inline TGT void q6_run(__m256i q, float d, const int8_t *sc, const float *x,
                               __m256 *a0, __m256 *a1, __m256 *a2, __m256 *a3) {
     const float d0 = d * sc[0], d1 = d * sc[1];

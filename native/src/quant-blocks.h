@@ -91,6 +91,22 @@ static inline int q3_scale(const uint8_t *s, int j) {
     return (lo | hi << 4) - 32;
 }
 
+// The quants of Q2_K, Q3_K and Q6_K, element l (0..31) of run r (0..3) of half h (0..1), i.e.
+// element 128h + 32r + l; its sub-block of 16 is 8h + 2r + l/16. Q2_K/Q3_K: bits 2r..2r+1 of
+// byte l of the half's 32 bytes of qs; Q3_K's third bit is bit 4h + r of hmask[l], and a
+// clear one subtracts 4.
+static inline int q2k_quant(const uint8_t *qs, int h, int r, int l) { return (qs[32 * h + l] >> (2 * r)) & 3; }
+static inline int q3k_quant(const block_q3_K *b, int h, int r, int l) {
+    return q2k_quant(b->qs, h, r, l) - 4 + 4 * ((b->hmask[l] >> (4 * h + r)) & 1);
+}
+// Q6_K: the low 4 bits are the low (runs 0, 1) or high (runs 2, 3) nibble of ql[64h + l]
+// (runs 0, 2) or ql[64h + 32 + l] (runs 1, 3), the top 2 bits bits 2r..2r+1 of qh[32h + l];
+// minus 32.
+static inline int q6k_quant(const block_q6_K *b, int h, int r, int l) {
+    const uint8_t low = b->ql[64 * h + 32 * (r & 1) + l];
+    return ((r < 2 ? low & 0xF : low >> 4) | ((b->qh[32 * h + l] >> (2 * r)) & 3) << 4) - 32;
+}
+
 // Sub-block j (0..7) of an IQ4_XS block: its signed scale.
 static inline int iq4_xs_scale(const block_iq4_xs *b, int j) {
     return (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | ((b->scales_h >> (2 * j)) & 3) << 4) - 32;

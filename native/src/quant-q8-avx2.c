@@ -36,7 +36,6 @@ static inline AVX2_TGT __m128 scales_dd(const void *blk, const block_q8_act *x) 
     return _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi16((short)d)), _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)x)));
 }
 
-
 // One kernel per type: QUANTS(b) gives the block's unsigned quants, SCALES its two factors,
 // and the offset terms add up to CENTRE times lane 1's sum.
 #define Q8_DOT(name, block_t, QUANTS, SCALES, CENTRE)                                              \

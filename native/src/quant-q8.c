@@ -134,8 +134,8 @@ static float q8dot_q5_K(const void *row, const block_q8_act *x, int64_t n) {
     return acc;
 }
 
-// Q2_K and Q3_K: run r (0..3) of half h is activation block 4h + r; its halves of 16 are
-// sub-blocks 8h + 2r and 8h + 2r + 1 (see deq_q2_K and deq_q3_K for the bits).
+// Q2_K, Q3_K and Q6_K: run r (0..3) of half h is activation block 4h + r; its halves of 16
+// are sub-blocks 8h + 2r and 8h + 2r + 1 (quant-blocks.h: q2k_quant, q3k_quant, q6k_quant).
 static float q8dot_q2_K(const void *row, const block_q8_act *x, int64_t n) {
     const block_q2_K *b = row;
     float acc = 0.0f;
@@ -143,11 +143,11 @@ static float q8dot_q2_K(const void *row, const block_q8_act *x, int64_t n) {
         const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
         for (int h = 0; h < 2; h++) {
             for (int r = 0; r < 4; r++, x++) {
-                for (int half = 0; half < 2; half++) {
-                    const uint8_t sc = b[i].scales[8 * h + 2 * r + half];
+                for (int l0 = 0; l0 < 32; l0 += 16) {
+                    const uint8_t sc = b[i].scales[8 * h + 2 * r + l0 / 16];
                     int s = 0, sum = 0;
-                    for (int l = 16 * half; l < 16 * half + 16; l++) {
-                        s += ((b[i].qs[32 * h + l] >> (2 * r)) & 3) * x->qs[l];
+                    for (int l = l0; l < l0 + 16; l++) {
+                        s += q2k_quant(b[i].qs, h, r, l) * x->qs[l];
                         sum += x->qs[l];
                     }
                     acc += d * (float)(sc & 0xF) * x->d * (float)s - dmin * (float)(sc >> 4) * x->d * (float)sum;
@@ -165,13 +165,10 @@ static float q8dot_q3_K(const void *row, const block_q8_act *x, int64_t n) {
         const float d = fp16_to_fp32(b[i].d);
         for (int h = 0; h < 2; h++) {
             for (int r = 0; r < 4; r++, x++) {
-                for (int half = 0; half < 2; half++) {
+                for (int l0 = 0; l0 < 32; l0 += 16) {
                     int s = 0;
-                    for (int l = 16 * half; l < 16 * half + 16; l++) {
-                        const int q = ((b[i].qs[32 * h + l] >> (2 * r)) & 3) - ((b[i].hmask[l] >> (4 * h + r)) & 1 ? 0 : 4);
-                        s += q * x->qs[l];
-                    }
-                    acc += d * (float)q3_scale(b[i].scales, 8 * h + 2 * r + half) * x->d * (float)s;
+                    for (int l = l0; l < l0 + 16; l++) s += q3k_quant(&b[i], h, r, l) * x->qs[l];
+                    acc += d * (float)q3_scale(b[i].scales, 8 * h + 2 * r + l0 / 16) * x->d * (float)s;
                 }
             }
         }
@@ -179,22 +176,15 @@ static float q8dot_q3_K(const void *row, const block_q8_act *x, int64_t n) {
     return acc;
 }
 
-// Q6_K: run r (0..3) of half h is activation block 4h + r; its halves of 16 have scales
-// scales[8h + 2r] and [8h + 2r + 1] (see deq_q6_K for the bits).
 static float q8dot_q6_K(const void *row, const block_q8_act *x, int64_t n) {
     const block_q6_K *b = row;
     float acc = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = fp16_to_fp32(b[i].d);
         for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
             for (int r = 0; r < 4; r++, x++) {
                 int s[2] = { 0, 0 };
-                for (int l = 0; l < 32; l++) {
-                    const int low = r & 1 ? ql[l + 32] : ql[l];
-                    const int q = ((r < 2 ? low & 0xF : low >> 4) | ((qh[l] >> (2 * r)) & 3) << 4) - 32;
-                    s[l / 16] += q * x->qs[l];
-                }
+                for (int l = 0; l < 32; l++) s[l / 16] += q6k_quant(&b[i], h, r, l) * x->qs[l];
                 acc += d * x->d * ((float)b[i].scales[8 * h + 2 * r] * (float)s[0] + (float)b[i].scales[8 * h + 2 * r + 1] * (float)s[1]);
             }
         }

@@ -124,57 +124,53 @@ static void deq_q5_K(const void *src, float *y, int64_t n) {
     }
 }
 
-// Q6_K: two halves of 128. In each, element l (0..31) of the four 32-runs is:
-//   run 0: low nibble of ql[l],    qh[l] bits 0-1     run 1: low nibble of ql[l+32], bits 2-3
-//   run 2: high nibble of ql[l],   qh[l] bits 4-5     run 3: high nibble of ql[l+32], bits 6-7
-// minus 32, times d * scales[run*2 + l/16].
-static void deq_q6_K(const void *src, float *y, int64_t n) {
+// Q6_K: run r of half h (32 elements, q6k_quant) in two sub-blocks of 16, x = d*scale*q with
+// the sub-block's int8 scale.
+static void deq_q6_K(const void *src, float *restrict y, int64_t n) {
     const block_q6_K *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = fp16_to_fp32(b[i].d);
-        const uint8_t *ql = b[i].ql, *qh = b[i].qh;
-        const int8_t *sc = b[i].scales;
-        for (int half = 0; half < 2; half++, y += 128, ql += 64, qh += 32, sc += 8) {
-            for (int l = 0; l < 32; l++) {
-                const int is = l / 16;
-                const int q1 = ((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) - 32;
-                const int q2 = ((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32;
-                const int q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
-                const int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
-                y[l]      = d * sc[is + 0] * (float)q1;
-                y[l + 32] = d * sc[is + 2] * (float)q2;
-                y[l + 64] = d * sc[is + 4] * (float)q3;
-                y[l + 96] = d * sc[is + 6] * (float)q4;
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < 4; r++) {
+                for (int l0 = 0; l0 < 32; l0 += 16, y += 16) {
+                    const float dl = d * b[i].scales[8 * h + 2 * r + l0 / 16];
+                    for (int l = 0; l < 16; l++) y[l] = dl * (float)q6k_quant(&b[i], h, r, l0 + l);
+                }
             }
         }
     }
 }
 
-// Q2_K: two halves of 128, each from 32 bytes of qs; run r (0..3) of a half takes bits 2r..2r+1
-// of those bytes; element e's sub-block is e / 16; x = d*scale*q - dmin*min.
-static void deq_q2_K(const void *src, float *y, int64_t n) {
+// Q2_K: run r of half h (32 elements, q2k_quant) in two sub-blocks of 16, x = d*scale*q -
+// dmin*min with scale and min the two nibbles of the sub-block's byte of scales.
+static void deq_q2_K(const void *src, float *restrict y, int64_t n) {
     const block_q2_K *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
-        for (int e = 0; e < QK_K; e++) {
-            const int half = e / 128, run = (e / 32) % 4, l = e % 32;
-            const uint8_t sc = b[i].scales[e / 16];
-            const float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
-            *y++ = dl * (float)((b[i].qs[32 * half + l] >> (2 * run)) & 3) - ml;
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < 4; r++) {
+                for (int l0 = 0; l0 < 32; l0 += 16, y += 16) {
+                    const uint8_t sc = b[i].scales[8 * h + 2 * r + l0 / 16];
+                    const float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
+                    for (int l = 0; l < 16; l++) y[l] = dl * (float)q2k_quant(b[i].qs, h, r, l0 + l) - ml;
+                }
+            }
         }
     }
 }
 
-// Q3_K: laid out as Q2_K's low bits; the third bit of element e is bit e / 32 of hmask[e % 32],
-// and a clear bit subtracts 4; x = d*scale*q.
-static void deq_q3_K(const void *src, float *y, int64_t n) {
+// Q3_K: as Q2_K's runs (q3k_quant), x = d*scale*q with a signed 6-bit scale (q3_scale).
+static void deq_q3_K(const void *src, float *restrict y, int64_t n) {
     const block_q3_K *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = fp16_to_fp32(b[i].d);
-        for (int e = 0; e < QK_K; e++) {
-            const int half = e / 128, run = (e / 32) % 4, l = e % 32;
-            const int lo = (b[i].qs[32 * half + l] >> (2 * run)) & 3, high = (b[i].hmask[l] >> (e / 32)) & 1;
-            *y++ = d * (float)q3_scale(b[i].scales, e / 16) * (float)(lo - (high ? 0 : 4));
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < 4; r++) {
+                for (int l0 = 0; l0 < 32; l0 += 16, y += 16) {
+                    const float dl = d * (float)q3_scale(b[i].scales, 8 * h + 2 * r + l0 / 16);
+                    for (int l = 0; l < 16; l++) y[l] = dl * (float)q3k_quant(&b[i], h, r, l0 + l);
+                }
+            }
         }
     }
 }
