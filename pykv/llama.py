@@ -335,8 +335,10 @@ class Llama:
         InvalidArgumentError, whatever n_keep); n_keep=0 is reset()."""
         if not isinstance(n_keep, int) or isinstance(n_keep, bool):
             raise errors.InvalidArgumentError(f"n_keep must be an integer, got {n_keep!r}")
-        check(lib.pykv_truncate(self._need_ctx(), n_keep))
-        del self.input_ids[n_keep:]
+        ctx = self._need_ctx()
+        status = lib.pykv_truncate(ctx, n_keep)
+        del self.input_ids[lib.pykv_n_past(ctx):]   # what the context holds, whatever the status
+        check(status)
 
     def cancel(self) -> None:
         """Ask a running eval() (from another thread) to stop: it raises GenerationCancelled
@@ -447,9 +449,12 @@ class Llama:
             if held != wanted:
                 break
             keep += 1
-        if keep and lib.pykv_truncate(self._ctx, keep) == lib.PYKV_OK:
-            del self.input_ids[keep:]
-            return keep
+        if keep:
+            try:
+                self.truncate(keep)
+                return keep
+            except errors.InvalidArgumentError:   # an evicting policy: no cut
+                pass
         self.reset()
         return 0
 

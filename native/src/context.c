@@ -347,13 +347,14 @@ pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep) {
                           "pykv_truncate: the '%s' policy compresses the cache with the later tokens in view, so "
                           "it cannot be cut back to a prefix; reset and evaluate the prefix again",
                           ctx->policy->ops->name);
+    pykv_status status = PYKV_OK;
     if (n_keep < ctx->n_past) {
-        PYKV_TRY(kv_cache_keep_prefix(&ctx->cache, n_keep));
+        status = kv_cache_keep_prefix(&ctx->cache, n_keep);   // the lists are cut whatever it says
         ctx->n_past = n_keep;
         ctx->has_logits = 0;
     }
     atomic_store(&ctx->cancel, 0);
-    return PYKV_OK;
+    return status;
 }
 
 void pykv_cancel(pykv_context *ctx) {

@@ -294,13 +294,16 @@ void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n) {
 }
 
 pykv_status kv_cache_keep_prefix(struct kv_cache *c, int32_t n_pos) {
-    for (int i = 0; i < c->n_layer * c->n_head_kv; i++) {
+    const int n_lists = c->n_layer * c->n_head_kv;
+    for (int i = 0; i < n_lists; i++) {   // the cut itself cannot fail: every list is cut first
         struct kv_list *l = &c->lists[i];
         int32_t n = l->n;
         while (n > 0 && l->pos[n - 1] >= n_pos) n--;
         kv_list_truncate(c, l, n);
-        // the room of a long cut goes back, so kv stats show what the prefix holds
-        const int32_t cap = n > KV_MIN_CAP ? n + n / 8 : KV_MIN_CAP;
+    }
+    for (int i = 0; i < n_lists; i++) {   // then the room of a long cut goes back, so kv stats show what the prefix holds
+        struct kv_list *l = &c->lists[i];
+        const int32_t cap = l->n > KV_MIN_CAP ? l->n + l->n / 8 : KV_MIN_CAP;
         if (l->cap > cap) PYKV_TRY(list_resize(c, l, cap));
     }
     return PYKV_OK;

@@ -121,7 +121,8 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
 // Drop entries past n (rolls back a cancelled chunk); not counted as evicted.
 void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n);
 // Drop the entries at positions n_pos and later from every list, which must hold its entries
-// in position order (the `full` policy's); not counted as evicted.
+// in position order (the `full` policy's); not counted as evicted. Every list is cut even when
+// giving the room back fails (the status says so).
 pykv_status kv_cache_keep_prefix(struct kv_cache *c, int32_t n_pos);
 
 int64_t kv_cache_entries(const struct kv_cache *c);
