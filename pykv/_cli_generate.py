@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,8 +63,21 @@ def check_model_flags(args) -> None:
             raise UsageError(f"{flag} must be >= 0, got {value}")
     if args.n_predict < -1:
         raise UsageError(f"-n/--n-predict must be -1 (until the end), 0 (the prompt only) or more, got {args.n_predict}")
-    from .llama import make_sampler   # its range checks, before the model is loaded
-    make_sampler(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.repeat_last_n)
+    from ._sampling import make_sampler   # its range checks, before the model is loaded
+    make_sampler(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.repeat_last_n,
+                 frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+                 logit_bias=parse_logit_bias(args.logit_bias))
+
+
+def parse_logit_bias(items) -> dict:
+    """llama.cpp's -l TOKEN_ID(+/-)BIAS: 15043+1, 15043-0.5, 15043-inf."""
+    out = {}
+    for item in items:
+        match = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+))\s*", item, re.I)
+        if not match:
+            raise UsageError(f"-l/--logit-bias expects TOKEN_ID(+/-)BIAS such as 15043+1 or 15043-inf, got {item!r}")
+        out[int(match.group(1))] = float(match.group(2).replace(" ", ""))
+    return out
 
 
 def sampling_kwargs(args) -> dict:
@@ -71,6 +85,8 @@ def sampling_kwargs(args) -> dict:
     return dict(max_tokens=args.n_predict if args.n_predict > 0 else None,
                 temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+                logit_bias=parse_logit_bias(args.logit_bias) or None,
                 seed=args.seed if args.seed >= 0 else None, stop=args.stop or None)
 
 

@@ -20,42 +20,104 @@ class _Envelope:
         self.head = {"id": f"{prefix}-{os.urandom(8).hex()}", "object": kind, "created": int(time.time()),
                      "model": Path(llm.model_path).name}
 
-    def body(self, choice: dict, result=None) -> dict:
-        out = dict(self.head, choices=[dict({"index": 0}, **choice, logprobs=None)])
+    def body(self, choice: dict, result=None, logprobs=None) -> dict:
+        out = dict(self.head, choices=[dict({"index": 0}, **choice, logprobs=logprobs)])
         if result is not None:
             out["usage"] = _usage(result)
         return out
 
 
+class _Pieces:
+    """Token text for the logprobs dicts: each token's bytes (decoded, broken UTF-8 left out, as
+    llama-cpp-python does) and the character offset at which it starts in prompt + completion."""
+
+    def __init__(self, llm, prompt_chars: int = 0):
+        self.llm = llm
+        self.start = prompt_chars
+        self.seen = b""
+
+    def piece(self, token: int) -> bytes:
+        return self.llm.token_to_piece(token, special=True)
+
+    def text(self, token: int) -> str:
+        return self.piece(token).decode("utf-8", "ignore")
+
+    def offset_then_advance(self, token: int) -> int:
+        offset = self.start + len(self.seen.decode("utf-8", "ignore"))
+        self.seen += self.llm.token_to_piece(token)   # as in the completion's text
+        return offset
+
+
+def _completion_logprobs(entries, pieces: _Pieces):
+    """The text completion form: tokens, text_offset, token_logprobs, top_logprobs (the top
+    alternatives and the chosen token, keyed by their text)."""
+    if entries is None:
+        return None
+    out = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+    for e in entries:
+        out["tokens"].append(pieces.text(e.token))
+        out["text_offset"].append(pieces.offset_then_advance(e.token))
+        out["token_logprobs"].append(e.logprob)
+        top = {pieces.text(t): lp for t, lp in e.top}
+        top[pieces.text(e.token)] = e.logprob
+        out["top_logprobs"].append(top)
+    return out
+
+
+def _chat_logprobs(entries, pieces: _Pieces):
+    """The chat form: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}."""
+    if entries is None:
+        return None
+
+    def item(token, logprob):
+        return {"token": pieces.text(token), "logprob": logprob, "bytes": list(pieces.piece(token))}
+    return {"content": [dict(item(e.token, e.logprob), top_logprobs=[item(t, lp) for t, lp in e.top])
+                        for e in entries], "refusal": None}
+
+
+def _prompt_chars(llm, prompt) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    data = prompt if isinstance(prompt, bytes) else llm.detokenize(prompt)
+    return len(data.decode("utf-8", "ignore"))
+
+
 def completion(llm, prompt, stream: bool, **kwargs):
-    """create_completion: {"choices": [{"text", "finish_reason"}], "usage"}; chunks when streaming."""
+    """create_completion: {"choices": [{"text", "finish_reason", "logprobs"}], "usage"}; chunks
+    when streaming, each with the logprobs of its tokens."""
     env = _Envelope(llm, "cmpl", "text_completion")
+    pieces = _Pieces(llm, _prompt_chars(llm, prompt)) if kwargs.get("logprobs") is not None else None
     if stream:
         steps = llm.generate(prompt, stream=True, **kwargs)   # checks the prompt now, not at first next()
 
         def chunks():
             for chunk in steps:
-                yield env.body({"text": chunk.text, "finish_reason": None})
+                yield env.body({"text": chunk.text, "finish_reason": None},
+                               logprobs=_completion_logprobs(chunk.logprobs, pieces))
             yield env.body({"text": "", "finish_reason": llm.last_result.finish_reason})
         return chunks()
     result = llm.generate(prompt, **kwargs)
-    return env.body({"text": result.text, "finish_reason": result.finish_reason}, result)
+    return env.body({"text": result.text, "finish_reason": result.finish_reason}, result,
+                    logprobs=_completion_logprobs(result.logprobs, pieces))
 
 
 def chat_completion(llm, prompt_tokens, stream: bool, **kwargs):
     """create_chat_completion on an already rendered prompt: {"choices": [{"message": {"role":
-    "assistant", "content"}, "finish_reason"}], "usage"}; streamed as "delta" chunks, the first
-    carrying the role and the last the finish reason."""
+    "assistant", "content"}, "finish_reason", "logprobs"}], "usage"}; streamed as "delta"
+    chunks, the first carrying the role and the last the finish reason."""
     env = _Envelope(llm, "chatcmpl", "chat.completion.chunk" if stream else "chat.completion")
+    pieces = _Pieces(llm)
     if stream:
         steps = llm.generate(prompt_tokens, stream=True, **kwargs)
 
         def chunks():
             yield env.body({"delta": {"role": "assistant"}, "finish_reason": None})
             for chunk in steps:
-                yield env.body({"delta": {"content": chunk.text}, "finish_reason": None})
+                yield env.body({"delta": {"content": chunk.text}, "finish_reason": None},
+                               logprobs=_chat_logprobs(chunk.logprobs, pieces))
             yield env.body({"delta": {}, "finish_reason": llm.last_result.finish_reason})
         return chunks()
     result = llm.generate(prompt_tokens, **kwargs)
     return env.body({"message": {"role": "assistant", "content": result.text},
-                     "finish_reason": result.finish_reason}, result)
+                     "finish_reason": result.finish_reason}, result,
+                    logprobs=_chat_logprobs(result.logprobs, pieces))

@@ -92,7 +92,13 @@ def _add_sampling_flags(p):
     s.add_argument("--min-p", type=float, default=0.05, help="min-p (default 0.05; 0 = off)")
     s.add_argument("--repeat-penalty", type=float, default=1.0, help="repeat penalty (default 1.0 = off)")
     s.add_argument("--repeat-last-n", type=int, default=64,
-                   help="tokens the repeat penalty looks back over (default 64; -1 = all)")
+                   help="tokens the penalties look back over (default 64; -1 = all)")
+    s.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted from a token's logit per occurrence in those tokens (default 0 = off)")
+    s.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted once from the logit of a token that occurs there (default 0 = off)")
+    s.add_argument("-l", "--logit-bias", action="append", default=[], metavar="TOKEN_ID(+/-)BIAS",
+                   help="add BIAS to a token's logit, e.g. 15043+1 or 15043-inf to ban it (repeatable)")
     s.add_argument("-s", "--seed", type=int, default=-1, help="sampling seed (default -1 = random)")
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import errors
 from ._ffi import call_string, check, ffi, lib, new_params
+from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logprob
 from ._textstream import TextStream
 
 Prompt = Union[str, bytes, Sequence[int]]
@@ -21,9 +22,11 @@ Prompt = Union[str, bytes, Sequence[int]]
 
 @dataclass
 class GenerationChunk:
-    """One streamed step: the text that became safe to show and the token that produced it."""
+    """One streamed step: the text that became safe to show and the token that produced it
+    (with logprobs=..., the log-probabilities of the tokens generated since the last chunk)."""
     text: str
     token: int
+    logprobs: Optional[List[TokenLogprob]] = None
 
 
 @dataclass
@@ -35,6 +38,7 @@ class GenerationResult:
     cached_tokens: int = 0                 # of prompt_tokens, kept from the previous call (not evaluated)
     timings: dict = field(default_factory=dict)
     kv_stats: dict = field(default_factory=dict)
+    logprobs: Optional[List[TokenLogprob]] = None   # one per token, with logprobs=...
 
 
 def _parse_budget(budget):
@@ -71,22 +75,6 @@ def _kv_type_code(kv_type) -> int:
     if name not in _KV_TYPES:
         raise errors.InvalidArgumentError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
     return getattr(lib, _KV_TYPES[name])
-
-
-def make_sampler(temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int = 0):
-    """A C sampler chain; InvalidArgumentError names the first parameter out of range."""
-    params = new_params("struct pykv_sampler_params", lib.pykv_sampler_default_params)
-    params.temperature = temperature
-    params.top_k = top_k
-    params.top_p = top_p
-    params.min_p = min_p
-    params.repeat_penalty = repeat_penalty
-    params.repeat_last_n = repeat_last_n
-    params.seed = seed & 0xFFFFFFFF
-    out = ffi.new("pykv_sampler **")
-    check(lib.pykv_sampler_init(params, out))
-    return ffi.gc(out[0], lib.pykv_sampler_free)
 
 
 def _resolve_model_path(model_path) -> str:
@@ -393,10 +381,10 @@ class Llama:
 
     # ---- generation ----
 
-    def _make_sampler(self, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed):
+    def _make_sampler(self, seed, **sampling):
         if seed is None or seed < 0:
             seed = self._rng.getrandbits(32) if self._seed is not None and self._seed >= 0 else lib.PYKV_DEFAULT_SEED
-        return make_sampler(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+        return make_sampler(seed=seed, n_vocab=self.n_vocab, **sampling)
 
     def _prompt_tokens(self, prompt: Prompt) -> List[int]:
         if isinstance(prompt, (str, bytes)):
@@ -416,12 +404,18 @@ class Llama:
     def generate(self, prompt: Prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
-                 ignore_eos: bool = False, stream: bool = False):
+                 ignore_eos: bool = False, stream: bool = False, frequency_penalty: float = 0.0,
+                 presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
+                 logprobs: Optional[int] = None):
         """Generate text after prompt (text or token ids). With the `full` policy the context
         keeps the longest prefix of the prompt it already holds and evaluates the rest
         (result.cached_tokens); otherwise, or after reset(), it starts afresh.
 
         max_tokens <= 0 or None generates until an end-of-generation token or a full context.
+        The sampler is llama.cpp's chain: logit_bias ({token id: bias}, -inf bans), the repeat,
+        frequency and presence penalties over the last repeat_last_n tokens, top-k, top-p,
+        min-p, temperature. logprobs=N records each generated token's log-probability and the
+        N most likely tokens at its step (result.logprobs, chunk.logprobs).
         Returns a GenerationResult, or with stream=True an iterator of GenerationChunk whose
         final result is left in self.last_result."""
         self._need_ctx()
@@ -431,8 +425,12 @@ class Llama:
         if len(tokens) > self.n_ctx:
             raise errors.ContextOverflowError(
                 f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={self.n_ctx}")
-        sampler = self._make_sampler(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
-        steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos)
+        sampler = self._make_sampler(seed, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                     repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                     frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                     logit_bias=logit_bias)
+        n_logprobs = check_n_logprobs(logprobs)
+        steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos, n_logprobs)
         if stream:
             return steps
         for _ in steps:
@@ -458,34 +456,48 @@ class Llama:
         self.reset()
         return 0
 
-    def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos) -> Iterator[GenerationChunk]:
+    def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos,
+                        n_logprobs=None) -> Iterator[GenerationChunk]:
         cached = self._start_from(prompt_tokens)
         lib.pykv_reset_timings(self._ctx)
         text = TextStream(stop)
         generated: List[int] = []
+        logprobs = None if n_logprobs is None else []
+        unsent = 0   # logprobs entries not yet attached to a chunk
         finish_reason = "length"
         limit = max_tokens if max_tokens and max_tokens > 0 else None
+
+        def chunk(piece, token):
+            nonlocal unsent
+            entries = None if logprobs is None else logprobs[unsent:]
+            unsent = len(generated)
+            return GenerationChunk(piece, token, entries)
+
         try:
             self.eval(prompt_tokens[cached:])
             for t in prompt_tokens:
                 lib.pykv_sampler_accept(sampler, t)
             while limit is None or len(generated) < limit:
                 token_out = ffi.new("pykv_token *")
-                check(lib.pykv_sampler_sample(sampler, lib.pykv_get_logits(self._ctx), self.n_vocab, token_out))
+                logits_ptr = lib.pykv_get_logits(self._ctx)
+                check(lib.pykv_sampler_sample(sampler, logits_ptr, self.n_vocab, token_out))
                 token = token_out[0]
                 if not ignore_eos and self.is_eog(token):
                     finish_reason = "stop"
                     break
                 lib.pykv_sampler_accept(sampler, token)
                 generated.append(token)
+                if logprobs is not None:
+                    logits = np.frombuffer(ffi.buffer(logits_ptr, 4 * self.n_vocab), dtype=np.float32)
+                    logprobs.append(token_logprob(logits, token, n_logprobs))
                 piece = text.push(self.token_to_piece(token))
                 if text.stopped_by is not None:
                     finish_reason = "stop"
                     if piece:
-                        yield GenerationChunk(piece, token)
+                        yield chunk(piece, token)
                     break
                 if piece:
-                    yield GenerationChunk(piece, token)
+                    yield chunk(piece, token)
                 if limit is not None and len(generated) >= limit:
                     break
                 if self.n_past >= self.n_ctx:
@@ -493,28 +505,35 @@ class Llama:
                 self.eval([token])
         except (KeyboardInterrupt, errors.GenerationCancelled, GeneratorExit):
             finish_reason = "cancelled"
-            self._finish(text, generated, prompt_tokens, cached, finish_reason)
+            self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs)
             raise
         tail = text.flush()
-        if tail:
-            yield GenerationChunk(tail, generated[-1] if generated else -1)
-        self._finish(text, generated, prompt_tokens, cached, finish_reason)
+        if tail or (logprobs is not None and unsent < len(generated)):
+            yield chunk(tail, generated[-1] if generated else -1)
+        self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs)
 
-    def _finish(self, text, generated, prompt_tokens, cached, finish_reason):
+    def _finish(self, text, generated, prompt_tokens, cached, finish_reason, logprobs=None):
         self.last_result = GenerationResult(text=text.text, tokens=list(generated), finish_reason=finish_reason,
                                             prompt_tokens=len(prompt_tokens), cached_tokens=cached,
-                                            timings=self.timings(), kv_stats=self.kv_stats())
+                                            timings=self.timings(), kv_stats=self.kv_stats(),
+                                            logprobs=logprobs)
 
     # ---- llama-cpp-python compatible completion ----
 
     def create_completion(self, prompt: Prompt, max_tokens: int = 16, temperature: float = 0.8,
                           top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                           repeat_penalty: float = 1.0, seed: Optional[int] = None,
-                          stop: Union[None, str, Sequence[str]] = None, stream: bool = False):
-        """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True)."""
+                          stop: Union[None, str, Sequence[str]] = None, stream: bool = False,
+                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                          logit_bias: Optional[dict] = None, logprobs: Optional[int] = None):
+        """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
+        logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
+        top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python."""
         from ._openai import completion
         return completion(self, prompt, stream, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                          top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop)
+                          top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
+                          frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                          logit_bias=logit_bias, logprobs=logprobs)
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True) -> List[int]:
         """Token ids of messages rendered with the model's chat template (ChatML without one)."""
@@ -533,13 +552,21 @@ class Llama:
     def create_chat_completion(self, messages, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
                                min_p: float = 0.05, stream: bool = False, seed: Optional[int] = None,
                                stop: Union[None, str, Sequence[str]] = None, max_tokens: Optional[int] = None,
-                               repeat_penalty: float = 1.0):
+                               repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                               presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
+                               logprobs: bool = False, top_logprobs: Optional[int] = None):
         """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
         the GGUF's chat template, an OpenAI-shaped "chat.completion" dict back (or its chunks with
-        stream=True). max_tokens=None runs until end of generation or a full context."""
+        stream=True). max_tokens=None runs until end of generation or a full context.
+        logprobs=True fills "logprobs": {"content": [{"token", "logprob", "bytes",
+        "top_logprobs"}]} with top_logprobs alternatives per token."""
         from ._openai import chat_completion
+        if top_logprobs is not None and not logprobs:
+            raise errors.InvalidArgumentError("top_logprobs needs logprobs=True")
         return chat_completion(self, self.chat_prompt(messages), stream, max_tokens=max_tokens,
                                temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                               repeat_penalty=repeat_penalty, seed=seed, stop=stop)
+                               repeat_penalty=repeat_penalty, seed=seed, stop=stop,
+                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                               logit_bias=logit_bias, logprobs=(top_logprobs or 0) if logprobs else None)
 
     __call__ = create_completion

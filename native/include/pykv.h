@@ -33,7 +33,7 @@ extern "C" {
 
 /* --- cffi begin --- */
 
-#define PYKV_ABI_VERSION 1
+#define PYKV_ABI_VERSION 2
 #define PYKV_DEFAULT_SEED 4294967295
 
 typedef int32_t pykv_token;
@@ -278,7 +278,9 @@ struct pykv_sampler_params {
     float    top_p;           /* 1 = off (default 0.95) */
     float    min_p;           /* 0 = off (default 0.05) */
     float    repeat_penalty;  /* 1 = off (default 1.0) */
-    int32_t  repeat_last_n;   /* tokens the penalty looks back over (default 64) */
+    int32_t  repeat_last_n;   /* tokens the penalties look back over (default 64; -1 = all) */
+    float    frequency_penalty; /* subtracted once per occurrence in that window (0 = off) */
+    float    presence_penalty;  /* subtracted once if the token occurs there (0 = off) */
     uint32_t seed;            /* PYKV_DEFAULT_SEED = random */
 };
 
@@ -288,7 +290,12 @@ PYKV_API void        pykv_sampler_free(pykv_sampler *smpl);
 /* Pick a token from n_vocab logits (not modified). Does not record it: call accept. */
 PYKV_API pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t n_vocab,
                                          pykv_token *out);
-/* Record a token for the repeat penalty. */
+/* Add bias[i] to the logit of tokens[i] before anything else (llama.cpp's logit bias;
+   -INFINITY bans a token). Replaces the previous set; n = 0 clears it. A token outside the
+   vocabulary is reported by pykv_sampler_sample. */
+PYKV_API pykv_status pykv_sampler_set_logit_bias(pykv_sampler *smpl, int32_t n, const pykv_token *tokens,
+                                                 const float *bias);
+/* Record a token for the penalties. */
 PYKV_API void        pykv_sampler_accept(pykv_sampler *smpl, pykv_token token);
 PYKV_API void        pykv_sampler_reset(pykv_sampler *smpl);
 

@@ -1,6 +1,6 @@
 // sampler.c - the public sampling API: llama.cpp's default chain
-//   repeat penalty -> (temperature <= 0: greedy) | top-k -> top-p -> min-p -> temperature
-//   -> softmax -> a seeded draw.
+//   logit bias -> penalties (repeat, frequency, presence)
+//   -> (temperature <= 0: greedy) | top-k -> top-p -> min-p -> temperature -> softmax -> a seeded draw.
 // Filters see the logits before temperature, as in llama.cpp's default sampler order.
 #include "sampler.h"
 
@@ -23,9 +23,15 @@ struct pykv_sampler {
     int32_t     history_len;   // valid entries
     int32_t     history_head;  // next write position when used as a ring
 
+    // Logit bias: n_bias (token, bias) pairs added before everything else.
+    pykv_token *bias_tokens;
+    float      *bias_values;
+    int32_t     n_bias;
+
     // Scratch sized to the vocabulary of the last call.
     struct sampler_cand *cand;
-    uint32_t            *mark;      // per-token stamp: penalise each distinct token once
+    uint32_t            *mark;      // per-token stamp: count, then penalise, each distinct token once
+    int32_t             *count;     // occurrences in the history (valid where mark is this call's)
     uint32_t             mark_epoch;
     int32_t              n_scratch;
 };
@@ -40,6 +46,8 @@ void pykv_sampler_default_params(struct pykv_sampler_params *params) {
     params->min_p          = 0.05f;
     params->repeat_penalty = 1.0f;
     params->repeat_last_n  = 64;
+    params->frequency_penalty = 0.0f;
+    params->presence_penalty  = 0.0f;
     params->seed           = (uint32_t)PYKV_DEFAULT_SEED;
 }
 
@@ -71,6 +79,11 @@ static pykv_status validate_params(const struct pykv_sampler_params *p) {
         return pykv_error(PYKV_ERR_INVALID_ARG,
                           "sampler params: repeat_penalty must be a finite number > 0 (1 = off), got %g",
                           (double)p->repeat_penalty);
+    }
+    if (!isfinite(p->frequency_penalty) || !isfinite(p->presence_penalty)) {
+        return pykv_error(PYKV_ERR_INVALID_ARG,
+                          "sampler params: frequency_penalty and presence_penalty must be finite numbers "
+                          "(0 = off), got %g and %g", (double)p->frequency_penalty, (double)p->presence_penalty);
     }
     if (p->repeat_last_n < -1) {
         return pykv_error(PYKV_ERR_INVALID_ARG,
@@ -106,8 +119,11 @@ pykv_status pykv_sampler_init(const struct pykv_sampler_params *params, pykv_sam
 void pykv_sampler_free(pykv_sampler *smpl) {
     if (!smpl) return;
     free(smpl->history);
+    free(smpl->bias_tokens);
+    free(smpl->bias_values);
     free(smpl->cand);
     free(smpl->mark);
+    free(smpl->count);
     free(smpl);
 }
 
@@ -141,18 +157,58 @@ void pykv_sampler_accept(pykv_sampler *smpl, pykv_token token) {
     smpl->history[smpl->history_len++] = token;
 }
 
+pykv_status pykv_sampler_set_logit_bias(pykv_sampler *smpl, int32_t n, const pykv_token *tokens,
+                                        const float *bias) {
+    if (!smpl) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_set_logit_bias: sampler is NULL");
+    if (n < 0 || (n > 0 && (!tokens || !bias))) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_set_logit_bias: %d entries with %s arrays",
+                          (int)n, n < 0 ? "a negative count of" : "NULL");
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (tokens[i] < 0) {
+            return pykv_error(PYKV_ERR_INVALID_ARG, "logit bias: token id %d is negative", (int)tokens[i]);
+        }
+        if (isnan(bias[i]) || (isinf(bias[i]) && bias[i] > 0)) {
+            return pykv_error(PYKV_ERR_INVALID_ARG,
+                              "logit bias of token %d is %g: it must be a finite number or -inf",
+                              (int)tokens[i], (double)bias[i]);
+        }
+    }
+    pykv_token *t = n ? malloc((size_t)n * sizeof(*t)) : NULL;
+    float      *b = n ? malloc((size_t)n * sizeof(*b)) : NULL;
+    if (n && (!t || !b)) {
+        free(t);
+        free(b);
+        return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_set_logit_bias: out of memory for %d entries", (int)n);
+    }
+    if (n) {
+        memcpy(t, tokens, (size_t)n * sizeof(*t));
+        memcpy(b, bias, (size_t)n * sizeof(*b));
+    }
+    free(smpl->bias_tokens);
+    free(smpl->bias_values);
+    smpl->bias_tokens = t;
+    smpl->bias_values = b;
+    smpl->n_bias = n;
+    return PYKV_OK;
+}
+
 static pykv_status ensure_scratch(pykv_sampler *s, int32_t n_vocab) {
     if (s->n_scratch == n_vocab) return PYKV_OK;
     free(s->cand);
     free(s->mark);
+    free(s->count);
     s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
     s->mark = calloc((size_t)n_vocab, sizeof(*s->mark));
+    s->count = malloc((size_t)n_vocab * sizeof(*s->count));
     s->mark_epoch = 0;
-    if (!s->cand || !s->mark) {
+    if (!s->cand || !s->mark || !s->count) {
         free(s->cand);
         free(s->mark);
+        free(s->count);
         s->cand = NULL;
         s->mark = NULL;
+        s->count = NULL;
         s->n_scratch = 0;
         return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_sample: out of memory for %d candidates", (int)n_vocab);
     }
@@ -160,21 +216,49 @@ static pykv_status ensure_scratch(pykv_sampler *s, int32_t n_vocab) {
     return PYKV_OK;
 }
 
-// llama.cpp's repeat penalty: each distinct recent token once; a positive logit is divided
-// by the penalty, a negative (or zero) one multiplied, so the token always becomes less likely.
-static void apply_repeat_penalty(pykv_sampler *s, int32_t n_vocab) {
-    float penalty = s->params.repeat_penalty;
-    if (penalty == 1.0f || s->history_len == 0) return;
-    if (++s->mark_epoch == 0) {  // stamp wrapped: clear and start over
+static pykv_status apply_logit_bias(pykv_sampler *s, int32_t n_vocab) {
+    for (int32_t i = 0; i < s->n_bias; i++) {
+        pykv_token t = s->bias_tokens[i];
+        if (t >= n_vocab) {
+            return pykv_error(PYKV_ERR_INVALID_ARG, "logit bias: token id %d is outside the vocabulary (%d tokens)",
+                              (int)t, (int)n_vocab);
+        }
+        s->cand[t].logit += s->bias_values[i];
+    }
+    return PYKV_OK;
+}
+
+// llama.cpp's penalties over the recent tokens, each distinct token once: the repeat penalty
+// divides a positive logit and multiplies a negative (or zero) one, so the token always
+// becomes less likely; then count * frequency_penalty + presence_penalty is subtracted.
+static void apply_penalties(pykv_sampler *s, int32_t n_vocab) {
+    const struct pykv_sampler_params *p = &s->params;
+    if ((p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f) ||
+        s->history_len == 0) {
+        return;
+    }
+    // Two stamps per call: `counted` while counting, `done` once a token is penalised.
+    if (s->mark_epoch >= UINT32_MAX - 2) {  // stamps about to wrap: clear and start over
         memset(s->mark, 0, (size_t)n_vocab * sizeof(*s->mark));
-        s->mark_epoch = 1;
+        s->mark_epoch = 0;
+    }
+    uint32_t counted = ++s->mark_epoch, done = ++s->mark_epoch;
+    for (int32_t i = 0; i < s->history_len; i++) {
+        pykv_token t = s->history[i];
+        if (t < 0 || t >= n_vocab) continue;
+        if (s->mark[t] != counted) {
+            s->mark[t] = counted;
+            s->count[t] = 0;
+        }
+        s->count[t]++;
     }
     for (int32_t i = 0; i < s->history_len; i++) {
         pykv_token t = s->history[i];
-        if (t < 0 || t >= n_vocab || s->mark[t] == s->mark_epoch) continue;
-        s->mark[t] = s->mark_epoch;
+        if (t < 0 || t >= n_vocab || s->mark[t] != counted) continue;
+        s->mark[t] = done;
         float l = s->cand[t].logit;
-        s->cand[t].logit = l <= 0.0f ? l * penalty : l / penalty;
+        l = l <= 0.0f ? l * p->repeat_penalty : l / p->repeat_penalty;
+        s->cand[t].logit = l - (float)s->count[t] * p->frequency_penalty - p->presence_penalty;
     }
 }
 
@@ -262,14 +346,16 @@ pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t
             return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: logit of token %d is %g",
                               (int)i, (double)l);
         }
-        any_finite |= !isinf(l);
         c[i].logit = l;
         c[i].id = i;
     }
+    PYKV_TRY(apply_logit_bias(smpl, n_vocab));
+    for (int32_t i = 0; i < n_vocab && !any_finite; i++) any_finite = !isinf(c[i].logit);
     if (!any_finite) {
-        return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: every logit is -inf");
+        return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: every logit is -inf%s",
+                          smpl->n_bias ? " after the logit bias" : "");
     }
-    apply_repeat_penalty(smpl, n_vocab);
+    apply_penalties(smpl, n_vocab);
 
     const struct pykv_sampler_params *p = &smpl->params;
     if (p->temperature <= 0.0f) {

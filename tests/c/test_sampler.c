@@ -1,5 +1,5 @@
-// test_sampler.c - the sampling chain: parameter checks, greedy, partial selection, repeat
-// penalty, filters and seeded reproducibility. (Distributions are checked in Python.)
+// test_sampler.c - the sampling chain: parameter checks, greedy, partial selection, repeat,
+// frequency and presence penalties, logit bias, filters and seeded reproducibility. (Distributions are checked in Python.)
 #include "check.h"
 #include "pykv.h"
 #include "sampler.h"
@@ -33,6 +33,7 @@ static void test_defaults(void) {
     CHECK_NEAR(p.min_p, 0.05, 1e-7);
     CHECK_NEAR(p.repeat_penalty, 1.0, 0);
     CHECK(p.repeat_last_n == 64);
+    CHECK(p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
     CHECK(p.seed == (uint32_t)PYKV_DEFAULT_SEED);
 }
 
@@ -57,6 +58,8 @@ static void test_invalid_params(void) {
     p = d; p.repeat_penalty = 0.0f; expect_bad_params(p, "repeat_penalty");
     p = d; p.repeat_penalty = NAN;  expect_bad_params(p, "repeat_penalty");
     p = d; p.repeat_last_n = -2;    expect_bad_params(p, "repeat_last_n");
+    p = d; p.frequency_penalty = NAN;      expect_bad_params(p, "frequency_penalty");
+    p = d; p.presence_penalty = -INFINITY; expect_bad_params(p, "presence_penalty");
     p = d; p.struct_size = 8;       expect_bad_params(p, "struct_size");
     CHECK(pykv_sampler_init(NULL, NULL) == PYKV_ERR_INVALID_ARG);
     pykv_sampler *s = NULL;
@@ -203,6 +206,89 @@ static void test_repeat_penalty(void) {
     pykv_sampler_free(s);
 }
 
+// Greedy picks show the arithmetic: logit - count * frequency - presence (after the repeat penalty).
+static void test_frequency_presence(void) {
+    struct pykv_sampler_params p;
+    pykv_sampler_default_params(&p);
+    p.temperature = 0.0f;
+    p.frequency_penalty = 0.5f;
+    pykv_sampler *s = NULL;
+    CHECK(pykv_sampler_init(&p, &s) == PYKV_OK);
+    float logits[3] = { 2.0f, 1.2f, 0.0f };
+    pykv_token t = -1;
+    pykv_sampler_accept(s, 0);   // 2.0 - 0.5 = 1.5 still wins over 1.2
+    CHECK(pykv_sampler_sample(s, logits, 3, &t) == PYKV_OK && t == 0);
+    pykv_sampler_accept(s, 0);   // 2.0 - 1.0 = 1.0 loses
+    CHECK(pykv_sampler_sample(s, logits, 3, &t) == PYKV_OK && t == 1);
+    pykv_sampler_free(s);
+
+    p.frequency_penalty = 0.0f;
+    p.presence_penalty = 0.7f;   // once, however often: 2.0 - 0.7 = 1.3 > 1.2
+    CHECK(pykv_sampler_init(&p, &s) == PYKV_OK);
+    for (int i = 0; i < 5; i++) pykv_sampler_accept(s, 0);
+    CHECK(pykv_sampler_sample(s, logits, 3, &t) == PYKV_OK && t == 0);
+    pykv_sampler_free(s);
+
+    p.repeat_penalty = 2.0f;     // 2.0 / 2 - 0.7 = 0.3 < 1.2; the repeat penalty comes first
+    CHECK(pykv_sampler_init(&p, &s) == PYKV_OK);
+    pykv_sampler_accept(s, 0);
+    CHECK(pykv_sampler_sample(s, logits, 3, &t) == PYKV_OK && t == 1);
+    pykv_sampler_free(s);
+
+    p.repeat_penalty = 1.0f;     // a negative presence penalty favours the seen token
+    p.presence_penalty = -1.5f;
+    CHECK(pykv_sampler_init(&p, &s) == PYKV_OK);
+    pykv_sampler_accept(s, 2);
+    CHECK(pykv_sampler_sample(s, logits, 3, &t) == PYKV_OK && t == 0);   // 0 - (-1.5) = 1.5 < 2.0
+    pykv_sampler_accept(s, 2);
+    pykv_sampler_accept(s, 2);
+    CHECK(pykv_sampler_sample(s, logits, 3, &t) == PYKV_OK && t == 0);   // still once
+    pykv_sampler_free(s);
+}
+
+static void test_logit_bias(void) {
+    pykv_sampler *s = make(0.0f, 40, 0.95f, 0.05f, 1.0f, 64, 1);
+    float logits[4] = { 0.0f, 3.0f, 1.0f, 2.0f };
+    pykv_token t = -1;
+    pykv_token ban[1] = { 1 };
+    float minus_inf[1] = { -INFINITY };
+    CHECK(pykv_sampler_set_logit_bias(s, 1, ban, minus_inf) == PYKV_OK);
+    CHECK(pykv_sampler_sample(s, logits, 4, &t) == PYKV_OK && t == 3);
+    pykv_token up[2] = { 0, 1 };
+    float plus[2] = { 2.5f, -0.5f };   // replaces the ban: 2.5 vs 2.5, the lower id wins the tie
+    CHECK(pykv_sampler_set_logit_bias(s, 2, up, plus) == PYKV_OK);
+    CHECK(pykv_sampler_sample(s, logits, 4, &t) == PYKV_OK && t == 0);
+    CHECK(logits[0] == 0.0f && logits[1] == 3.0f);   // the caller's logits stay as they were
+    CHECK(pykv_sampler_set_logit_bias(s, 0, NULL, NULL) == PYKV_OK);
+    CHECK(pykv_sampler_sample(s, logits, 4, &t) == PYKV_OK && t == 1);
+
+    // Bad entries are refused and leave the set as it was.
+    pykv_token neg[1] = { -3 };
+    float nan_bias[1] = { NAN }, inf_bias[1] = { INFINITY };
+    CHECK(pykv_sampler_set_logit_bias(s, 1, neg, plus) == PYKV_ERR_INVALID_ARG);
+    CHECK(strstr(pykv_last_error(), "-3") != NULL);
+    CHECK(pykv_sampler_set_logit_bias(s, 1, up, nan_bias) == PYKV_ERR_INVALID_ARG);
+    CHECK(pykv_sampler_set_logit_bias(s, 1, up, inf_bias) == PYKV_ERR_INVALID_ARG);
+    CHECK(pykv_sampler_set_logit_bias(s, 1, NULL, plus) == PYKV_ERR_INVALID_ARG);
+    CHECK(pykv_sampler_set_logit_bias(s, -1, up, plus) == PYKV_ERR_INVALID_ARG);
+    CHECK(pykv_sampler_set_logit_bias(NULL, 0, NULL, NULL) == PYKV_ERR_INVALID_ARG);
+    CHECK(pykv_sampler_sample(s, logits, 4, &t) == PYKV_OK && t == 1);
+
+    // A token past the vocabulary is reported when sampling.
+    pykv_token far[1] = { 4 };
+    CHECK(pykv_sampler_set_logit_bias(s, 1, far, plus) == PYKV_OK);
+    CHECK(pykv_sampler_sample(s, logits, 4, &t) == PYKV_ERR_INVALID_ARG && t == -1);
+    CHECK(strstr(pykv_last_error(), "outside the vocabulary") != NULL);
+
+    // Banning every token is an error, not a pick.
+    pykv_token all[4] = { 0, 1, 2, 3 };
+    float bans[4] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    CHECK(pykv_sampler_set_logit_bias(s, 4, all, bans) == PYKV_OK);
+    CHECK(pykv_sampler_sample(s, logits, 4, &t) == PYKV_ERR_INVALID_ARG);
+    CHECK(strstr(pykv_last_error(), "logit bias") != NULL);
+    pykv_sampler_free(s);
+}
+
 static void test_seed_reproducible(void) {
     enum { V = 49152, STEPS = 64 };
     float *logits = malloc(V * sizeof(float));
@@ -246,6 +332,8 @@ int main(void) {
     test_top_k_one_is_greedy();
     test_filters_exclude();
     test_repeat_penalty();
+    test_frequency_presence();
+    test_logit_bias();
     test_seed_reproducible();
     return check_report("test_sampler");
 }

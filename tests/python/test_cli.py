@@ -46,7 +46,8 @@ def test_generate_help_lists_llama_cpp_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--prompt", "--n-predict", "--ctx-size", "--threads", "--temp", "--top-k",
                  "--top-p", "--min-p", "--repeat-penalty", "--seed", "--policy", "--budget",
-                 "--ubatch-size", "--json", "--no-stream", "--kv-stats"):
+                 "--ubatch-size", "--json", "--no-stream", "--kv-stats", "--frequency-penalty",
+                 "--presence-penalty", "--logit-bias"):
         assert flag in out
 
 
@@ -61,6 +62,10 @@ def test_generate_help_lists_llama_cpp_flags(capsys):
     ["generate", "-p", "x", "-n", "-5"],
     ["generate", "-p", "x", "--top-p", "2"],      # sampler ranges are checked before a model loads
     ["generate", "-p", "x", "--temp", "nan"],
+    ["generate", "-p", "x", "--presence-penalty", "inf"],
+    ["generate", "-p", "x", "-l", "15043"],       # TOKEN_ID(+/-)BIAS
+    ["generate", "-p", "x", "-l", "15043+inf"],
+    ["generate", "-p", "x", "--logit-bias", "the-1"],
 ])
 def test_usage_errors_exit_1(argv, capsys):
     assert main(argv) == 1
@@ -155,6 +160,20 @@ def test_generate_exact_matmul_flag_matches_python_api(smollm2_path):
     with Llama(str(smollm2_path), n_ctx=512, n_threads=2, exact_matmul=True) as llm:
         res = llm.generate(PROMPT, max_tokens=6, temperature=0.0, stream=False)
     assert res.tokens == json.loads(r.stdout)["tokens"]
+
+
+@pytest.mark.model
+def test_generate_penalty_and_logit_bias_flags_match_python_api(smollm2_path):
+    flags = ("--frequency-penalty", 0.6, "--presence-penalty", 0.3, "-l", "7042-inf", "--logit-bias", "30+1.5")
+    r = run_cli("generate", smollm2_path, "-p", PROMPT, "-n", 8, "--temp", 0, "--json", "-t", 2, *flags)
+    assert r.returncode == 0, r.stderr
+    from pykv import Llama
+    with Llama(str(smollm2_path), n_ctx=512, n_threads=2) as llm:
+        res = llm.generate(PROMPT, max_tokens=8, temperature=0.0, frequency_penalty=0.6, presence_penalty=0.3,
+                           logit_bias={7042: float("-inf"), 30: 1.5})
+        plain = llm.generate(PROMPT, max_tokens=8, temperature=0.0)
+    assert res.tokens == json.loads(r.stdout)["tokens"]
+    assert plain.tokens[0] == 7042 and 7042 not in res.tokens   # " Paris", banned
 
 
 @pytest.mark.model

@@ -17,13 +17,23 @@ N_DRAWS = 20000
 
 # ---------------------------------------------------------------- NumPy reference chain
 
-def ref_probs(logits, *, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
-              repeat_penalty=1.0, history=()):
-    """Probabilities of every token after llama.cpp's default chain (temperature > 0)."""
+def ref_logits(logits, *, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+               logit_bias=None, history=()):
+    """llama.cpp's logit bias, then its penalties over history (each distinct token once)."""
     x = np.asarray(logits, dtype=np.float64).copy()
-    for t in set(int(t) for t in history):
-        if 0 <= t < len(x) and repeat_penalty != 1.0:
+    for t, b in (logit_bias or {}).items():
+        x[t] += b
+    tokens, counts = np.unique(np.asarray(history, dtype=np.int64), return_counts=True)
+    for t, n in zip(tokens, counts):
+        if 0 <= t < len(x):
             x[t] = x[t] * repeat_penalty if x[t] <= 0 else x[t] / repeat_penalty
+            x[t] -= n * frequency_penalty + presence_penalty
+    return x
+
+
+def ref_probs(logits, *, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, **penalties):
+    """Probabilities of every token after llama.cpp's default chain (temperature > 0)."""
+    x = ref_logits(logits, **penalties)
     # rank order: higher logit first, lower id on ties
     order = np.lexsort((np.arange(len(x)), -x))
     keep = np.zeros(len(x), dtype=bool)
@@ -68,6 +78,12 @@ def init_status(**kw):
     if status == lib.PYKV_OK:
         lib.pykv_sampler_free(out[0])
     return status, ffi.string(lib.pykv_last_error()).decode()
+
+
+def set_bias(smpl, bias):
+    tokens = list(bias)
+    check(lib.pykv_sampler_set_logit_bias(smpl, len(tokens), ffi.new("pykv_token[]", tokens),
+                                          ffi.new("float[]", [bias[t] for t in tokens])))
 
 
 def sample(smpl, logits):
@@ -133,6 +149,40 @@ def test_repeat_penalty_distribution():
     probs = ref_probs(LOGITS, history=history[-4:], **ref_cfg)
     assert not np.allclose(probs, ref_probs(LOGITS, **{**ref_cfg, "repeat_penalty": 1.0}))
     assert_matches(empirical(smpl, LOGITS), probs)
+
+
+def test_frequency_presence_and_bias_distribution():
+    cfg = dict(temperature=1.1, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.2,
+               frequency_penalty=0.35, presence_penalty=0.6)
+    bias = {4: 1.5, 1: -0.8, 9: -np.inf}
+    history = [5, 0, 0, 4, 1, 0, 7, 4]   # the last 6 count: 0 and 4 twice, 1 and 7 once
+    smpl = make_sampler(seed=321, repeat_last_n=6, **cfg)
+    set_bias(smpl, bias)
+    for t in history:
+        lib.pykv_sampler_accept(smpl, t)
+    probs = ref_probs(LOGITS, history=history[-6:], logit_bias=bias, **cfg)
+    assert probs[9] == 0
+    plain = ref_probs(LOGITS, **{k: v for k, v in cfg.items() if "penalty" not in k})
+    assert np.abs(probs - plain).max() > 0.05
+    assert_matches(empirical(smpl, LOGITS), probs)
+
+
+def test_greedy_penalties_on_large_vocab_match_numpy():
+    # Many steps with a long history (repeat_last_n=-1): every pick is NumPy's argmax.
+    rng = np.random.default_rng(12)
+    cfg = dict(repeat_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1)
+    bias = {int(t): float(b) for t, b in zip(rng.integers(0, 4096, 50), rng.normal(0, 2, 50))}
+    smpl = make_sampler(temperature=0.0, repeat_last_n=-1, **cfg)
+    set_bias(smpl, bias)
+    history = []
+    for _ in range(60):
+        logits = rng.normal(0, 1.0, 4096).astype(np.float32)
+        logits[:8] += 3.0   # a few favourites, so the penalties decide between them
+        t = sample(smpl, logits)
+        assert t == int(np.argmax(ref_logits(logits, logit_bias=bias, history=history, **cfg)))
+        lib.pykv_sampler_accept(smpl, t)
+        history.append(t)
+    assert len(set(history[:20])) > 3, "the penalties should rotate the favourites"
 
 
 def test_large_vocab_top_k_distribution():
@@ -219,6 +269,8 @@ def test_logits_not_modified():
     ("top_k", -3, "top_k"),
     ("repeat_penalty", 0.0, "repeat_penalty"),
     ("repeat_last_n", -2, "repeat_last_n"),
+    ("frequency_penalty", float("inf"), "frequency_penalty"),
+    ("presence_penalty", float("nan"), "presence_penalty"),
 ])
 def test_invalid_params(field, value, needle):
     status, message = init_status(**{field: value})
