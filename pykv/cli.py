@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 EXIT_OK, EXIT_USAGE, EXIT_MODEL, EXIT_RUNTIME, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -240,9 +241,19 @@ def _error_text(exc: BaseException) -> str:
     return " ".join(text.split("\n"))  # one line
 
 
+def _print_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"pykv: warning: {message}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     """Entry point of the ``pykv`` command; returns the exit code (also raised as SystemExit
-    when run as a script)."""
+    when run as a script). Python warnings print as one line, `pykv: warning: ...`."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _print_warning
+        return _main(argv)
+
+
+def _main(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in argv or "--verbose" in argv
     try:

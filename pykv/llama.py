@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence, Union
 
@@ -144,6 +145,11 @@ class Llama:
             self.close()
             check(status)
         self._ctx = cout[0]
+        n_ctx_train = self._info.get("n_ctx_train") or 0
+        if 0 < n_ctx_train < self.n_ctx:
+            warnings.warn(f"n_ctx={self.n_ctx} is larger than the model's training context ({n_ctx_train} tokens): "
+                          f"past position {n_ctx_train} the model runs on positions it never saw, and its "
+                          "output may degrade", RuntimeWarning, stacklevel=2)
         if probe is not None:
             try:
                 self.set_probe(probe)

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -113,6 +114,24 @@ def test_generate_prompt_longer_than_n_ctx(tiny_model):
     with Llama(str(tiny_model()), n_ctx=16, verbose=False) as llm:
         with pytest.raises(ContextOverflowError):
             llm.generate("the cat " * 40, max_tokens=4)
+
+
+def test_context_past_training_length_warns(tiny_model):
+    path = str(tiny_model(n_ctx_train=64))
+    with pytest.warns(RuntimeWarning, match=r"n_ctx=100 is larger than the model's training context \(64"):
+        Llama(path, n_ctx=100, verbose=False).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Llama(path, n_ctx=64, verbose=False).close()
+        Llama(path, n_ctx=0, verbose=False).close()   # 0 = the training context
+
+
+def test_cli_prints_the_warning_in_one_line(tiny_model):
+    r = subprocess.run([sys.executable, "-m", "pykv", "generate", str(tiny_model(n_ctx_train=64)), "-c", "80",
+                        "-p", "ab", "-n", "1", "--temp", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "training context" in line]
+    assert len(lines) == 1 and lines[0].startswith("pykv: warning: n_ctx=80"), r.stderr
 
 
 def test_negative_n_ctx(tiny_model):
