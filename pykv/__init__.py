@@ -3,6 +3,7 @@ from ._ffi import ffi, lib
 from .errors import (BackendError, ContextOverflowError, InvalidArgumentError, ModelLoadError,
                      PykvError)
 from ._sampling import TokenLogprob
+from ._state import LlamaState
 from .llama import GenerationChunk, GenerationResult, Llama
 
 __version__ = "0.1.0"
@@ -18,6 +19,6 @@ def list_policies() -> list:
     return [ffi.string(lib.pykv_policy_name(i)).decode() for i in range(lib.pykv_policy_count())]
 
 
-__all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "PykvError", "ModelLoadError",
+__all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "LlamaState", "PykvError", "ModelLoadError",
            "ContextOverflowError", "InvalidArgumentError", "BackendError", "system_info",
            "list_policies", "__version__"]

@@ -109,6 +109,11 @@ def run_generate(args) -> int:
 
     prompt = read_prompt(args)
     check_model_flags(args)
+    if args.prompt_cache_ro and not args.prompt_cache:
+        raise UsageError("--prompt-cache-ro needs --prompt-cache FILE")
+    if args.prompt_cache and (args.policy or "full") != "full":
+        raise UsageError(f"--prompt-cache needs the full policy: the '{args.policy}' policy keeps per-entry "
+                         "scores that a saved cache does not hold")
     parse_policy_args(args.policy_arg)
     model = resolve_model_arg(args)
     path = pull(model) if model else default_model_path()
@@ -132,6 +137,10 @@ def _generate(args, llm, prompt, path, load_ms) -> int:
         pass
 
     kwargs = dict(sampling_kwargs(args), ignore_eos=args.ignore_eos)
+    if args.prompt_cache:
+        _load_prompt_cache(llm, args.prompt_cache, path)
+        if not args.prompt_cache_ro:
+            llm._after_prompt = lambda: _save_prompt_cache(llm, args.prompt_cache, path)
 
     interrupted = False
     steps = None
@@ -169,6 +178,9 @@ def _generate(args, llm, prompt, path, load_ms) -> int:
     else:
         _write((prompt if show_prompt else "") + result.text + "\n")
 
+    if args.prompt_cache:
+        print(f"pykv: prompt cache: {result.cached_tokens} of {result.prompt_tokens} prompt tokens reused",
+              file=sys.stderr)
     print_perf(result, load_ms, total_ms)
     if args.kv_stats or args.verbose:
         print_kv_stats(result.kv_stats)
@@ -181,18 +193,46 @@ def _generate(args, llm, prompt, path, load_ms) -> int:
 class _PrefillResult:
     """What -n 0 reports: the prompt was evaluated, nothing generated."""
 
-    def __init__(self, llm, n_prompt):
+    def __init__(self, llm, n_prompt, n_cached):
         self.text, self.tokens, self.finish_reason = "", [], "length"
         self.prompt_tokens = n_prompt
+        self.cached_tokens = n_cached
         self.timings = llm.timings()
         self.kv_stats = llm.kv_stats()
 
 
 def _prefill_only(llm, prompt):
     tokens = llm._prompt_tokens(prompt)
-    llm.reset()
-    llm.eval(tokens)
-    return _PrefillResult(llm, len(tokens))
+    if len(tokens) > llm.n_ctx:
+        from .errors import ContextOverflowError
+        raise ContextOverflowError(f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={llm.n_ctx}")
+    cached = llm._start_from(tokens)
+    from ._ffi import lib
+    lib.pykv_reset_timings(llm._ctx)
+    llm.eval(tokens[cached:])
+    if llm._after_prompt is not None:
+        llm._after_prompt()
+    return _PrefillResult(llm, len(tokens), cached)
+
+
+def _load_prompt_cache(llm, cache_path, model_path) -> None:
+    """Start from the saved prompt (generate() then keeps its longest common prefix with this
+    one); a cache that cannot be used is reported and left for the run to overwrite."""
+    from ._state import read_state_file
+    from .errors import PykvError
+    if not Path(cache_path).exists():
+        return
+    try:
+        llm.load_state(read_state_file(cache_path, model_path))
+    except (OSError, ValueError, PykvError) as exc:
+        print(f"pykv: warning: prompt cache {cache_path} not used: {exc}", file=sys.stderr)
+
+
+def _save_prompt_cache(llm, cache_path, model_path) -> None:
+    """The evaluated prompt, logits included, into the cache file (before any generation, as
+    llama.cpp does): the same prompt next time evaluates nothing and continues identically."""
+    from ._state import write_state_file
+    write_state_file(cache_path, llm.save_state(), model_path)
 
 
 def _json_result(result, path, load_ms, total_ms) -> dict:
@@ -202,6 +242,7 @@ def _json_result(result, path, load_ms, total_ms) -> dict:
         "tokens": list(result.tokens),
         "finish_reason": result.finish_reason,
         "prompt_tokens": getattr(result, "prompt_tokens", None),
+        "cached_tokens": getattr(result, "cached_tokens", 0),
         "timings": dict(result.timings, load_ms=load_ms, total_ms=total_ms),
         "kv_stats": result.kv_stats,
     }

@@ -79,6 +79,10 @@ def _add_generate(sub):
     c.add_argument("--stop", "-r", "--reverse-prompt", action="append", default=[], metavar="STR",
                    help="stop when this text appears (repeatable)")
     c.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+    c.add_argument("--prompt-cache", metavar="FILE",
+                   help="keep the evaluated prompt in FILE and reuse its longest common prefix with the next "
+                        "run's prompt (full policy)")
+    c.add_argument("--prompt-cache-ro", action="store_true", help="use --prompt-cache FILE but do not update it")
     c.add_argument("--no-stream", action="store_true", help="print the text once, at the end")
     c.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, timings) at the end")
     c.add_argument("-v", "--verbose", action="store_true", help="log from the runtime; tracebacks on errors")

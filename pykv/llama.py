@@ -114,6 +114,7 @@ class Llama:
         self._info = self._read_info()
         self.n_vocab = self._info["n_vocab"]
         self.input_ids: List[int] = []   # the tokens evaluated in the context, in order
+        self._after_prompt = None        # called by generate() once the prompt is evaluated
 
         if vocab_only:
             return
@@ -334,6 +335,20 @@ class Llama:
         del self.input_ids[lib.pykv_n_past(ctx):]   # what the context holds, whatever the status
         check(status)
 
+    def save_state(self):
+        """The context as it stands (tokens, their keys and values, the last logits), as a
+        LlamaState for load_state(). The `full` policy only: an evicting policy's per-entry
+        scores are not saved (InvalidArgumentError)."""
+        from ._state import save_state
+        return save_state(self)
+
+    def load_state(self, state) -> None:
+        """Put back a state from save_state() of a Llama on the same model and KV type (its
+        n_ctx large enough): the context continues as the saved one would. A refused state
+        leaves the context as it was."""
+        from ._state import load_state
+        load_state(self, state)
+
     def cancel(self) -> None:
         """Ask a running eval() (from another thread) to stop: it raises GenerationCancelled
         at the next layer, or with an evicting policy at the next chunk boundary (a decode
@@ -446,8 +461,15 @@ class Llama:
     def _start_from(self, tokens: List[int]) -> int:
         """Make the context hold a prefix of tokens, ready to evaluate the rest: the longest
         one it already holds when the policy allows cutting back to it (`full`), else none.
-        At least the last token is left to evaluate, for its logits. Returns the prefix's
-        length (llama-cpp-python's prefix match)."""
+        At least the last token is left to evaluate, for its logits, unless the context holds
+        exactly these tokens and their logits (a loaded state, an eval() of the prompt). Returns
+        the prefix's length (llama-cpp-python's prefix match)."""
+        if self.input_ids == tokens and lib.pykv_get_logits(self._ctx) != ffi.NULL:
+            try:
+                self.truncate(len(tokens))   # cuts nothing: checks the policy allows reuse
+                return len(tokens)
+            except errors.InvalidArgumentError:
+                pass
         keep = 0
         for held, wanted in zip(self.input_ids, tokens[:-1]):
             if held != wanted:
@@ -466,6 +488,7 @@ class Llama:
                         n_logprobs=None) -> Iterator[GenerationChunk]:
         cached = self._start_from(prompt_tokens)
         lib.pykv_reset_timings(self._ctx)
+        after_prompt = self._after_prompt
         text = TextStream(stop)
         generated: List[int] = []
         logprobs = None if n_logprobs is None else []
@@ -481,6 +504,8 @@ class Llama:
 
         try:
             self.eval(prompt_tokens[cached:])
+            if after_prompt is not None:
+                after_prompt()
             for t in prompt_tokens:
                 lib.pykv_sampler_accept(sampler, t)
             while limit is None or len(generated) < limit:

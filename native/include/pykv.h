@@ -223,6 +223,16 @@ PYKV_API void        pykv_reset(pykv_context *ctx);
  * with the later tokens in view. n_keep = 0 is pykv_reset (any policy). The logits are gone
  * unless n_keep is pykv_n_past; as pykv_reset, it forgets a pending cancel. */
 PYKV_API pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep);
+/* Save and restore a context's state: its tokens' keys, values and positions, pykv_n_past
+ * and the last logits, as bytes (native byte order) that pykv_state_load puts back into a
+ * context of the same model shape and KV type whose n_ctx holds them; the context then
+ * continues exactly as the saved one would. Only the `full` policy allows it: an evicting
+ * policy keeps per-entry scores that are not part of the state (PYKV_ERR_INVALID_ARG).
+ * A load checks the whole buffer before it changes anything; a refused one leaves the
+ * context as it was, and one that runs out of memory leaves it empty. */
+PYKV_API pykv_status pykv_state_size(const pykv_context *ctx, size_t *size);
+PYKV_API pykv_status pykv_state_save(const pykv_context *ctx, void *dst, size_t size, size_t *written);
+PYKV_API pykv_status pykv_state_load(pykv_context *ctx, const void *src, size_t size);
 /* Ask a running pykv_decode to stop (callable from any thread); it returns
  * PYKV_ERR_CANCELLED. It stops at the next layer boundary, or, with a policy that works
  * layer by layer (every evicting policy), at the next chunk boundary: the chunk it stops in

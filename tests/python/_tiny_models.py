@@ -65,7 +65,7 @@ class TinySpec:
     tied: bool = False          # True: no output.weight, the output reuses token_embd
     wtype: str = "F32"          # type of the 2-D matrices
     embd_type: str | None = None  # type of token_embd (defaults to wtype)
-    n_ctx_train: int = 512
+    n_ctx_train: int = 16384   # above every n_ctx the tests use (a larger one warns)
     seed: int = 0
     omit: tuple = ()            # tensor names left out (for bad-input tests)
     tensor_types: tuple = ()    # (name part, type): the first pair whose part is in a tensor's name wins

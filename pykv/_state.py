@@ -1,0 +1,101 @@
+"""Saved context states (Llama.save_state / load_state) and the prompt-cache files of
+`pykv generate --prompt-cache` (llama.cpp's): the tokens a context holds with the C library's
+bytes for their keys, values and logits, and, in a file, which model they belong to."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+from . import errors
+from ._ffi import check, ffi, lib
+
+FILE_MAGIC = b"PYKVPC1\n"
+_N_PAST_AT = 8 + 4 + 5 * 4   # in the C state: magic, byte order, n_layer .. kv_f16, then n_past
+_FINGERPRINT_BYTES = 4 << 20
+
+
+@dataclass
+class LlamaState:
+    """What Llama.save_state() returns: the tokens the context holds, in order, and the C
+    library's state bytes (pykv_state_save), to give to load_state() of a Llama on the same
+    model with the same KV type."""
+    input_ids: List[int]
+    data: bytes
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+def save_state(llm) -> LlamaState:
+    ctx = llm._need_ctx()
+    size = ffi.new("size_t *")
+    check(lib.pykv_state_size(ctx, size))
+    buf = ffi.new("char[]", max(size[0], 1))
+    written = ffi.new("size_t *")
+    check(lib.pykv_state_save(ctx, buf, size[0], written))
+    return LlamaState(list(llm.input_ids), ffi.buffer(buf, written[0])[:])
+
+
+def load_state(llm, state: LlamaState) -> None:
+    ctx = llm._need_ctx()
+    if not isinstance(state, LlamaState):
+        raise errors.InvalidArgumentError(f"load_state expects a LlamaState, got {type(state).__name__}")
+    data = state.data if isinstance(state.data, bytes) else bytes(state.data)
+    if len(data) >= _N_PAST_AT + 4:   # shorter: the C library says what is wrong
+        n_past = int.from_bytes(data[_N_PAST_AT:_N_PAST_AT + 4], sys.byteorder, signed=True)
+        if n_past != len(state.input_ids):
+            raise errors.InvalidArgumentError(f"the state holds {len(state.input_ids)} token ids for "
+                                              f"{n_past} evaluated tokens")
+    check(lib.pykv_state_load(ctx, ffi.from_buffer(data), len(data)))
+    llm.input_ids = [int(t) for t in state.input_ids]
+
+
+def model_fingerprint(model_path) -> str:
+    """The model file's size and a hash of its first 4 MiB (header, metadata, first tensors):
+    enough to tell two GGUFs of the same shape apart without reading all of either."""
+    path = Path(model_path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(_FINGERPRINT_BYTES))
+    return f"{path.stat().st_size}:{h.hexdigest()[:32]}"
+
+
+def write_state_file(path, state: LlamaState, model_path) -> None:
+    """FILE_MAGIC, a u32 length, a JSON header (model fingerprint, token ids), the state bytes;
+    written to a temporary file and renamed, so a reader never sees half a file."""
+    header = json.dumps({"model": model_fingerprint(model_path), "tokens": state.input_ids}).encode()
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(FILE_MAGIC + struct.pack("<I", len(header)) + header)
+            f.write(state.data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_state_file(path, model_path) -> LlamaState:
+    """The state in a prompt-cache file; ValueError says why it cannot be used with this model."""
+    data = Path(path).read_bytes()
+    if not data.startswith(FILE_MAGIC) or len(data) < len(FILE_MAGIC) + 4:
+        raise ValueError(f"{path} is not a pykv prompt cache")
+    (n,) = struct.unpack_from("<I", data, len(FILE_MAGIC))
+    start = len(FILE_MAGIC) + 4
+    try:
+        header = json.loads(data[start:start + n])
+        tokens = [int(t) for t in header["tokens"]]
+        model = header["model"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{path}: the prompt cache's header is damaged") from None
+    if model != model_fingerprint(model_path):
+        raise ValueError(f"{path} was written for another model file")
+    return LlamaState(tokens, data[start + n:])
