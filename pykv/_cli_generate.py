@@ -203,9 +203,6 @@ class _PrefillResult:
 
 def _prefill_only(llm, prompt):
     tokens = llm._prompt_tokens(prompt)
-    if len(tokens) > llm.n_ctx:
-        from .errors import ContextOverflowError
-        raise ContextOverflowError(f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={llm.n_ctx}")
     cached = llm._start_from(tokens)
     from ._ffi import lib
     lib.pykv_reset_timings(llm._ctx)

@@ -55,11 +55,12 @@ def _completion_logprobs(entries, pieces: _Pieces):
         return None
     out = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
     for e in entries:
-        out["tokens"].append(pieces.text(e.token))
+        text = pieces.text(e.token)
+        out["tokens"].append(text)
         out["text_offset"].append(pieces.offset_then_advance(e.token))
         out["token_logprobs"].append(e.logprob)
         top = {pieces.text(t): lp for t, lp in e.top}
-        top[pieces.text(e.token)] = e.logprob
+        top[text] = e.logprob
         out["top_logprobs"].append(top)
     return out
 

@@ -24,14 +24,16 @@ class TokenLogprob:
 
 def logit_bias_items(logit_bias: Optional[Mapping], n_vocab: Optional[int] = None):
     """(tokens, biases) from {token id: bias}; ids may be ints or numeric strings (the OpenAI
-    form); a bias of -inf bans the token. InvalidArgumentError names a bad entry."""
+    form); a bias of -inf bans the token. InvalidArgumentError names an id that is not one, or
+    lies outside the vocabulary (or int32 without n_vocab), or a bias that is not a number; the
+    C sampler refuses NaN and +inf biases itself."""
     tokens, biases = [], []
     for key, value in (logit_bias or {}).items():
         try:
             token = int(key)
         except (TypeError, ValueError):
             raise errors.InvalidArgumentError(f"logit_bias: {key!r} is not a token id") from None
-        if token < 0 or (n_vocab is not None and token >= n_vocab):
+        if not 0 <= token < (n_vocab if n_vocab is not None else 2**31):
             raise errors.InvalidArgumentError(
                 f"logit_bias: token id {token} is outside the vocabulary" +
                 (f" (0..{n_vocab - 1})" if n_vocab is not None else ""))
@@ -39,9 +41,6 @@ def logit_bias_items(logit_bias: Optional[Mapping], n_vocab: Optional[int] = Non
             bias = float(value)
         except (TypeError, ValueError):
             raise errors.InvalidArgumentError(f"logit_bias: the bias of token {token} is {value!r}, not a number") from None
-        if np.isnan(bias) or bias == np.inf:
-            raise errors.InvalidArgumentError(f"logit_bias: the bias of token {token} is {bias}; "
-                                              "it must be a finite number or -inf")
         tokens.append(token)
         biases.append(bias)
     return tokens, biases

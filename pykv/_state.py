@@ -10,7 +10,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import List, Union
 
 from . import errors
 from ._ffi import check, ffi, lib
@@ -23,10 +23,10 @@ _FINGERPRINT_BYTES = 4 << 20
 @dataclass
 class LlamaState:
     """What Llama.save_state() returns: the tokens the context holds, in order, and the C
-    library's state bytes (pykv_state_save), to give to load_state() of a Llama on the same
-    model with the same KV type."""
+    library's state bytes (pykv_state_save; any bytes-like object), to give to load_state()
+    of a Llama on the same model with the same KV type."""
     input_ids: List[int]
-    data: bytes
+    data: Union[bytes, bytearray, memoryview]
 
     @property
     def n_tokens(self) -> int:
@@ -37,17 +37,17 @@ def save_state(llm) -> LlamaState:
     ctx = llm._need_ctx()
     size = ffi.new("size_t *")
     check(lib.pykv_state_size(ctx, size))
-    buf = ffi.new("char[]", max(size[0], 1))
+    data = bytearray(size[0])   # written in place: one copy of the state, not two
     written = ffi.new("size_t *")
-    check(lib.pykv_state_save(ctx, buf, size[0], written))
-    return LlamaState(list(llm.input_ids), ffi.buffer(buf, written[0])[:])
+    check(lib.pykv_state_save(ctx, ffi.from_buffer(data), size[0], written))
+    return LlamaState(list(llm.input_ids), data)
 
 
 def load_state(llm, state: LlamaState) -> None:
     ctx = llm._need_ctx()
     if not isinstance(state, LlamaState):
         raise errors.InvalidArgumentError(f"load_state expects a LlamaState, got {type(state).__name__}")
-    data = state.data if isinstance(state.data, bytes) else bytes(state.data)
+    data = memoryview(state.data).cast("B")
     if len(data) >= _N_PAST_AT + 4:   # shorter: the C library says what is wrong
         n_past = int.from_bytes(data[_N_PAST_AT:_N_PAST_AT + 4], sys.byteorder, signed=True)
         if n_past != len(state.input_ids):
@@ -98,4 +98,4 @@ def read_state_file(path, model_path) -> LlamaState:
         raise ValueError(f"{path}: the prompt cache's header is damaged") from None
     if model != model_fingerprint(model_path):
         raise ValueError(f"{path} was written for another model file")
-    return LlamaState(tokens, data[start + n:])
+    return LlamaState(tokens, memoryview(data)[start + n:])   # a view: the state is not copied

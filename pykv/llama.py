@@ -408,18 +408,23 @@ class Llama:
         return make_sampler(seed=seed, n_vocab=self.n_vocab, **sampling)
 
     def _prompt_tokens(self, prompt: Prompt) -> List[int]:
+        """The prompt's token ids; InvalidArgumentError when there are none,
+        ContextOverflowError when they do not fit the context."""
         if isinstance(prompt, (str, bytes)):
             tokens = self.tokenize(prompt, add_bos=True, special=True)
             if not tokens and not prompt and self.token_bos() >= 0:
-                return [self.token_bos()]   # as llama-cpp-python: an empty text starts from BOS
-            if not tokens:
+                tokens = [self.token_bos()]   # as llama-cpp-python: an empty text starts from BOS
+            elif not tokens:
                 raise errors.InvalidArgumentError(
                     "the prompt is empty" if not prompt else
                     "the prompt has no tokens: none of its bytes has a token in this model's vocabulary")
-            return tokens
-        tokens = [int(t) for t in prompt]
-        if not tokens:
-            raise errors.InvalidArgumentError("the prompt is empty")
+        else:
+            tokens = [int(t) for t in prompt]
+            if not tokens:
+                raise errors.InvalidArgumentError("the prompt is empty")
+        if len(tokens) > self.n_ctx:
+            raise errors.ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={self.n_ctx}")
         return tokens
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
@@ -443,9 +448,6 @@ class Llama:
         if isinstance(stop, str):
             stop = [stop]
         tokens = self._prompt_tokens(prompt)
-        if len(tokens) > self.n_ctx:
-            raise errors.ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={self.n_ctx}")
         sampler = self._make_sampler(seed, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,

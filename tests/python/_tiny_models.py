@@ -33,6 +33,11 @@ UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 N_VOCAB = 3 + 256 + len(_PIECES)  # 300
 
 
+def random_tokens(n: int, seed: int) -> list:
+    """n token ids drawn uniformly from the tiny vocabulary (seeded)."""
+    return np.random.default_rng(seed).integers(0, N_VOCAB, n).tolist()
+
+
 def tiny_vocab():
     """Return (tokens, scores, token_types) of the tiny SentencePiece vocabulary."""
     tokens = ["<unk>", "<s>", "</s>"]

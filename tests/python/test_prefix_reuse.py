@@ -15,7 +15,7 @@ import pytest
 
 import _reference
 from _compare import EXACT, assert_logits_close
-from _tiny_models import N_VOCAB
+from _tiny_models import random_tokens
 from _torch_reference import greedy_continuation
 from pykv import InvalidArgumentError, Llama
 from pykv.errors import GenerationCancelled
@@ -25,14 +25,10 @@ GREEDY = dict(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0
 NEAR_TIE = 1e-3
 
 
-def _tokens(n, seed):
-    return np.random.default_rng(seed).integers(0, N_VOCAB, n).tolist()
-
-
 @pytest.mark.parametrize("name,n_batch", [("llama_f32_h4kv4", 512), ("mistral_q4_0_h8kv2", 7)])
 def test_cut_then_eval_equals_the_reference(tiny_model, name, n_batch):
     path = tiny_model(name)
-    a, b, c = _tokens(40, 1), _tokens(30, 2), _tokens(20, 3)
+    a, b, c = random_tokens(40, 1), random_tokens(30, 2), random_tokens(20, 3)
     with Llama(str(path), n_ctx=128, n_batch=n_batch, **EXACT) as llm:
         llm.eval(a + b)
         llm.truncate(len(a))
@@ -53,10 +49,10 @@ def test_cut_then_eval_equals_the_reference(tiny_model, name, n_batch):
 def test_cut_gives_the_memory_back(tiny_model):
     path = tiny_model()
     with Llama(str(path), n_ctx=1024, **EXACT) as llm, Llama(str(path), n_ctx=1024, **EXACT) as fresh:
-        llm.eval(_tokens(1000, 4))
+        llm.eval(random_tokens(1000, 4))
         long = llm.kv_stats()
         llm.truncate(10)
-        fresh.eval(_tokens(10, 4))
+        fresh.eval(random_tokens(10, 4))
         cut = llm.kv_stats()
         assert cut["bytes"] == fresh.kv_stats()["bytes"] < long["bytes"] / 20
         assert cut["peak_bytes"] == long["peak_bytes"]   # the peak since init stays
@@ -64,7 +60,7 @@ def test_cut_gives_the_memory_back(tiny_model):
 
 def test_cut_to_everything_keeps_the_logits(tiny_model):
     with Llama(str(tiny_model()), n_ctx=128, **EXACT) as llm:
-        llm.eval(_tokens(30, 5))
+        llm.eval(random_tokens(30, 5))
         before = llm.logits()
         llm.truncate(30)   # full: nothing to cut, allowed
         assert llm.n_past == 30
@@ -74,7 +70,7 @@ def test_cut_to_everything_keeps_the_logits(tiny_model):
 @pytest.mark.parametrize("n_keep", [-1, 31, 2.0, True, None])
 def test_bad_cut_is_refused_and_changes_nothing(tiny_model, n_keep):
     with Llama(str(tiny_model()), n_ctx=128, **EXACT) as llm:
-        tokens = _tokens(30, 6)
+        tokens = random_tokens(30, 6)
         llm.eval(tokens)
         before = llm.logits()
         with pytest.raises(InvalidArgumentError, match="n_keep"):
@@ -86,7 +82,7 @@ def test_bad_cut_is_refused_and_changes_nothing(tiny_model, n_keep):
 @pytest.mark.parametrize("policy", ["snapkv", "streamingllm", "ems", "take"])
 def test_evicting_policy_refuses_a_cut(tiny_model, policy):
     with Llama(str(tiny_model()), n_ctx=256, policy=policy, budget=40, **EXACT) as llm:
-        tokens = _tokens(120, 7)
+        tokens = random_tokens(120, 7)
         llm.eval(tokens)
         before, positions = llm.logits(), llm.kv_positions(0, 0)
         assert llm.kv_stats()["evicted"] > 0
@@ -104,7 +100,7 @@ def test_evicting_policy_refuses_a_cut(tiny_model, policy):
 
 def test_cut_forgets_a_pending_cancel(tiny_model):
     with Llama(str(tiny_model()), n_ctx=128, **EXACT) as llm:
-        llm.eval(_tokens(20, 8))
+        llm.eval(random_tokens(20, 8))
         llm.cancel()
         with pytest.raises(GenerationCancelled):
             llm.eval([1])   # a pending cancel stops the next call

@@ -18,7 +18,7 @@ import pytest
 
 import _reference
 from _compare import EXACT, assert_logits_close
-from _tiny_models import N_VOCAB
+from _tiny_models import random_tokens
 from _torch_reference import greedy_continuation
 from pykv import ContextOverflowError, InvalidArgumentError, Llama
 from pykv._ffi import ffi, lib
@@ -27,20 +27,16 @@ from pykv._state import LlamaState, read_state_file, write_state_file
 TINY_ATOL, TINY_RTOL = 1e-6, 2e-6   # vs the float64 reference, as test_prefix_reuse
 
 
-def _tokens(n, seed):
-    return np.random.default_rng(seed).integers(0, N_VOCAB, n).tolist()
-
-
 @pytest.mark.parametrize("name,kv_type", [("llama_f32_h4kv4", "f32"), ("mistral_q4_0_h8kv2", "f16")])
 def test_load_then_eval_equals_the_reference(tiny_model, name, kv_type):
     path = tiny_model(name)
-    a, b = _tokens(50, 1), _tokens(20, 2)
+    a, b = random_tokens(50, 1), random_tokens(20, 2)
     opts = dict(n_ctx=128, exact_matmul=True, kv_type=kv_type)
     with Llama(str(path), **opts) as saved, Llama(str(path), **opts) as restored:
         saved.eval(a)
         state = saved.save_state()
         assert state.input_ids == a and state.n_tokens == 50
-        restored.eval(_tokens(10, 3))   # whatever it held before is replaced
+        restored.eval(random_tokens(10, 3))   # whatever it held before is replaced
         restored.load_state(state)
         assert restored.n_past == 50 and restored.input_ids == a
         np.testing.assert_array_equal(restored.logits(), saved.logits())
@@ -57,7 +53,7 @@ def test_empty_and_logit_less_states(tiny_model):
     path = str(tiny_model())
     with Llama(path, n_ctx=64, **EXACT) as llm, Llama(path, n_ctx=64, **EXACT) as other:
         empty = llm.save_state()
-        llm.eval(_tokens(20, 4))
+        llm.eval(random_tokens(20, 4))
         llm.truncate(12)   # no logits: they were the forgotten token's
         other.load_state(llm.save_state())
         assert other.n_past == 12
@@ -78,16 +74,16 @@ def _refused(llm, state, needle, error=InvalidArgumentError):
 def test_states_that_do_not_fit_are_refused(tiny_model):
     path = str(tiny_model())
     with Llama(path, n_ctx=128, **EXACT) as src:
-        src.eval(_tokens(60, 5))
+        src.eval(random_tokens(60, 5))
         state = src.save_state()
     with Llama(path, n_ctx=128, exact_matmul=True, kv_type="f16") as llm:
-        llm.eval(_tokens(5, 6))
+        llm.eval(random_tokens(5, 6))
         _refused(llm, state, "f32 cache")
     with Llama(path, n_ctx=32, **EXACT) as llm:
-        llm.eval(_tokens(5, 6))
+        llm.eval(random_tokens(5, 6))
         _refused(llm, state, "60 tokens, more than n_ctx=32", ContextOverflowError)
     with Llama(str(tiny_model("mistral_q4_0_h8kv2")), n_ctx=128, **EXACT) as llm:
-        llm.eval(_tokens(5, 6))
+        llm.eval(random_tokens(5, 6))
         _refused(llm, state, "KV heads")
         _refused(llm, "not a state", "LlamaState")
 
@@ -95,7 +91,7 @@ def test_states_that_do_not_fit_are_refused(tiny_model):
 def test_damaged_bytes_are_refused(tiny_model):
     path = str(tiny_model())
     with Llama(path, n_ctx=128, **EXACT) as llm:
-        llm.eval(_tokens(30, 7))
+        llm.eval(random_tokens(30, 7))
         state = llm.save_state()
         data = state.data
         cuts = sorted(set([0, 1, 8, 12, 20, 40, len(data) // 2, len(data) - 1] +
@@ -124,10 +120,10 @@ def test_damaged_bytes_are_refused(tiny_model):
 def test_evicting_policies_refuse(tiny_model, policy):
     path = str(tiny_model())
     with Llama(path, n_ctx=128, **EXACT) as full:
-        full.eval(_tokens(20, 8))
+        full.eval(random_tokens(20, 8))
         state = full.save_state()
     with Llama(path, n_ctx=256, policy=policy, budget=40, **EXACT) as llm:
-        llm.eval(_tokens(120, 8))
+        llm.eval(random_tokens(120, 8))
         with pytest.raises(InvalidArgumentError, match=f"'{policy}' policy keeps per-entry scores"):
             llm.save_state()
         _refused(llm, state, "per-entry scores")
@@ -136,10 +132,10 @@ def test_evicting_policies_refuse(tiny_model, policy):
 def test_state_file_names_its_model(tiny_model, tmp_path):
     path = str(tiny_model())
     with Llama(path, n_ctx=64, **EXACT) as llm:
-        llm.eval(_tokens(20, 9))
+        llm.eval(random_tokens(20, 9))
         write_state_file(tmp_path / "s.bin", llm.save_state(), path)
     state = read_state_file(tmp_path / "s.bin", path)
-    assert state.input_ids == _tokens(20, 9)
+    assert state.input_ids == random_tokens(20, 9)
     with pytest.raises(ValueError, match="another model"):
         read_state_file(tmp_path / "s.bin", str(tiny_model("mistral_q4_0_h8kv2")))
     (tmp_path / "junk.bin").write_bytes(b"PYKVPC1\n\xff\xff\x00\x00{")
