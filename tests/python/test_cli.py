@@ -65,6 +65,7 @@ def test_generate_help_lists_llama_cpp_flags(capsys):
     ["generate", "-p", "x", "--presence-penalty", "inf"],
     ["generate", "-p", "x", "-l", "15043"],       # TOKEN_ID(+/-)BIAS
     ["generate", "-p", "x", "-l", "15043+inf"],
+    ["generate", "-p", "x", "-l", "99999999999+1"],   # past int32: a usage error, not an OverflowError
     ["generate", "-p", "x", "--logit-bias", "the-1"],
 ])
 def test_usage_errors_exit_1(argv, capsys):
