@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+from ._sampling import TokenLogprob
+
 
 def _usage(result) -> dict:
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
@@ -59,10 +61,22 @@ def _completion_logprobs(entries, pieces: _Pieces):
         out["tokens"].append(text)
         out["text_offset"].append(pieces.offset_then_advance(e.token))
         out["token_logprobs"].append(e.logprob)
-        top = {pieces.text(t): lp for t, lp in e.top}
-        top[text] = e.logprob
+        top = None
+        if e.logprob is not None:
+            top = {pieces.text(t): lp for t, lp in e.top}
+            top[text] = e.logprob
         out["top_logprobs"].append(top)
     return out
+
+
+def _echo_entries(llm, prompt_logprobs):
+    """The echoed prompt's logprob entries, as llama-cpp-python gives them: a leading BOS left
+    out, and no log-probability for the first token that remains (OpenAI's form)."""
+    ids = llm.input_ids[:len(prompt_logprobs)]
+    start = 1 if ids and ids[0] == llm.token_bos() else 0
+    if start >= len(ids):
+        return []
+    return [TokenLogprob(ids[start], None)] + prompt_logprobs[start + 1:]
 
 
 def _chat_logprobs(entries, pieces: _Pieces):
@@ -76,30 +90,52 @@ def _chat_logprobs(entries, pieces: _Pieces):
                         for e in entries], "refusal": None}
 
 
-def _prompt_chars(llm, prompt) -> int:
+def _prompt_text(llm, prompt) -> str:
     if isinstance(prompt, str):
-        return len(prompt)
+        return prompt
     data = prompt if isinstance(prompt, bytes) else llm.detokenize(prompt)
-    return len(data.decode("utf-8", "ignore"))
+    return data.decode("utf-8", "ignore")
 
 
-def completion(llm, prompt, stream: bool, **kwargs):
+def completion(llm, prompt, stream: bool, echo: bool = False, **kwargs):
     """create_completion: {"choices": [{"text", "finish_reason", "logprobs"}], "usage"}; chunks
-    when streaming, each with the logprobs of its tokens."""
+    when streaming, each with the logprobs of its tokens. echo puts the prompt before the
+    completion (the first chunk when streaming), with its tokens' logprobs when asked."""
     env = _Envelope(llm, "cmpl", "text_completion")
-    pieces = _Pieces(llm, _prompt_chars(llm, prompt)) if kwargs.get("logprobs") is not None else None
+    prompt_text = _prompt_text(llm, prompt)
+    pieces = None
+    if kwargs.get("logprobs") is not None:
+        pieces = _Pieces(llm, 0 if echo else len(prompt_text))
+        if echo:
+            kwargs["prompt_logprobs"] = kwargs["logprobs"]
+
+    def with_prompt(text, logprobs, prompt_logprobs):
+        if pieces is None:
+            return prompt_text + text, None
+        return prompt_text + text, _completion_logprobs(_echo_entries(llm, prompt_logprobs) + (logprobs or []),
+                                                        pieces)
     if stream:
         steps = llm.generate(prompt, stream=True, **kwargs)   # checks the prompt now, not at first next()
 
         def chunks():
-            for chunk in steps:
-                yield env.body({"text": chunk.text, "finish_reason": None},
-                               logprobs=_completion_logprobs(chunk.logprobs, pieces))
+            i = -1
+            for i, chunk in enumerate(steps):
+                text, logprobs = chunk.text, chunk.logprobs
+                if echo and i == 0:
+                    text, logprobs = with_prompt(text, logprobs, chunk.prompt_logprobs)
+                else:
+                    logprobs = _completion_logprobs(logprobs, pieces)
+                yield env.body({"text": text, "finish_reason": None}, logprobs=logprobs)
+            if echo and i < 0:   # no chunk (nothing generated, no logprobs): the prompt alone
+                yield env.body({"text": prompt_text, "finish_reason": None})
             yield env.body({"text": "", "finish_reason": llm.last_result.finish_reason})
         return chunks()
     result = llm.generate(prompt, **kwargs)
-    return env.body({"text": result.text, "finish_reason": result.finish_reason}, result,
-                    logprobs=_completion_logprobs(result.logprobs, pieces))
+    if echo:
+        text, logprobs = with_prompt(result.text, result.logprobs, result.prompt_logprobs)
+    else:
+        text, logprobs = result.text, _completion_logprobs(result.logprobs, pieces)
+    return env.body({"text": text, "finish_reason": result.finish_reason}, result, logprobs=logprobs)
 
 
 def chat_completion(llm, prompt_tokens, stream: bool, **kwargs):

@@ -72,11 +72,11 @@ def make_sampler(temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
     return sampler
 
 
-def check_n_logprobs(n) -> Optional[int]:
+def check_n_logprobs(n, name: str = "logprobs") -> Optional[int]:
     if n is None:
         return None
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise errors.InvalidArgumentError(f"logprobs must be None or a number of alternatives >= 0, got {n!r}")
+        raise errors.InvalidArgumentError(f"{name} must be None or a number of alternatives >= 0, got {n!r}")
     return n
 
 

@@ -1,9 +1,9 @@
-"""The ``pykv`` command: ``pykv generate|chat|info|pull|convert|bench ...`` (llama.cpp flag spellings).
+"""The ``pykv`` command: ``pykv generate|chat|perplexity|info|pull|convert|bench ...`` (llama.cpp flag spellings).
 
 Exit codes: 0 ok, 1 usage error, 2 model or IO error, 3 runtime error, 130 interrupted.
 Errors print one line ``pykv: error: <message>`` on stderr (``-v`` adds the traceback).
-The subcommands live in _cli_generate.py, _cli_chat.py, _cli_info.py, _cli_bench.py and here (pull); this file builds the
-parser and turns exceptions into exit codes.
+The subcommands live in _cli_generate.py, _cli_chat.py, _cli_perplexity.py, _cli_info.py,
+_cli_bench.py and here (pull); this file builds the parser and turns exceptions into exit codes.
 """
 
 from __future__ import annotations
@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_generate(sub)
     _add_chat(sub)
+    from ._cli_perplexity import add_perplexity_parser
+    add_perplexity_parser(sub, _add_model_flags)
     _add_info(sub)
     _add_pull(sub)
     _add_convert(sub)
@@ -206,6 +208,9 @@ def _dispatch(args) -> int:
     if args.run == "chat":
         from ._cli_chat import run_chat
         return run_chat(args)
+    if args.run == "perplexity":
+        from ._cli_perplexity import run_perplexity
+        return run_perplexity(args)
     if args.run == "info":
         from ._cli_info import run_info
         return run_info(args)

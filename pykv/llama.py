@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence, Union
 
@@ -24,10 +25,12 @@ Prompt = Union[str, bytes, Sequence[int]]
 @dataclass
 class GenerationChunk:
     """One streamed step: the text that became safe to show and the token that produced it
-    (with logprobs=..., the log-probabilities of the tokens generated since the last chunk)."""
+    (with logprobs=..., the log-probabilities of the tokens generated since the last chunk;
+    with prompt_logprobs=..., the first chunk carries the prompt's)."""
     text: str
     token: int
     logprobs: Optional[List[TokenLogprob]] = None
+    prompt_logprobs: Optional[List[Optional[TokenLogprob]]] = None
 
 
 @dataclass
@@ -40,6 +43,8 @@ class GenerationResult:
     timings: dict = field(default_factory=dict)
     kv_stats: dict = field(default_factory=dict)
     logprobs: Optional[List[TokenLogprob]] = None   # one per token, with logprobs=...
+    # with prompt_logprobs=...: one per prompt token, None for the first (nothing predicts it)
+    prompt_logprobs: Optional[List[Optional[TokenLogprob]]] = None
 
 
 def _parse_budget(budget):
@@ -96,7 +101,8 @@ class Llama:
                  verbose: bool = False, vocab_only: bool = False, use_mmap: bool = True,
                  policy: str = "full", budget=None, window: Optional[int] = None,
                  sink: Optional[int] = None, policy_kwargs: Optional[dict] = None,
-                 exact_matmul: bool = False, kv_type: str = "f16"):
+                 exact_matmul: bool = False, kv_type: str = "f16", logits_all: bool = False,
+                 embedding: bool = False, pooling_type=None):
         self._model = None
         self._ctx = None
         lib.pykv_log_set_level(3 if verbose else 0)
@@ -146,6 +152,16 @@ class Llama:
             self.close()
             check(status)
         self._ctx = cout[0]
+        self.logits_all = bool(logits_all)
+        self.embedding = bool(embedding)
+        try:
+            from ._embedding import pooling_name
+            self.pooling_type = pooling_name(pooling_type, self.metadata) if embedding else None
+        except Exception:
+            self.close()
+            raise
+        check(lib.pykv_set_logits_all(self._ctx, int(self.logits_all)))
+        check(lib.pykv_set_embeddings(self._ctx, int(self.embedding)))
         n_ctx_train = self._info.get("n_ctx_train") or 0
         if 0 < n_ctx_train < self.n_ctx:
             warnings.warn(f"n_ctx={self.n_ctx} is larger than the model's training context ({n_ctx_train} tokens): "
@@ -319,6 +335,61 @@ class Llama:
             raise errors.InvalidArgumentError("no logits yet: eval() some tokens first")
         return np.frombuffer(ffi.buffer(ptr, 4 * self.n_vocab), dtype=np.float32).copy()
 
+    def _rows(self, getter, width: int, what: str) -> np.ndarray:
+        """The last call's rows in the context's memory (valid until the next eval or reset)."""
+        n = ffi.new("int32_t *")
+        ptr = getter(self._need_ctx(), n)
+        if ptr == ffi.NULL:
+            raise errors.InvalidArgumentError(f"no {what}: eval() some tokens first")
+        return np.frombuffer(ffi.buffer(ptr, 4 * n[0] * width), dtype=np.float32).reshape(n[0], width)
+
+    def all_logits(self) -> np.ndarray:
+        """Logits of every token of the last eval() call, float32 (n_tokens, n_vocab), a copy;
+        row i predicts the token after the call's token i. Needs Llama(logits_all=True)."""
+        if not self.logits_all:
+            raise errors.InvalidArgumentError("all_logits() needs a Llama created with logits_all=True")
+        return self._rows(lib.pykv_get_logits_all, self.n_vocab, "logits").copy()
+
+    @contextmanager
+    def _keeping_all_logits(self):
+        """Every token's logits kept for the eval() calls inside, whatever logits_all says;
+        _rows(lib.pykv_get_logits_all, ...) reads them. The rows are gone after, unless
+        logits_all is on."""
+        ctx = self._need_ctx()
+        if not self.logits_all:
+            check(lib.pykv_set_logits_all(ctx, 1))
+        try:
+            yield
+        finally:
+            if not self.logits_all:
+                lib.pykv_set_logits_all(ctx, 0)
+
+    def _eval_logit_rows(self, tokens: List[int]) -> np.ndarray:
+        """eval(tokens) and a view of their logits rows; inside _keeping_all_logits only."""
+        self.eval(tokens)
+        return self._rows(lib.pykv_get_logits_all, self.n_vocab, "logits")
+
+    def embeddings(self) -> np.ndarray:
+        """Hidden states (after the output norm) of every token of the last eval() call, float32
+        (n_tokens, n_embd), a copy. Needs Llama(embedding=True)."""
+        if not self.embedding:
+            raise errors.InvalidArgumentError("embeddings() needs a Llama created with embedding=True")
+        return self._rows(lib.pykv_get_embeddings, self._info["n_embd"], "embeddings").copy()
+
+    def embed(self, input, normalize: bool = False, truncate: bool = True, return_count: bool = False):
+        """llama-cpp-python's embed: a text's embedding (a list of floats; with pooling_type
+        'none' one list per token), or a list of them for a list of texts. Each text is run on
+        its own from an empty context (its policy applies), cut to n_ctx tokens when truncate
+        (else ContextOverflowError); normalize divides each vector by its Euclidean norm;
+        return_count adds the number of tokens run. Needs Llama(embedding=True)."""
+        from ._embedding import embed
+        return embed(self, input, normalize, truncate, return_count)
+
+    def create_embedding(self, input, model: Optional[str] = None) -> dict:
+        """The OpenAI-shaped embeddings dict for a text or a list of texts (see embed)."""
+        from ._embedding import create_embedding
+        return create_embedding(self, input, model)
+
     def reset(self) -> None:
         """Clear the context: every token and the KV cache's memory."""
         lib.pykv_reset(self._need_ctx())
@@ -432,7 +503,7 @@ class Llama:
                  seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
                  ignore_eos: bool = False, stream: bool = False, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
-                 logprobs: Optional[int] = None):
+                 logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None):
         """Generate text after prompt (text or token ids). With the `full` policy the context
         keeps the longest prefix of the prompt it already holds and evaluates the rest
         (result.cached_tokens); otherwise, or after reset(), it starts afresh.
@@ -441,7 +512,10 @@ class Llama:
         The sampler is llama.cpp's chain: logit_bias ({token id: bias}, -inf bans), the repeat,
         frequency and presence penalties over the last repeat_last_n tokens, top-k, top-p,
         min-p, temperature. logprobs=N records each generated token's log-probability and the
-        N most likely tokens at its step (result.logprobs, chunk.logprobs).
+        N most likely tokens at its step (result.logprobs, chunk.logprobs). prompt_logprobs=N
+        does the same for the prompt's tokens (result.prompt_logprobs, on the first chunk when
+        streaming); it evaluates the whole prompt, keeping every token's logits for the call
+        (n_prompt x n_vocab floats).
         Returns a GenerationResult, or with stream=True an iterator of GenerationChunk whose
         final result is left in self.last_result."""
         self._need_ctx()
@@ -453,7 +527,9 @@ class Llama:
                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                      logit_bias=logit_bias)
         n_logprobs = check_n_logprobs(logprobs)
-        steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos, n_logprobs)
+        n_prompt_logprobs = check_n_logprobs(prompt_logprobs, "prompt_logprobs")
+        steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos, n_logprobs,
+                                     n_prompt_logprobs)
         if stream:
             return steps
         for _ in steps:
@@ -486,26 +562,43 @@ class Llama:
         self.reset()
         return 0
 
+    def _eval_prompt_logprobs(self, tokens: List[int], n_top: int) -> List[Optional[TokenLogprob]]:
+        """eval(tokens) on an empty context, keeping every row of logits for the call; the
+        log-probability of each token after the first under the row before it."""
+        with self._keeping_all_logits():
+            rows = self._eval_logit_rows(tokens)
+            return [None] + [token_logprob(rows[i - 1], tokens[i], n_top) for i in range(1, len(tokens))]
+
     def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos,
-                        n_logprobs=None) -> Iterator[GenerationChunk]:
-        cached = self._start_from(prompt_tokens)
+                        n_logprobs=None, n_prompt_logprobs=None) -> Iterator[GenerationChunk]:
+        if n_prompt_logprobs is None:
+            cached = self._start_from(prompt_tokens)
+        else:   # every prompt token's logits are needed: none of it may come from the context
+            self.reset()
+            cached = 0
         lib.pykv_reset_timings(self._ctx)
         after_prompt = self._after_prompt
         text = TextStream(stop)
         generated: List[int] = []
         logprobs = None if n_logprobs is None else []
         unsent = 0   # logprobs entries not yet attached to a chunk
+        prompt_logprobs = unsent_prompt = None   # the prompt's, until a chunk carries them
         finish_reason = "length"
         limit = max_tokens if max_tokens and max_tokens > 0 else None
 
         def chunk(piece, token):
-            nonlocal unsent
+            nonlocal unsent, unsent_prompt
             entries = None if logprobs is None else logprobs[unsent:]
             unsent = len(generated)
-            return GenerationChunk(piece, token, entries)
+            out = GenerationChunk(piece, token, entries, unsent_prompt)
+            unsent_prompt = None
+            return out
 
         try:
-            self.eval(prompt_tokens[cached:])
+            if n_prompt_logprobs is None:
+                self.eval(prompt_tokens[cached:])
+            else:
+                prompt_logprobs = unsent_prompt = self._eval_prompt_logprobs(prompt_tokens, n_prompt_logprobs)
             if after_prompt is not None:
                 after_prompt()
             for t in prompt_tokens:
@@ -538,18 +631,18 @@ class Llama:
                 self.eval([token])
         except (KeyboardInterrupt, errors.GenerationCancelled, GeneratorExit):
             finish_reason = "cancelled"
-            self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs)
+            self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs, prompt_logprobs)
             raise
         tail = text.flush()
-        if tail or (logprobs is not None and unsent < len(generated)):
+        if tail or (logprobs is not None and unsent < len(generated)) or unsent_prompt is not None:
             yield chunk(tail, generated[-1] if generated else -1)
-        self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs)
+        self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs, prompt_logprobs)
 
-    def _finish(self, text, generated, prompt_tokens, cached, finish_reason, logprobs=None):
+    def _finish(self, text, generated, prompt_tokens, cached, finish_reason, logprobs=None, prompt_logprobs=None):
         self.last_result = GenerationResult(text=text.text, tokens=list(generated), finish_reason=finish_reason,
                                             prompt_tokens=len(prompt_tokens), cached_tokens=cached,
                                             timings=self.timings(), kv_stats=self.kv_stats(),
-                                            logprobs=logprobs)
+                                            logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     # ---- llama-cpp-python compatible completion ----
 
@@ -558,12 +651,15 @@ class Llama:
                           repeat_penalty: float = 1.0, seed: Optional[int] = None,
                           stop: Union[None, str, Sequence[str]] = None, stream: bool = False,
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                          logit_bias: Optional[dict] = None, logprobs: Optional[int] = None):
+                          logit_bias: Optional[dict] = None, logprobs: Optional[int] = None,
+                          echo: bool = False):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
         logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
-        top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python."""
+        top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python.
+        echo=True puts the prompt before the completion, and with logprobs its tokens' too
+        (the first one's null, as OpenAI's): the whole prompt is then evaluated afresh."""
         from ._openai import completion
-        return completion(self, prompt, stream, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+        return completion(self, prompt, stream, echo=echo, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                           logit_bias=logit_bias, logprobs=logprobs)

@@ -33,7 +33,7 @@ extern "C" {
 
 /* --- cffi begin --- */
 
-#define PYKV_ABI_VERSION 2
+#define PYKV_ABI_VERSION 3
 #define PYKV_DEFAULT_SEED 4294967295
 
 typedef int32_t pykv_token;
@@ -211,6 +211,18 @@ PYKV_API pykv_status pykv_set_probe(pykv_context *ctx, const pykv_token *tokens,
 /* Logits of the last token evaluated (n_vocab floats), owned by ctx, valid until the next
  * decode or reset; NULL before the first decode. */
 PYKV_API const float *pykv_get_logits(pykv_context *ctx);
+/* Per-token outputs, off by default. With logits_all on, each pykv_decode keeps the logits
+ * of every token it evaluates (n_vocab floats per token: perplexity, the log-probabilities
+ * of a prompt); with embeddings on, each token's hidden state after the output norm (n_embd
+ * floats per token: the input of the output layer, llama.cpp's embeddings). The getters
+ * return the rows of the last pykv_decode call, one per token in order (*n_rows of them),
+ * owned by ctx and valid until the next decode, reset, truncate or switch; NULL (and
+ * *n_rows = 0) when the output is off or that call failed. The memory grows to the longest
+ * call's tokens and is returned when the output is switched off. */
+PYKV_API pykv_status pykv_set_logits_all(pykv_context *ctx, int32_t on);
+PYKV_API pykv_status pykv_set_embeddings(pykv_context *ctx, int32_t on);
+PYKV_API const float *pykv_get_logits_all(const pykv_context *ctx, int32_t *n_rows);
+PYKV_API const float *pykv_get_embeddings(const pykv_context *ctx, int32_t *n_rows);
 /* Tokens evaluated so far (the next position). */
 PYKV_API int32_t     pykv_n_past(const pykv_context *ctx);
 PYKV_API int32_t     pykv_n_ctx(const pykv_context *ctx);

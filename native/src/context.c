@@ -161,6 +161,7 @@ void pykv_context_free(pykv_context *ctx) {
     kv_cache_free(&ctx->cache);
     free_scratch(&ctx->buf);
     free(ctx->logits);
+    outputs_free(&ctx->out);
     free(ctx->chunk_start_n);
     free(ctx->policy_args);
     free(ctx->probe);
@@ -275,6 +276,7 @@ pykv_status pykv_set_probe(pykv_context *ctx, const pykv_token *tokens, int32_t 
 pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
     pykv_clear_error();
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: ctx is NULL");
+    ctx->out.n = 0;   // the rows are this call's, or none when it fails
     PYKV_TRY(check_tokens(ctx, tokens, n_tokens));
     if (n_tokens == 0) return PYKV_OK;
 
@@ -283,6 +285,7 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
     const pykv_token *probe;
     int32_t n_probe;
     PYKV_TRY(choose_probe(ctx, tokens, n_tokens, &probe, &n_probe));
+    PYKV_TRY(outputs_reserve(&ctx->out, n_tokens, ctx->model->hp.n_vocab, ctx->model->hp.n_embd));
     double t0 = perf_now_ms();
     ctx->event = (struct policy_event){ .cache = &ctx->cache, .hp = &ctx->model->hp, .pool = ctx->pool,
                                         .layer = -1, .n_prompt = n_tokens };
@@ -297,14 +300,17 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
         if (st != PYKV_OK) {
             rollback_chunk(ctx);
             ctx->has_logits = 0;
+            ctx->out.n = 0;
             if (st == PYKV_ERR_CANCELLED) atomic_store(&ctx->cancel, 0);   // reported: no longer pending
             return st;
         }
         ctx->n_past += T;
         done += T;
-        if (is_prefill) PYKV_TRY(run_hook(ctx, ops->after_chunk));
+        pykv_status hook = is_prefill ? run_hook(ctx, ops->after_chunk) : PYKV_OK;
+        if (hook != PYKV_OK) { ctx->out.n = 0; return hook; }
     }
-    PYKV_TRY(run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode));
+    pykv_status hook = run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode);
+    if (hook != PYKV_OK) { ctx->out.n = 0; return hook; }
 
     double ms = perf_now_ms() - t0;
     if (is_prefill) { ctx->timings.t_prefill_ms += ms; ctx->timings.n_prefill += n_tokens; }
@@ -328,6 +334,7 @@ void pykv_reset(pykv_context *ctx) {
     if (ctx->policy->ops->reset) ctx->policy->ops->reset(ctx->policy);
     ctx->n_past = 0;
     ctx->has_logits = 0;
+    ctx->out.n = 0;
     atomic_store(&ctx->cancel, 0);
 }
 
@@ -352,6 +359,7 @@ pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep) {
         status = kv_cache_keep_prefix(&ctx->cache, n_keep);   // the lists are cut whatever it says
         ctx->n_past = n_keep;
         ctx->has_logits = 0;
+        ctx->out.n = 0;
     }
     atomic_store(&ctx->cancel, 0);
     return status;

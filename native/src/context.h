@@ -5,6 +5,7 @@
 #include "kv-cache.h"
 #include "model.h"
 #include "ops.h"
+#include "outputs.h"
 #include "policy.h"
 #include "threadpool.h"
 
@@ -50,6 +51,7 @@ struct pykv_context {
     int32_t            n_past;
     float             *logits;          // (n_vocab)
     int                has_logits;
+    struct token_outputs out;          // every token's logits / hidden state, when asked
     struct policy_event event;          // what the policy hooks see of the current call
     char              *policy_args;     // the context's own copy of params->policy_args
     pykv_token        *probe;           // task probe set by pykv_set_probe, or NULL
@@ -60,7 +62,8 @@ struct pykv_context {
 };
 
 // Run tokens [0, T) at positions n_past.. through every layer, appending their K/V to the
-// cache; computes the logits of the last token when want_logits. T <= n_ubatch.
+// cache; computes the logits of the last token when want_logits, and the per-token outputs
+// that are switched on (outputs.h). T <= n_ubatch.
 // The last n_probe of the T tokens are probe tokens (see policy.h): processed, scored by
 // the policy, then dropped from the cache; n_past does not count them.
 pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, int n_probe, int want_logits);

@@ -311,6 +311,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
     }
 
+    outputs_write(ctx, T - n_probe);
     if (want_logits) {
         rmsnorm(b->xb, b->x + (size_t)(T - 1) * dim, m->output_norm, dim, hp->rms_eps);
         matmul(ctx->pool, ctx->logits, &m->output, b->xb, 1, &b->matmul);

@@ -163,8 +163,9 @@ def q8_roundtrip(x: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
-def forward(model, tokens, int8_rows_from=None, kv_f16=False) -> np.ndarray:
-    """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context.
+def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False) -> np.ndarray:
+    """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context; with
+    hidden=True, the hidden states after the output norm instead, (len(tokens), n_embd).
 
     int8_rows_from=i: tokens i.. are decode steps on pykv's fast path, so the inputs of
     their products with Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights are quantised first (the logits
@@ -207,5 +208,7 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False) -> np.ndarray:
         x = x + lin(silu * u, p + "ffn_down.weight")
 
     x = rms_norm(x, model.w("output_norm.weight"), hp.rms_eps)
+    if hidden:
+        return x
     out_name = "output.weight" if model.has("output.weight") else "token_embd.weight"
     return lin(x, out_name, None if int8_rows_from is None else 0)

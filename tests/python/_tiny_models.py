@@ -74,6 +74,7 @@ class TinySpec:
     seed: int = 0
     omit: tuple = ()            # tensor names left out (for bad-input tests)
     tensor_types: tuple = ()    # (name part, type): the first pair whose part is in a tensor's name wins
+    pooling_type: int | None = None   # llama.pooling_type, when given (llama.cpp's enum)
 
     @property
     def head_dim(self) -> int:
@@ -213,6 +214,8 @@ def write_tiny_gguf(spec: TinySpec, path) -> Path:
     wr.add_layer_norm_rms_eps(spec.rms_eps)
     wr.add_vocab_size(spec.n_vocab)
     wr.add_file_type(_FILE_TYPE[spec.wtype])
+    if spec.pooling_type is not None:
+        wr.add_pooling_type(gguf.PoolingType(spec.pooling_type))
 
     tokens, scores, types = tiny_vocab()
     wr.add_tokenizer_model("llama")

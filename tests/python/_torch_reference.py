@@ -126,6 +126,23 @@ def reference_logits(path, tokens, positions=(-1,)) -> np.ndarray:
     return logits.astype(np.float32).astype(np.float64)
 
 
+def reference_hidden(path, tokens) -> np.ndarray:
+    """float64 hidden states after the model's final norm (the base model's
+    last_hidden_state), one row per token, for a fresh context fed ``tokens``."""
+    import torch
+
+    tokens = [int(t) for t in tokens]
+    cp = _cache_path(path, "hidden", {"tokens": tokens})
+    hit = _load(cp)
+    if hit is not None:
+        return hit["hidden"].astype(np.float64)
+    with torch.no_grad():
+        out = _model(os.fspath(path)).model(torch.tensor([tokens], dtype=torch.long))
+    hidden = out.last_hidden_state[0].to(torch.float32).numpy()
+    _save(cp, hidden=hidden)
+    return hidden.astype(np.float64)
+
+
 def greedy_continuation(path, tokens, n: int, eos_id=None):
     """Greedy (argmax) continuation of ``tokens`` for ``n`` steps, stopping after
     ``eos_id``.  Returns (generated ids, top-1 minus top-2 logit gap per step)."""
