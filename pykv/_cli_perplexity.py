@@ -55,6 +55,9 @@ def run_perplexity(args) -> int:
     try:
         n_tokens = len(llm.tokenize(text, add_bos=True))
         n_chunks = min(n_tokens // args.ctx_size, args.chunks or n_tokens)
+        if n_chunks == 0:
+            raise UsageError(f"the text has {n_tokens} tokens, fewer than one chunk of -c {args.ctx_size}: "
+                             "give a longer text or a smaller -c")
         print(f"pykv: perplexity: {n_tokens} tokens, {n_chunks} chunks of {args.ctx_size}, policy {args.policy}"
               + (f", budget {args.budget}" if args.budget else "") + (", decode steps" if args.decode else ""),
               file=sys.stderr)

@@ -104,7 +104,9 @@ def test_cli(tiny_model, tmp_path, capsys):
     assert out.startswith("Final estimate: PPL = ") and "kv cache: policy full" in err
     for bad in (["-c", "2"], ["--chunks", "0"], ["-c", "4096"]):
         assert main(["perplexity", str(path), "-f", str(src), *bad]) == 1, bad
-        assert "pykv: error:" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "pykv: error:" in err and "chunks of" not in err   # no header before the refusal
+    assert "fewer than one chunk of -c 4096" in err
 
 
 @pytest.mark.model
