@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import struct
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Union
@@ -16,7 +15,6 @@ from . import errors
 from ._ffi import check, ffi, lib
 
 FILE_MAGIC = b"PYKVPC1\n"
-_N_PAST_AT = 8 + 4 + 5 * 4   # in the C state: magic, byte order, n_layer .. kv_f16, then n_past
 _FINGERPRINT_BYTES = 4 << 20
 
 
@@ -48,11 +46,11 @@ def load_state(llm, state: LlamaState) -> None:
     if not isinstance(state, LlamaState):
         raise errors.InvalidArgumentError(f"load_state expects a LlamaState, got {type(state).__name__}")
     data = memoryview(state.data).cast("B")
-    if len(data) >= _N_PAST_AT + 4:   # shorter: the C library says what is wrong
-        n_past = int.from_bytes(data[_N_PAST_AT:_N_PAST_AT + 4], sys.byteorder, signed=True)
-        if n_past != len(state.input_ids):
-            raise errors.InvalidArgumentError(f"the state holds {len(state.input_ids)} token ids for "
-                                              f"{n_past} evaluated tokens")
+    n_past = ffi.new("int32_t *")
+    check(lib.pykv_state_n_tokens(ffi.from_buffer(data), len(data), n_past))
+    if n_past[0] != len(state.input_ids):
+        raise errors.InvalidArgumentError(f"the state holds {len(state.input_ids)} token ids for "
+                                          f"{n_past[0]} evaluated tokens")
     check(lib.pykv_state_load(ctx, ffi.from_buffer(data), len(data)))
     llm.input_ids = [int(t) for t in state.input_ids]
 

@@ -245,6 +245,8 @@ PYKV_API pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep);
 PYKV_API pykv_status pykv_state_size(const pykv_context *ctx, size_t *size);
 PYKV_API pykv_status pykv_state_save(const pykv_context *ctx, void *dst, size_t size, size_t *written);
 PYKV_API pykv_status pykv_state_load(pykv_context *ctx, const void *src, size_t size);
+/* The number of tokens (pykv_n_past) a saved state holds, read from its header alone. */
+PYKV_API pykv_status pykv_state_n_tokens(const void *src, size_t size, int32_t *n_tokens);
 /* Ask a running pykv_decode to stop (callable from any thread); it returns
  * PYKV_ERR_CANCELLED. It stops at the next layer boundary, or, with a policy that works
  * layer by layer (every evicting policy), at the next chunk boundary: the chunk it stops in

@@ -95,18 +95,36 @@ static pykv_status corrupt(const char *why) {
     return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_state_load: not a usable state: %s", why);
 }
 
+// The magic, the byte order and the header's integers (n_layer .. has_logits).
+static pykv_status read_header(struct reader *r, int32_t *head) {
+    char magic[sizeof(STATE_MAGIC)];
+    uint32_t order = 0;
+    if (!take(r, magic, sizeof(magic)) || memcmp(magic, STATE_MAGIC, sizeof(magic)) != 0)
+        return corrupt("it does not start with pykv's state header");
+    if (!take(r, &order, sizeof(order)) || order != STATE_BYTE_ORDER)
+        return corrupt("it was written on a machine of another byte order");
+    if (!take(r, head, HEADER_I32 * sizeof(int32_t))) return corrupt("its header is cut short");
+    return PYKV_OK;
+}
+
+pykv_status pykv_state_n_tokens(const void *src, size_t size, int32_t *n_tokens) {
+    pykv_clear_error();
+    if ((!src && size) || !n_tokens) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_state_n_tokens: NULL argument");
+    *n_tokens = 0;
+    int32_t head[HEADER_I32];
+    struct reader r = { src, size };
+    PYKV_TRY(read_header(&r, head));
+    if (head[5] < 0) return corrupt("its token count is negative");
+    *n_tokens = head[5];
+    return PYKV_OK;
+}
+
 // The whole buffer against this context, changing nothing: its header, then every list's
 // length and positions, and that the bytes end exactly with the last list.
 static pykv_status check_state(const pykv_context *ctx, const void *src, size_t size, int32_t *head) {
     const struct kv_cache *c = &ctx->cache;
     struct reader r = { src, size };
-    char magic[sizeof(STATE_MAGIC)];
-    uint32_t order = 0;
-    if (!take(&r, magic, sizeof(magic)) || memcmp(magic, STATE_MAGIC, sizeof(magic)) != 0)
-        return corrupt("it does not start with pykv's state header");
-    if (!take(&r, &order, sizeof(order)) || order != STATE_BYTE_ORDER)
-        return corrupt("it was written on a machine of another byte order");
-    if (!take(&r, head, HEADER_I32 * sizeof(int32_t))) return corrupt("its header is cut short");
+    PYKV_TRY(read_header(&r, head));
     const int32_t want[5] = { c->n_layer, c->n_head_kv, c->head_dim, ctx->model->hp.n_vocab, c->f16 };
     if (memcmp(head, want, sizeof(want)) != 0)
         return pykv_error(PYKV_ERR_INVALID_ARG,

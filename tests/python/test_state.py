@@ -116,6 +116,26 @@ def test_damaged_bytes_are_refused(tiny_model):
         assert llm.n_past == 30
 
 
+def test_token_count_from_the_header(tiny_model):
+    """pykv_state_n_tokens reads n_past from the header alone (load_state checks the ids with it)."""
+    path = str(tiny_model())
+    with Llama(path, n_ctx=64, **EXACT) as llm:
+        llm.eval(random_tokens(17, 8))
+        data = bytes(llm.save_state().data)
+    n = ffi.new("int32_t *", -5)
+    assert lib.pykv_state_n_tokens(ffi.from_buffer(data), len(data), n) == lib.PYKV_OK and n[0] == 17
+    header_end = 8 + 4 + 7 * 4
+    assert lib.pykv_state_n_tokens(ffi.from_buffer(data), header_end, n) == lib.PYKV_OK and n[0] == 17
+    assert lib.pykv_state_n_tokens(ffi.from_buffer(data), header_end - 1, n) == lib.PYKV_ERR_INVALID_ARG
+    assert "cut short" in ffi.string(lib.pykv_last_error()).decode() and n[0] == 0
+    assert lib.pykv_state_n_tokens(ffi.from_buffer(data), len(data), ffi.NULL) == lib.PYKV_ERR_INVALID_ARG
+    negative = bytearray(data)
+    negative[8 + 4 + 5 * 4:8 + 4 + 6 * 4] = np.int32(-1).tobytes()
+    with Llama(path, n_ctx=64, **EXACT) as llm:
+        llm.eval(random_tokens(3, 9))
+        _refused(llm, LlamaState(random_tokens(17, 8), negative), "negative")
+
+
 @pytest.mark.parametrize("policy", ["snapkv", "h2o", "ems"])
 def test_evicting_policies_refuse(tiny_model, policy):
     path = str(tiny_model())
