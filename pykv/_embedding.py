@@ -45,10 +45,18 @@ def pool(rows: np.ndarray, pooling: str) -> np.ndarray:
     return rows
 
 
-def normalized(vectors: np.ndarray) -> np.ndarray:
-    """Each vector (the last axis) divided by its Euclidean norm; zero vectors stay zero."""
-    norm = np.linalg.norm(vectors.astype(np.float64), axis=-1, keepdims=True)
-    return (vectors / np.where(norm > 0, norm, 1.0)).astype(np.float32)
+def normalized(vectors: np.ndarray, p: int = 2) -> np.ndarray:
+    """Each vector (the last axis) divided by its p-norm (llama.cpp's --embd-normalize: 2
+    Euclidean, 1 taxicab, any p > 2; 0 scales the largest magnitude to 32760, as int16;
+    -1 leaves it); zero vectors stay zero."""
+    x = np.asarray(vectors, dtype=np.float64)
+    if p < 0:
+        return np.asarray(vectors, dtype=np.float32)
+    if p == 0:
+        norm = np.abs(x).max(axis=-1, keepdims=True) / 32760.0
+    else:
+        norm = (np.abs(x) ** p).sum(axis=-1, keepdims=True) ** (1.0 / p)
+    return (x / np.where(norm > 0, norm, 1.0)).astype(np.float32)
 
 
 def _text_tokens(llm, text, truncate: bool) -> List[int]:

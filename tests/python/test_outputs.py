@@ -305,3 +305,36 @@ def test_smollm2_echo_logprobs_match_transformers(smollm2_path):
     assert len(lp["token_logprobs"]) == len(seq) and lp["token_logprobs"][0] is None   # SmolLM2 adds no BOS
     for j in range(1, len(seq)):
         assert abs(lp["token_logprobs"][j] - ref[j - 1][seq[j]]) < 5e-4, j
+
+
+# ---- pykv embed (llama-embedding) ------------------------------------------------------------
+
+def test_cli_embed(tiny_model, capsys):
+    import json
+
+    from pykv.cli import main
+    path = tiny_model()
+    texts = ["Hello world", "the cat and the dog"]
+    exact = ["--exact-matmul", "--cache-type", "f32", "-c", "64"]
+    with Llama(str(path), n_ctx=64, **EXACT) as llm:
+        raw = [_reference.forward(path, llm.tokenize(t, add_bos=True), hidden=True).mean(axis=0) for t in texts]
+    for p, scale in ((2, lambda v: np.linalg.norm(v)), (1, lambda v: np.abs(v).sum()),
+                     (-1, lambda v: 1.0), (0, lambda v: np.abs(v).max() / 32760.0), (3, lambda v: (np.abs(v) ** 3).sum() ** (1 / 3))):
+        assert main(["embed", str(path), "-p", "\n".join(texts), "--pooling", "mean", "--embd-normalize", str(p),
+                     "--embd-output-format", "array", *exact]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert len(got) == 2
+        for vec, want in zip(got, raw):
+            np.testing.assert_allclose(np.array(vec), want / scale(want), rtol=2e-5, atol=1e-5 * abs(want / scale(want)).max())
+    assert main(["embed", str(path), "-p", "Hello world|the cat", "--embd-separator", "|", "--pooling", "last",
+                 "--embd-output-format", "json", *exact]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [d["index"] for d in out["data"]] == [0, 1] and out["usage"]["prompt_tokens"] > 2
+    assert main(["embed", str(path), "-p", "\n".join(texts), "--pooling", "mean", *exact]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("embedding 0: ") and "cosine similarity matrix" in out
+    assert main(["embed", str(path), "-p", "Hello", *exact]) == 0   # no pooling: a line per token
+    assert "embedding 0 token 1: " in capsys.readouterr().out
+    for bad in (["-p", " \n "], ["-p", "x", "--embd-normalize", "-2"], ["-p", "x", "--pooling", "max"]):
+        assert main(["embed", str(path), *bad]) == 1, bad
+        assert "pykv: error:" in capsys.readouterr().err
