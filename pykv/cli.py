@@ -1,10 +1,10 @@
-"""The ``pykv`` command: ``pykv generate|chat|perplexity|embed|info|pull|convert|bench ...`` (llama.cpp
-flag spellings).
+"""The ``pykv`` command: ``pykv generate|chat|perplexity|embed|serve|info|pull|convert|bench ...``
+(llama.cpp flag spellings).
 
 Exit codes: 0 ok, 1 usage error, 2 model or IO error, 3 runtime error, 130 interrupted.
 Errors print one line ``pykv: error: <message>`` on stderr (``-v`` adds the traceback).
 The subcommands live in _cli_generate.py, _cli_chat.py, _cli_perplexity.py, _cli_embed.py,
-_cli_info.py, _cli_bench.py and here (pull); this file builds the parser and turns exceptions into exit codes.
+_cli_serve.py, _cli_info.py, _cli_bench.py and here (pull); this file builds the parser and turns exceptions into exit codes.
 """
 
 from __future__ import annotations
@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_perplexity_parser(sub, _add_model_flags)
     from ._cli_embed import add_embed_parser
     add_embed_parser(sub, _add_model_flags)
+    from ._cli_serve import add_serve_parser
+    add_serve_parser(sub, _add_model_flags)
     _add_info(sub)
     _add_pull(sub)
     _add_convert(sub)
@@ -211,6 +213,9 @@ def _dispatch(args) -> int:
     if args.run == "chat":
         from ._cli_chat import run_chat
         return run_chat(args)
+    if args.run == "serve":
+        from ._cli_serve import run_serve
+        return run_serve(args)
     if args.run == "embed":
         from ._cli_embed import run_embed
         return run_embed(args)
@@ -281,7 +286,8 @@ def _main(argv) -> int:
                 print("pykv (not installed)")
             return EXIT_OK
         if not args.command:
-            raise UsageError("a command is required: generate, chat, info, pull, convert or bench (see 'pykv --help')")
+            raise UsageError("a command is required: generate, chat, perplexity, embed, serve, info, pull, convert "
+                             "or bench (see 'pykv --help')")
         return _dispatch(args)
     except KeyboardInterrupt:
         print("\npykv: interrupted", file=sys.stderr)

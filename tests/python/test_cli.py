@@ -36,7 +36,7 @@ def test_help_lists_commands(capsys):
         main(["--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("generate", "chat", "perplexity", "embed", "info", "pull", "bench"):
+    for command in ("generate", "chat", "perplexity", "embed", "serve", "info", "pull", "bench"):
         assert command in out
 
 

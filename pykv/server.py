@@ -1,0 +1,179 @@
+"""An OpenAI-compatible HTTP server for one Llama, as llama-cpp-python's `llama_cpp.server`
+and llama.cpp's llama-server offer: `pykv serve` or `serve(llm, host, port)`.
+
+    GET  /health, /v1/models
+    POST /v1/completions, /v1/chat/completions (with "stream": server-sent events), /v1/embeddings
+
+Only the standard library's http.server: requests are taken on threads but run one at a time
+(one context). Request fields are the Llama methods' arguments under their OpenAI names;
+unknown fields are ignored, as OpenAI clients send some pykv does not use ("user", ...). A bad
+field is a 400 with OpenAI's {"error": {...}} body; a client that goes away mid-stream
+cancels its generation.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from . import errors
+
+_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
+             "presence_penalty", "logit_bias", "seed", "stop", "stream")
+FIELDS = {
+    "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo"),
+    "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs"),
+    "/v1/embeddings": ("input",),
+}
+MAX_BODY = 64 << 20
+_NUMBERS = ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty")
+_INTEGERS = ("max_tokens", "top_k", "seed")
+
+
+class RequestError(Exception):
+    """A request the server refuses: its HTTP status and message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _arguments(path: str, body: dict) -> dict:
+    """The method's keyword arguments from a request body; RequestError for what cannot be."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    required = FIELDS[path][0]
+    if required not in body:
+        raise RequestError(400, f"'{required}' is required")
+    if body.get("n", 1) != 1:
+        raise RequestError(400, "only n=1 is supported")
+    kwargs = {k: body[k] for k in FIELDS[path] if k in body and body[k] is not None}
+    for name, kinds, what in ((_NUMBERS, (int, float), "a number"), (_INTEGERS, (int,), "an integer")):
+        for key in name:
+            if key in kwargs and (isinstance(kwargs[key], bool) or not isinstance(kwargs[key], kinds)):
+                raise RequestError(400, f"'{key}' must be {what}, got {kwargs[key]!r}")
+    return kwargs
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "pykv"
+    protocol_version = "HTTP/1.1"
+
+    # the server object carries the model, its lock and the model name (see make_server)
+    def log_message(self, fmt, *args):
+        if self.server.verbose:
+            sys.stderr.write(f"pykv serve: {self.address_string()} {fmt % args}\n")
+
+    def _send_json(self, status: int, obj) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, status: int, message: str) -> None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        self._send_json(status, {"error": {"message": message, "type": kind, "code": status}})
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send_json(200, {"status": "ok"})
+        elif self.path in ("/v1/models", "/models"):
+            self._send_json(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model",
+                                                               "owned_by": "pykv"}]})
+        else:
+            self._send_error(404, f"no such endpoint: GET {self.path}")
+
+    def do_POST(self):
+        path = self.path if self.path.startswith("/v1/") else "/v1" + self.path   # /completions too
+        try:
+            if path not in FIELDS:
+                raise RequestError(404, f"no such endpoint: POST {self.path}")
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 < length <= MAX_BODY:
+                raise RequestError(400 if length <= 0 else 413, "a JSON body is required"
+                                   if length <= 0 else f"the body is larger than {MAX_BODY} bytes")
+            try:
+                body = json.loads(self.rfile.read(length))
+            except ValueError as exc:
+                raise RequestError(400, f"the body is not JSON: {exc}") from None
+            kwargs = _arguments(path, body)
+            with self.server.lock:
+                self._run(path, kwargs)
+        except RequestError as exc:
+            self._send_error(exc.status, str(exc))
+        except (errors.InvalidArgumentError, errors.ContextOverflowError, TypeError, ValueError) as exc:
+            self._send_error(400, str(exc))
+        except errors.PykvError as exc:
+            self._send_error(500, str(exc))
+
+    def _run(self, path: str, kwargs: dict) -> None:
+        llm = self.server.llm
+        if path == "/v1/embeddings":
+            if not llm.embedding:
+                raise RequestError(400, "this server was started without --embedding")
+            if llm.pooling_type == "none":
+                raise RequestError(400, "embeddings need a pooling type other than none (--pooling mean)")
+            out = llm.create_embedding(kwargs["input"], model=self.server.model_name)
+            self._send_json(200, out)
+            return
+        if path == "/v1/chat/completions":
+            out = llm.create_chat_completion(**kwargs)
+        else:
+            out = llm.create_completion(**kwargs)
+        if not kwargs.get("stream"):
+            out["model"] = self.server.model_name
+            self._send_json(200, out)
+            return
+        self._stream(out)
+
+    def _stream(self, chunks) -> None:
+        """Server-sent events, one chunk each, then [DONE]. The first chunk is taken before the
+        headers go out, so a refused request still gets a JSON error."""
+        first = next(chunks)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            for chunk in _prepend(first, chunks):
+                chunk["model"] = self.server.model_name
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            chunks.close()   # the client went away: stop generating
+        except errors.PykvError as exc:   # after the headers: an error event ends the stream
+            error = {"error": {"message": str(exc), "type": "server_error", "code": 500}}
+            self.wfile.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+
+
+def _prepend(first, rest):
+    yield first
+    yield from rest
+
+
+def make_server(llm, host: str = "127.0.0.1", port: int = 8080, model_name=None, verbose: bool = False):
+    """A ThreadingHTTPServer serving llm (not started: call serve_forever(), shutdown())."""
+    server = ThreadingHTTPServer((host, port), _Handler)
+    server.daemon_threads = True
+    server.llm = llm
+    server.lock = threading.Lock()
+    server.model_name = model_name or Path(llm.model_path).name
+    server.verbose = verbose
+    return server
+
+
+def serve(llm, host: str = "127.0.0.1", port: int = 8080, model_name=None, verbose: bool = False) -> None:
+    """Serve llm until interrupted."""
+    server = make_server(llm, host, port, model_name, verbose)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()

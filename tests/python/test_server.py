@@ -1,0 +1,185 @@
+"""The OpenAI-compatible server (pykv.server, `pykv serve`) on a tiny model: each endpoint
+answers what the Llama method it wraps returns for the same arguments (greedy, so equal),
+streams as server-sent events, refuses bad requests with 400/404 and OpenAI's error body,
+and keeps serving after a client leaves mid-stream."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from _compare import EXACT
+from pykv import Llama
+from pykv.server import make_server
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+def served(tiny_model):
+    """(base URL, the served Llama); the server runs on a free port in a thread."""
+    with Llama(str(tiny_model()), n_ctx=256, embedding=True, pooling_type="mean", **EXACT) as llm:
+        server = make_server(llm, "127.0.0.1", 0, model_name="tiny")
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}", llm
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(TIMEOUT)
+
+
+def request(url, body=None, raw=None):
+    """(status, parsed JSON body) of a GET (no body) or a POST."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def events(url, body):
+    """The data lines of a streamed response, JSON-decoded, '[DONE]' kept as is."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        lines = [line for line in r.read().decode().split("\n\n") if line]
+    assert all(line.startswith("data: ") for line in lines)
+    return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines]
+
+
+def test_health_and_models(served):
+    url, _ = served
+    assert request(url + "/health") == (200, {"status": "ok"})
+    status, models = request(url + "/v1/models")
+    assert status == 200 and [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_completion_equals_the_method(served):
+    url, llm = served
+    args = dict(prompt="the cat and the dog", max_tokens=6, temperature=0, logprobs=2)
+    want = llm.create_completion(**args)
+    status, got = request(url + "/v1/completions", dict(args, model="whatever", user="u"))   # extras ignored
+    assert status == 200 and got["model"] == "tiny"
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    # the server's call reused the context's prompt prefix: the same values up to float rounding
+    np.testing.assert_allclose(got["choices"][0]["logprobs"]["token_logprobs"],
+                               want["choices"][0]["logprobs"]["token_logprobs"], rtol=0, atol=1e-5)
+    assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
+    # the same request without the /v1 prefix, as llama-server also answers
+    assert request(url + "/completions", args)[1]["choices"][0]["text"] == want["choices"][0]["text"]
+    stream = events(url + "/v1/completions", dict(args, stream=True))
+    assert stream[-1] == "[DONE]" and stream[-2]["choices"][0]["finish_reason"] == "length"
+    assert "".join(c["choices"][0]["text"] for c in stream[:-1]) == want["choices"][0]["text"]
+
+
+def test_chat_equals_the_method(served):
+    url, llm = served
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world"}]
+    want = llm.create_chat_completion(messages, max_tokens=5, temperature=0)
+    status, got = request(url + "/v1/chat/completions", dict(messages=messages, max_tokens=5, temperature=0))
+    assert status == 200 and got["object"] == "chat.completion"
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    stream = events(url + "/v1/chat/completions", dict(messages=messages, max_tokens=5, temperature=0, stream=True))
+    assert stream[0]["choices"][0]["delta"] == {"role": "assistant"} and stream[-1] == "[DONE]"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in stream[1:-1])
+    assert text == want["choices"][0]["message"]["content"]
+
+
+def test_embeddings(served):
+    url, llm = served
+    status, got = request(url + "/v1/embeddings", {"input": ["Hello world", "the cat"], "model": "m"})
+    assert status == 200 and got["object"] == "list" and got["model"] == "tiny"
+    want = llm.embed(["Hello world", "the cat"])
+    for item, vec in zip(got["data"], want):
+        np.testing.assert_array_equal(np.array(item["embedding"]), np.array(vec))
+
+
+@pytest.mark.parametrize("path,body,status,needle", [
+    ("/v1/nothing", {}, 404, "no such endpoint"),
+    ("/v1/completions", {"max_tokens": 2}, 400, "'prompt' is required"),
+    ("/v1/chat/completions", {"prompt": "x"}, 400, "'messages' is required"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n=1"),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "'temperature' must be a number"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1.5}, 400, "'max_tokens' must be an integer"),
+    ("/v1/completions", {"prompt": "x", "top_k": -5}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "the cat " * 300}, 400, "n_ctx=256"),
+    ("/v1/completions", [1, 2], 400, "JSON object"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True, "top_p": 7},
+     400, "top_p"),
+])
+def test_bad_requests(served, path, body, status, needle):
+    url, _ = served
+    got_status, got = request(url + path, body)
+    assert got_status == status and needle in got["error"]["message"], got
+    assert got["error"]["type"] == "invalid_request_error"
+
+
+def test_bad_bodies(served):
+    url, _ = served
+    status, got = request(url + "/v1/completions", raw=b"not json")
+    assert status == 400 and "not JSON" in got["error"]["message"]
+    status, got = request(url + "/v1/completions", raw=b"")
+    assert status == 400 and "body is required" in got["error"]["message"]
+    status, got = request(url + "/v1/other")
+    assert status == 404
+
+
+def test_a_client_leaving_mid_stream_frees_the_server(served):
+    url, _ = served
+    body = dict(prompt="the cat", max_tokens=50, temperature=0, stream=True)
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode())
+    r = urllib.request.urlopen(req, timeout=TIMEOUT)
+    r.readline()   # the first event, then hang up
+    r.close()
+    results = []
+
+    def ask():
+        results.append(request(url + "/v1/completions", dict(prompt="the dog", max_tokens=3, temperature=0))[0])
+    threads = [threading.Thread(target=ask) for _ in range(3)]   # concurrent: served one at a time
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert results == [200, 200, 200]
+
+
+def test_embeddings_refused_without_pooling_or_embedding(tiny_model):
+    for kwargs, needle in ((dict(embedding=True), "pooling"), ({}, "--embedding")):
+        with Llama(str(tiny_model()), n_ctx=32, **kwargs) as llm:
+            server = make_server(llm, "127.0.0.1", 0)
+            thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+            thread.start()
+            try:
+                status, got = request(f"http://127.0.0.1:{server.server_address[1]}/v1/embeddings", {"input": "x"})
+            finally:
+                server.shutdown()
+                server.server_close()
+            assert status == 400 and needle in got["error"]["message"]
+
+
+def test_pykv_serve_command(tiny_model):
+    proc = subprocess.Popen([sys.executable, "-m", "pykv", "serve", str(tiny_model()), "--port", "0", "-c", "32",
+                             "--alias", "tiny-cli"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "serving tiny-cli at http://127.0.0.1:" in line, line
+        base = line.split(" at ")[1].split()[0]   # http://127.0.0.1:PORT/v1
+        status, models = request(base + "/models")
+        assert status == 200 and models["data"][0]["id"] == "tiny-cli"
+    finally:
+        proc.terminate()
+        proc.wait(TIMEOUT)
+    bad = subprocess.run([sys.executable, "-m", "pykv", "serve", "--port", "70000"], capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert bad.returncode == 1 and "--port" in bad.stderr
