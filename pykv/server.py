@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -107,8 +108,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(exc.status, str(exc))
         except (errors.InvalidArgumentError, errors.ContextOverflowError, TypeError, ValueError) as exc:
             self._send_error(400, str(exc))
-        except errors.PykvError as exc:
-            self._send_error(500, str(exc))
+        except Exception as exc:  # noqa: BLE001 - the runtime failed: a 500 that says why, never a dropped line
+            if self.server.verbose:
+                traceback.print_exc()
+            self._send_error(500, f"{type(exc).__name__}: {exc}" if not isinstance(exc, errors.PykvError) else str(exc))
 
     def _run(self, path: str, kwargs: dict) -> None:
         llm = self.server.llm

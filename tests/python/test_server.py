@@ -115,6 +115,8 @@ def test_embeddings(served):
     ("/v1/completions", {"prompt": "x", "top_k": -5}, 400, "top_k"),
     ("/v1/completions", {"prompt": "the cat " * 300}, 400, "n_ctx=256"),
     ("/v1/completions", [1, 2], 400, "JSON object"),
+    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "'role'"),
+    ("/v1/chat/completions", {"messages": "hello"}, 400, "non-empty list"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True, "top_p": 7},
      400, "top_p"),
 ])
@@ -183,3 +185,14 @@ def test_pykv_serve_command(tiny_model):
     bad = subprocess.run([sys.executable, "-m", "pykv", "serve", "--port", "70000"], capture_output=True, text=True,
                          timeout=TIMEOUT)
     assert bad.returncode == 1 and "--port" in bad.stderr
+
+
+def test_a_runtime_failure_is_a_500(served, monkeypatch):
+    url, llm = served
+
+    def broken(**kwargs):
+        raise RuntimeError("out of something")
+    monkeypatch.setattr(llm, "create_completion", broken)
+    status, got = request(url + "/v1/completions", {"prompt": "x"})
+    assert status == 500 and got["error"]["type"] == "server_error" and "out of something" in got["error"]["message"]
+    assert request(url + "/health")[0] == 200   # still serving
