@@ -5,6 +5,7 @@ from .errors import (BackendError, ContextOverflowError, InvalidArgumentError, M
 from ._sampling import TokenLogprob
 from ._state import LlamaState
 from .llama import GenerationChunk, GenerationResult, Llama
+from .policies import list_policies
 
 __version__ = "0.1.0"
 
@@ -12,11 +13,6 @@ __version__ = "0.1.0"
 def system_info() -> str:
     """CPU features and kernels the native library uses."""
     return ffi.string(lib.pykv_system_info()).decode()
-
-
-def list_policies() -> list:
-    """The KV eviction policies, read from the C registry."""
-    return [ffi.string(lib.pykv_policy_name(i)).decode() for i in range(lib.pykv_policy_count())]
 
 
 __all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "LlamaState", "PykvError", "ModelLoadError",

@@ -55,13 +55,8 @@ def _print_system() -> None:
 
 
 def _print_policies() -> None:
-    from ._ffi import ffi, lib
-    rows = []
-    for i in range(lib.pykv_policy_count()):
-        name = lib.pykv_policy_name(i)
-        desc = lib.pykv_policy_description(i)
-        rows.append((ffi.string(name).decode() if name != ffi.NULL else "?",
-                     ffi.string(desc).decode() if desc != ffi.NULL else ""))
+    from .policies import describe_policies
+    rows = list(describe_policies().items())
     width = max((len(n) for n, _ in rows), default=4)
     print("policies:")
     for name, desc in rows:

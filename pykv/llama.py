@@ -18,6 +18,7 @@ from . import errors
 from ._ffi import call_string, check, ffi, lib, new_params
 from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logprob
 from ._textstream import TextStream
+from .policies import parse_budget, policy_args
 
 Prompt = Union[str, bytes, Sequence[int]]
 
@@ -45,31 +46,6 @@ class GenerationResult:
     logprobs: Optional[List[TokenLogprob]] = None   # one per token, with logprobs=...
     # with prompt_logprobs=...: one per prompt token, None for the first (nothing predicts it)
     prompt_logprobs: Optional[List[Optional[TokenLogprob]]] = None
-
-
-def _parse_budget(budget):
-    """budget=256 (entries per layer and KV head) or "3%" / 0.03 (a fraction of the prompt)."""
-    if budget is None:
-        return 0, 0.0
-    if isinstance(budget, str):
-        text = budget.strip()
-        try:
-            if text.endswith("%"):
-                frac = float(text[:-1]) / 100.0
-                if not 0.0 < frac <= 1.0:
-                    raise ValueError
-                return 0, frac
-            budget = int(text)
-        except ValueError:
-            raise errors.InvalidArgumentError(
-                f"invalid budget {budget!r}: give a number of entries (256) or a percentage ('3%')") from None
-    if isinstance(budget, float) and not budget.is_integer():
-        if not 0.0 < budget < 1.0:
-            raise errors.InvalidArgumentError(f"invalid budget {budget!r}: a fraction must be in (0, 1)")
-        return 0, float(budget)
-    if int(budget) <= 0:
-        raise errors.InvalidArgumentError(f"invalid budget {budget!r}: it must be positive")
-    return int(budget), 0.0
 
 
 _KV_TYPES = {"f16": "PYKV_TYPE_F16", "f32": "PYKV_TYPE_F32"}
@@ -129,10 +105,9 @@ class Llama:
                 raise errors.InvalidArgumentError(f"{name} must be a non-negative integer, got {value!r}")
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
             raise errors.InvalidArgumentError(f"n_threads must be a positive integer, got {n_threads!r}")
-        budget_n, budget_frac = _parse_budget(budget)
-        policy_kwargs = dict(policy_kwargs or {})
-        probe = policy_kwargs.pop("probe", None)   # TAKE's task probe: set_probe, not a k=v arg
-        self._policy_args_c = ffi.new("char[]", ",".join(f"{k}={v}" for k, v in (policy_kwargs or {}).items()).encode())
+        budget_n, budget_frac = parse_budget(budget)
+        args_text, probe = policy_args(policy_kwargs)
+        self._policy_args_c = ffi.new("char[]", args_text.encode())
         self._policy_c = ffi.new("char[]", (policy or "full").encode())
         cparams = new_params("struct pykv_context_params", lib.pykv_context_default_params)
         cparams.n_ctx = n_ctx
@@ -143,7 +118,7 @@ class Llama:
         cparams.budget_frac = budget_frac
         cparams.window = -1 if window is None else window
         cparams.sink = -1 if sink is None else sink
-        cparams.policy_args = self._policy_args_c if policy_kwargs else ffi.NULL
+        cparams.policy_args = self._policy_args_c if args_text else ffi.NULL
         cparams.exact_matmul = int(bool(exact_matmul))
         cparams.kv_type = _kv_type_code(kv_type)
         cout = ffi.new("pykv_context **")

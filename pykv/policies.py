@@ -1,0 +1,56 @@
+"""The KV cache policies as Python sees them: their names and descriptions from the C
+registry, and the budget and policy arguments a Llama passes to the C context."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from . import errors
+from ._ffi import ffi, lib
+
+
+def list_policies() -> list:
+    """The KV eviction policies, read from the C registry."""
+    return [ffi.string(lib.pykv_policy_name(i)).decode() for i in range(lib.pykv_policy_count())]
+
+
+def describe_policies() -> dict:
+    """{name: one-line description} for every policy, in the registry's order."""
+    out = {}
+    for i in range(lib.pykv_policy_count()):
+        desc = lib.pykv_policy_description(i)
+        out[ffi.string(lib.pykv_policy_name(i)).decode()] = ffi.string(desc).decode() if desc != ffi.NULL else ""
+    return out
+
+
+def parse_budget(budget):
+    """(entries, fraction) for the C params from budget=256 (entries per layer and KV head on
+    average) or "3%" / 0.03 (a fraction of the prompt); None: the policy's default."""
+    if budget is None:
+        return 0, 0.0
+    if isinstance(budget, str):
+        text = budget.strip()
+        try:
+            if text.endswith("%"):
+                frac = float(text[:-1]) / 100.0
+                if not 0.0 < frac <= 1.0:
+                    raise ValueError
+                return 0, frac
+            budget = int(text)
+        except ValueError:
+            raise errors.InvalidArgumentError(
+                f"invalid budget {budget!r}: give a number of entries (256) or a percentage ('3%')") from None
+    if isinstance(budget, float) and not budget.is_integer():
+        if not 0.0 < budget < 1.0:
+            raise errors.InvalidArgumentError(f"invalid budget {budget!r}: a fraction must be in (0, 1)")
+        return 0, float(budget)
+    if int(budget) <= 0:
+        raise errors.InvalidArgumentError(f"invalid budget {budget!r}: it must be positive")
+    return int(budget), 0.0
+
+
+def policy_args(policy_kwargs: Optional[dict]) -> Tuple[str, object]:
+    """("k=v,k=v" for the C context, TAKE's probe) from policy_kwargs: the probe is not a C
+    argument but a token sequence Llama sets with set_probe."""
+    kwargs = dict(policy_kwargs or {})
+    probe = kwargs.pop("probe", None)
+    return ",".join(f"{k}={v}" for k, v in kwargs.items()), probe
