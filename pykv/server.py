@@ -2,7 +2,8 @@
 and llama.cpp's llama-server offer: `pykv serve` or `serve(llm, host, port)`.
 
     GET  /health, /v1/models
-    POST /v1/completions, /v1/chat/completions (with "stream": server-sent events), /v1/embeddings
+    POST /v1/completions, /v1/chat/completions (with "stream": server-sent events), /v1/embeddings,
+         /tokenize, /detokenize (llama-server's)
 
 Only the standard library's http.server: requests are taken on threads but run one at a time
 (one context). Request fields are the Llama methods' arguments under their OpenAI names;
@@ -27,6 +28,8 @@ FIELDS = {
     "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo"),
     "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs"),
     "/v1/embeddings": ("input",),
+    "/v1/tokenize": ("content", "add_special"),
+    "/v1/detokenize": ("tokens",),
 }
 MAX_BODY = 64 << 20
 _NUMBERS = ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty")
@@ -115,6 +118,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _run(self, path: str, kwargs: dict) -> None:
         llm = self.server.llm
+        if path == "/v1/tokenize":   # special tokens parsed, BOS only when add_special, as llama-server
+            if not isinstance(kwargs["content"], str):
+                raise RequestError(400, "'content' must be a string")
+            self._send_json(200, {"tokens": llm.tokenize(kwargs["content"], add_bos=bool(kwargs.get("add_special")),
+                                                         special=True)})
+            return
+        if path == "/v1/detokenize":
+            tokens = kwargs["tokens"]
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+                raise RequestError(400, "'tokens' must be a list of token ids")
+            self._send_json(200, {"content": llm.detokenize(tokens).decode("utf-8", "replace")})
+            return
         if path == "/v1/embeddings":
             if not llm.embedding:
                 raise RequestError(400, "this server was started without --embedding")

@@ -196,3 +196,17 @@ def test_a_runtime_failure_is_a_500(served, monkeypatch):
     status, got = request(url + "/v1/completions", {"prompt": "x"})
     assert status == 500 and got["error"]["type"] == "server_error" and "out of something" in got["error"]["message"]
     assert request(url + "/health")[0] == 200   # still serving
+
+
+def test_tokenize_and_detokenize(served):
+    url, llm = served
+    status, got = request(url + "/tokenize", {"content": "the cat and the dog"})
+    assert status == 200 and got["tokens"] == llm.tokenize("the cat and the dog", add_bos=False, special=True)
+    with_bos = request(url + "/tokenize", {"content": "the cat", "add_special": True})[1]["tokens"]
+    assert with_bos[0] == llm.token_bos() and with_bos[1:] == llm.tokenize("the cat", add_bos=False)
+    status, back = request(url + "/detokenize", {"tokens": got["tokens"]})
+    assert status == 200 and back["content"] == llm.detokenize(got["tokens"]).decode()
+    for path, body, needle in (("/tokenize", {"content": 5}, "string"), ("/detokenize", {"tokens": "abc"}, "list"),
+                               ("/detokenize", {"tokens": [10 ** 6]}, "")):
+        status, err = request(url + path, body)
+        assert status == 400 and needle in err["error"]["message"]
