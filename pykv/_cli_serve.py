@@ -19,6 +19,8 @@ def add_serve_parser(sub, add_model_flags):
     g.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 = any free one)")
     g.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model's name in responses "
                    "(default: the GGUF's file name)")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     g.add_argument("--embedding", "--embeddings", action="store_true", help="enable /v1/embeddings")
     g.add_argument("--pooling", choices=["none", "mean", "cls", "last"], default=None,
                    help="pooling of /v1/embeddings (default: the model's, else none, which it refuses)")
@@ -38,7 +40,7 @@ def run_serve(args) -> int:
     path = pull(model) if model else default_model_path()
     llm = load_model(args, path, embedding=args.embedding, pooling_type=args.pooling)
     try:
-        server = make_server(llm, args.host, args.port, args.alias, args.verbose)
+        server = make_server(llm, args.host, args.port, args.alias, args.verbose, args.api_key)
         host, port = server.server_address[:2]
         print(f"pykv: serving {server.model_name} at http://{host}:{port}/v1 (policy {args.policy}; "
               "Ctrl-C stops)", file=sys.stderr, flush=True)

@@ -9,10 +9,12 @@ Only the standard library's http.server: requests are taken on threads but run o
 (one context). Request fields are the Llama methods' arguments under their OpenAI names;
 unknown fields are ignored, as OpenAI clients send some pykv does not use ("user", ...). A bad
 field is a 400 with OpenAI's {"error": {...}} body; a client that goes away mid-stream
-cancels its generation.
+cancels its generation. With an API key, every endpoint but /health wants
+`Authorization: Bearer KEY` (401 otherwise).
 """
 from __future__ import annotations
 
+import hmac
 import json
 import sys
 import threading
@@ -21,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from . import errors
+from ._openai import _usage
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
              "presence_penalty", "logit_bias", "seed", "stop", "stream")
@@ -79,10 +82,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _send_error(self, status: int, message: str) -> None:
-        kind = "invalid_request_error" if status < 500 else "server_error"
+        kind = {401: "authentication_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
         self._send_json(status, {"error": {"message": message, "type": kind, "code": status}})
 
+    def _authorized(self) -> bool:
+        """True when no key is set, for /health, or with the right bearer key; else a 401 is sent."""
+        key = self.server.api_key
+        if not key or self.path == "/health":
+            return True
+        given = self.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return True
+        self._send_error(401, "a valid API key is required (Authorization: Bearer KEY)")
+        return False
+
     def do_GET(self):
+        if not self._authorized():
+            return
         if self.path == "/health":
             self._send_json(200, {"status": "ok"})
         elif self.path in ("/v1/models", "/models"):
@@ -93,6 +109,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         path = self.path if self.path.startswith("/v1/") else "/v1" + self.path   # /completions too
+        if not self._authorized():
+            self.close_connection = True   # its body was not read
+            return
         try:
             if path not in FIELDS:
                 raise RequestError(404, f"no such endpoint: POST {self.path}")
@@ -105,6 +124,9 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 raise RequestError(400, f"the body is not JSON: {exc}") from None
             kwargs = _arguments(path, body)
+            options = body.get("stream_options")
+            self.include_usage = bool(kwargs.get("stream") and isinstance(options, dict)
+                                      and options.get("include_usage"))
             with self.server.lock:
                 self._run(path, kwargs)
         except RequestError as exc:
@@ -148,6 +170,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._stream(out)
 
+    def _event(self, obj) -> None:
+        self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        self.wfile.flush()
+
     def _stream(self, chunks) -> None:
         """Server-sent events, one chunk each, then [DONE]. The first chunk is taken before the
         headers go out, so a refused request still gets a JSON error."""
@@ -161,15 +187,16 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             for chunk in _prepend(first, chunks):
                 chunk["model"] = self.server.model_name
-                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                self.wfile.flush()
+                self._event(chunk)
+            if self.include_usage:   # OpenAI's stream_options: a last chunk with the usage, no choices
+                self._event(dict({k: chunk[k] for k in ("id", "object", "created", "model")}, choices=[],
+                                 usage=_usage(self.server.llm.last_result)))
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             chunks.close()   # the client went away: stop generating
         except errors.PykvError as exc:   # after the headers: an error event ends the stream
-            error = {"error": {"message": str(exc), "type": "server_error", "code": 500}}
-            self.wfile.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+            self._event({"error": {"message": str(exc), "type": "server_error", "code": 500}})
 
 
 def _prepend(first, rest):
@@ -177,7 +204,8 @@ def _prepend(first, rest):
     yield from rest
 
 
-def make_server(llm, host: str = "127.0.0.1", port: int = 8080, model_name=None, verbose: bool = False):
+def make_server(llm, host: str = "127.0.0.1", port: int = 8080, model_name=None, verbose: bool = False,
+                api_key=None):
     """A ThreadingHTTPServer serving llm (not started: call serve_forever(), shutdown())."""
     server = ThreadingHTTPServer((host, port), _Handler)
     server.daemon_threads = True
@@ -185,12 +213,14 @@ def make_server(llm, host: str = "127.0.0.1", port: int = 8080, model_name=None,
     server.lock = threading.Lock()
     server.model_name = model_name or Path(llm.model_path).name
     server.verbose = verbose
+    server.api_key = api_key
     return server
 
 
-def serve(llm, host: str = "127.0.0.1", port: int = 8080, model_name=None, verbose: bool = False) -> None:
+def serve(llm, host: str = "127.0.0.1", port: int = 8080, model_name=None, verbose: bool = False,
+          api_key=None) -> None:
     """Serve llm until interrupted."""
-    server = make_server(llm, host, port, model_name, verbose)
+    server = make_server(llm, host, port, model_name, verbose, api_key)
     try:
         server.serve_forever()
     finally:

@@ -210,3 +210,42 @@ def test_tokenize_and_detokenize(served):
                                ("/detokenize", {"tokens": [10 ** 6]}, "")):
         status, err = request(url + path, body)
         assert status == 400 and needle in err["error"]["message"]
+
+
+def test_stream_options_include_usage(served):
+    url, llm = served
+    body = dict(messages=[{"role": "user", "content": "Hello world"}], max_tokens=4, temperature=0, stream=True,
+                stream_options={"include_usage": True})
+    stream = events(url + "/v1/chat/completions", body)
+    assert stream[-1] == "[DONE]" and stream[-3]["choices"][0]["finish_reason"] is not None
+    usage_chunk = stream[-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["id"] == stream[0]["id"]
+    assert usage_chunk["usage"]["completion_tokens"] == len(llm.last_result.tokens) == 4
+    assert usage_chunk["usage"]["prompt_tokens"] == llm.last_result.prompt_tokens
+    plain = events(url + "/v1/completions", dict(prompt="the cat", max_tokens=2, stream=True))
+    assert all("usage" not in c for c in plain[:-1])   # only when asked
+
+
+def test_api_key(tiny_model):
+    with Llama(str(tiny_model()), n_ctx=64) as llm:
+        server = make_server(llm, "127.0.0.1", 0, api_key="s3cret")
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        try:
+            assert request(url + "/health")[0] == 200   # open, as llama-server's
+            status, got = request(url + "/v1/models")
+            assert status == 401 and got["error"]["type"] == "authentication_error"
+            assert request(url + "/v1/completions", {"prompt": "x", "max_tokens": 1})[0] == 401
+            for header, want in (("Bearer s3cret", 200), ("Bearer wrong", 401), ("s3cret", 401)):
+                req = urllib.request.Request(url + "/v1/completions", data=b'{"prompt": "x", "max_tokens": 1}',
+                                             headers={"Authorization": header})
+                try:
+                    with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+                        status = r.status
+                except urllib.error.HTTPError as e:
+                    status = e.code
+                assert status == want, header
+        finally:
+            server.shutdown()
+            server.server_close()
