@@ -113,14 +113,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True   # its body was not read
             return
         try:
+            raw = self._read_body()
             if path not in FIELDS:
                 raise RequestError(404, f"no such endpoint: POST {self.path}")
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 < length <= MAX_BODY:
-                raise RequestError(400 if length <= 0 else 413, "a JSON body is required"
-                                   if length <= 0 else f"the body is larger than {MAX_BODY} bytes")
+            if not raw:
+                raise RequestError(400, "a JSON body is required")
             try:
-                body = json.loads(self.rfile.read(length))
+                body = json.loads(raw)
             except ValueError as exc:
                 raise RequestError(400, f"the body is not JSON: {exc}") from None
             kwargs = _arguments(path, body)
@@ -137,6 +136,20 @@ class _Handler(BaseHTTPRequestHandler):
             if self.server.verbose:
                 traceback.print_exc()
             self._send_error(500, f"{type(exc).__name__}: {exc}" if not isinstance(exc, errors.PykvError) else str(exc))
+
+    def _read_body(self) -> bytes:
+        """The request's body, read whole so that the connection can serve the next request;
+        one that cannot be read (a bad or too large Content-Length) closes the connection."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self.close_connection = True
+            raise RequestError(413 if length > MAX_BODY else 400,
+                               f"the body is larger than {MAX_BODY} bytes" if length > MAX_BODY
+                               else "the Content-Length header is not a byte count")
+        return self.rfile.read(length) if length else b""
 
     def _run(self, path: str, kwargs: dict) -> None:
         llm = self.server.llm
@@ -195,7 +208,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             chunks.close()   # the client went away: stop generating
-        except errors.PykvError as exc:   # after the headers: an error event ends the stream
+        except Exception as exc:  # noqa: BLE001 - after the headers: an error event ends the stream
+            chunks.close()
             self._event({"error": {"message": str(exc), "type": "server_error", "code": 500}})
 
 

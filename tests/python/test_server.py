@@ -249,3 +249,22 @@ def test_api_key(tiny_model):
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_connection_survives_refusals(served):
+    """Keep-alive: after a 404 or a 400 the same connection serves the next request (the body
+    was read); a Content-Length that is no byte count closes it."""
+    import http.client
+    url, _ = served
+    conn = http.client.HTTPConnection(url.split("//")[1], timeout=TIMEOUT)
+    for path, body, status in (("/v1/nope", b'{"a": 1}', 404), ("/v1/completions", b"{bad", 400),
+                               ("/v1/completions", b'{"prompt": "x", "max_tokens": 1}', 200)):
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == status and json.loads(r.read()), path
+    conn.putrequest("POST", "/v1/completions")
+    conn.putheader("Content-Length", "many")
+    conn.endheaders()
+    r = conn.getresponse()
+    assert r.status == 400 and "Content-Length" in json.loads(r.read())["error"]["message"]
+    conn.close()
