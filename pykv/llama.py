@@ -149,6 +149,15 @@ class Llama:
                 self.close()
                 raise
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, **kwargs) -> "Llama":
+        """llama-cpp-python's: a GGUF from a Hugging Face repository (downloaded once into
+        huggingface-hub's cache), e.g. Llama.from_pretrained("owner/repo", "*q4_k_m.gguf").
+        A filename with glob characters must match exactly one file of the repository;
+        kwargs go to Llama()."""
+        from .pull import hf_address
+        return cls(hf_address(repo_id, filename), **kwargs)
+
     # ---- lifetime ----
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ fetched again rather than trusted.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import subprocess
 import sys
@@ -248,6 +249,27 @@ def parse_hf_address(address: str) -> tuple[str, str]:
         raise ValueError(f"bad Hugging Face address {address!r}: "
                          "expected hf://owner/repo/file.gguf")
     return "/".join(parts[:2]), "/".join(parts[2:])
+
+
+def hf_address(repo_id: str, filename: str) -> str:
+    """``hf://repo_id/file`` for Llama.from_pretrained: a filename with glob characters
+    (``*q4_k_m.gguf``) is matched against the repository's files, and must match one."""
+    if not any(c in filename for c in "*?["):
+        return f"hf://{repo_id}/{filename}"
+    try:
+        from huggingface_hub import list_repo_files
+    except ImportError:
+        raise PullError("Hugging Face models need the huggingface-hub package: "
+                        "pip install huggingface-hub (or pip install 'pykv[hf]')") from None
+    try:
+        files = list_repo_files(repo_id)
+    except Exception as exc:  # noqa: BLE001 - network, auth and missing-repository errors all end here
+        raise PullError(f"cannot list the files of {repo_id}: {type(exc).__name__}: {exc}") from exc
+    matches = [f for f in files if fnmatch.fnmatch(f, filename)]
+    if len(matches) != 1:
+        found = ", ".join(matches[:10]) if matches else "none"
+        raise PullError(f"{filename!r} must match one file of {repo_id}; it matches {len(matches)}: {found}")
+    return f"hf://{repo_id}/{matches[0]}"
 
 
 def _pull_hf(address: str, *, quiet: bool) -> Path:

@@ -165,3 +165,23 @@ def test_real_model_verified(smollm2_path):
     assert smollm2_path.stat().st_size == 98362432
     assert verify_gguf(smollm2_path, 98362432) is None
     assert pull_mod.default_model_path(quiet=True) == smollm2_path
+
+
+def test_from_pretrained(tiny_model, monkeypatch):
+    """Llama.from_pretrained through a stand-in huggingface_hub (no network): a glob matches one
+    file of the repository, which is then downloaded and loaded; no match or several is an
+    error naming them."""
+    from pykv import Llama
+    asked = []
+    hub = SimpleNamespace(
+        list_repo_files=lambda repo_id: ["README.md", "m-Q4_0.gguf", "m-Q8_0.gguf", "sub/m-F16.gguf"],
+        hf_hub_download=lambda repo_id, filename: asked.append((repo_id, filename)) or str(tiny_model()))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
+    with Llama.from_pretrained("owner/repo", "*Q8_0.gguf", n_ctx=32) as llm:
+        assert llm.n_ctx == 32
+    assert asked == [("owner/repo", "m-Q8_0.gguf")]
+    with Llama.from_pretrained("owner/repo", "sub/m-F16.gguf", vocab_only=True):
+        assert asked[-1] == ("owner/repo", "sub/m-F16.gguf")
+    for pattern, needle in (("*.gguf", "matches 3"), ("*q2_k*", "matches 0")):
+        with pytest.raises(PullError, match=needle):
+            Llama.from_pretrained("owner/repo", pattern)
