@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 from .cli import EXIT_OK, UsageError, resolve_model_arg
 
@@ -48,12 +49,13 @@ def run_perplexity(args) -> int:
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"-t/--threads must be at least 1, got {args.threads}")
     parse_policy_args(args.policy_arg)
-    text = (sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read())
+    text = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     model = resolve_model_arg(args)
     path = pull(model) if model else default_model_path()
     llm = load_model(args, path)
     try:
-        n_tokens = len(llm.tokenize(text, add_bos=True))
+        tokens = llm.tokenize(text, add_bos=True)   # as perplexity() would: once, here
+        n_tokens = len(tokens)
         n_chunks = min(n_tokens // args.ctx_size, args.chunks or n_tokens)
         if n_chunks == 0:
             raise UsageError(f"the text has {n_tokens} tokens, fewer than one chunk of -c {args.ctx_size}: "
@@ -67,7 +69,7 @@ def run_perplexity(args) -> int:
             end = "\n" if i == n else ""
             print(f"[{i}]{ppl:.4f}," if i < n else f"[{i}]{ppl:.4f}", end=end, file=sys.stderr, flush=True)
         try:
-            result = perplexity(llm, text, chunk_size=args.ctx_size, max_chunks=args.chunks, decode=args.decode,
+            result = perplexity(llm, tokens, chunk_size=args.ctx_size, max_chunks=args.chunks, decode=args.decode,
                                 progress=progress)
         except InvalidArgumentError as exc:
             raise UsageError(str(exc)) from None

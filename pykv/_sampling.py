@@ -80,14 +80,20 @@ def check_n_logprobs(n, name: str = "logprobs") -> Optional[int]:
     return n
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in float64 (one new array: the rows may be many)."""
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    x -= np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return x
+
+
 def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
     """The log-softmax of logits (computed in float64) at token, and its n_top best entries."""
-    x = logits.astype(np.float64)
-    shifted = x - x.max()
-    logp = shifted - np.log(np.exp(shifted).sum())
+    logp = log_softmax(logits)
     top: List[Tuple[int, float]] = []
     if n_top > 0:
-        n_top = min(n_top, len(x))
+        n_top = min(n_top, len(logp))
         best = np.argpartition(-logp, n_top - 1)[:n_top]
         best = best[np.lexsort((best, -logp[best]))]   # higher first, lower id on ties
         top = [(int(t), float(logp[t])) for t in best]

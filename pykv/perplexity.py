@@ -18,6 +18,8 @@ from typing import Callable, List, Optional, Sequence, Union
 import numpy as np
 
 from . import errors
+from ._ffi import lib
+from ._sampling import log_softmax
 
 
 @dataclass
@@ -33,10 +35,7 @@ class PerplexityResult:
 
 def _token_nll(rows: np.ndarray, targets: Sequence[int]) -> np.ndarray:
     """-log softmax(row)[target] per row, in float64."""
-    x = rows.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
-    return lse - x[np.arange(len(targets)), np.asarray(targets)]
+    return -log_softmax(rows)[np.arange(len(targets)), np.asarray(targets)]
 
 
 def _estimate(nll_sum: float, nll2_sum: float, n: int):
@@ -85,7 +84,7 @@ def perplexity(llm, text: Union[str, bytes, Sequence[int]], chunk_size: Optional
     if n_chunks == 0:
         raise errors.InvalidArgumentError(
             f"the text has {len(tokens)} tokens, fewer than one chunk of {size}: give a longer text or a smaller chunk")
-    bos = llm.token_bos() if llm.tokenize("", add_bos=True) else -1
+    bos = llm.token_bos() if lib.pykv_vocab_add_bos(llm._need_model()) else -1
     result = PerplexityResult(ppl=float("nan"), ppl_err=float("nan"), n_scored=0, chunk_size=size)
     nll_sum = nll2_sum = 0.0
     try:
