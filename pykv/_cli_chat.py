@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, resolve_model_arg
+from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, model_path_arg
 from ._cli_generate import _write, check_model_flags, load_model, print_kv_stats, sampling_kwargs
 from .errors import ContextOverflowError, PykvError
 
@@ -57,11 +57,9 @@ class Totals:
 
 
 def run_chat(args) -> int:
-    from .pull import default_model_path, pull
 
     check_model_flags(args)
-    model = resolve_model_arg(args)
-    path = pull(model) if model else default_model_path()
+    path = model_path_arg(args)
     llm = load_model(args, path)
     try:
         return converse(args, llm)

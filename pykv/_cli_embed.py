@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from .cli import EXIT_OK, UsageError, resolve_model_arg
+from .cli import EXIT_OK, UsageError, model_path_arg
 
 
 def add_embed_parser(sub, add_model_flags):
@@ -48,6 +48,7 @@ def _short(vector) -> str:
 
 
 def _print_readable(texts, vectors) -> None:
+    from ._embedding import normalized
     for i, vec in enumerate(vectors):
         if vec.ndim == 2:   # no pooling: one line per token
             for j, row in enumerate(vec):
@@ -55,7 +56,7 @@ def _print_readable(texts, vectors) -> None:
         else:
             print(f"embedding {i}: {_short(vec)}")
     if len(vectors) > 1 and vectors[0].ndim == 1:
-        unit = np.stack([v / (np.linalg.norm(v) or 1.0) for v in vectors])
+        unit = normalized(np.stack(vectors))
         print("\ncosine similarity matrix:")
         for i, row in enumerate(unit @ unit.T):
             label = texts[i] if isinstance(texts[i], str) else texts[i].decode("utf-8", "replace")
@@ -65,14 +66,12 @@ def _print_readable(texts, vectors) -> None:
 def run_embed(args) -> int:
     from ._cli_generate import load_model, parse_policy_args
     from ._embedding import normalized
-    from .pull import default_model_path, pull
 
     texts = _texts(args)
     if args.embd_normalize < -1:
         raise UsageError(f"--embd-normalize must be -1 or more, got {args.embd_normalize}")
     parse_policy_args(args.policy_arg)
-    model = resolve_model_arg(args)
-    path = pull(model) if model else default_model_path()
+    path = model_path_arg(args)
     llm = load_model(args, path, embedding=True, pooling_type=args.pooling)
     try:
         raw, n_tokens = llm.embed(texts, truncate=True, return_count=True)

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import EXIT_INTERRUPTED, EXIT_OK, UsageError, resolve_model_arg
+from .cli import EXIT_INTERRUPTED, EXIT_OK, UsageError, model_path_arg
 
 
 def read_prompt(args) -> str:
@@ -106,7 +106,6 @@ def _write(text: str) -> None:
 
 
 def run_generate(args) -> int:
-    from .pull import default_model_path, pull
 
     prompt = read_prompt(args)
     check_model_flags(args)
@@ -116,8 +115,7 @@ def run_generate(args) -> int:
         raise UsageError(f"--prompt-cache needs the full policy: the '{args.policy}' policy keeps per-entry "
                          "scores that a saved cache does not hold")
     parse_policy_args(args.policy_arg)
-    model = resolve_model_arg(args)
-    path = pull(model) if model else default_model_path()
+    path = model_path_arg(args)
 
     t0 = time.perf_counter()
     llm = load_model(args, path)

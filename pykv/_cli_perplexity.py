@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import EXIT_OK, UsageError, resolve_model_arg
+from .cli import EXIT_OK, UsageError, model_path_arg
 
 
 def add_perplexity_parser(sub, add_model_flags):
@@ -40,7 +40,6 @@ def run_perplexity(args) -> int:
     from ._cli_generate import load_model, parse_policy_args
     from .errors import InvalidArgumentError
     from .perplexity import perplexity
-    from .pull import default_model_path, pull
 
     if args.ctx_size < 4:
         raise UsageError(f"-c/--ctx-size is the chunk size here and must be at least 4, got {args.ctx_size}")
@@ -50,8 +49,7 @@ def run_perplexity(args) -> int:
         raise UsageError(f"-t/--threads must be at least 1, got {args.threads}")
     parse_policy_args(args.policy_arg)
     text = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
-    model = resolve_model_arg(args)
-    path = pull(model) if model else default_model_path()
+    path = model_path_arg(args)
     llm = load_model(args, path)
     try:
         tokens = llm.tokenize(text, add_bos=True)   # as perplexity() would: once, here

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import EXIT_OK, UsageError, resolve_model_arg
+from .cli import EXIT_OK, UsageError, model_path_arg
 
 
 def add_serve_parser(sub, add_model_flags):
@@ -30,14 +30,12 @@ def add_serve_parser(sub, add_model_flags):
 
 def run_serve(args) -> int:
     from ._cli_generate import load_model, parse_policy_args
-    from .pull import default_model_path, pull
     from .server import make_server
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
     parse_policy_args(args.policy_arg)
-    model = resolve_model_arg(args)
-    path = pull(model) if model else default_model_path()
+    path = model_path_arg(args)
     llm = load_model(args, path, embedding=args.embedding, pooling_type=args.pooling)
     try:
         server = make_server(llm, args.host, args.port, args.alias, args.verbose, args.api_key)

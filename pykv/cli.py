@@ -194,6 +194,14 @@ def resolve_model_arg(args) -> str | None:
     return args.model or args.model_pos
 
 
+def model_path_arg(args):
+    """The model file MODEL or -m names (a name or hf:// address fetched on first use); the
+    default model (smollm2) when neither is given."""
+    from .pull import default_model_path, pull
+    model = resolve_model_arg(args)
+    return pull(model) if model else default_model_path()
+
+
 def _run_pull(args) -> int:
     from .pull import pull
     print(pull(args.name, quiet=args.quiet))
