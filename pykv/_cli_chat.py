@@ -59,19 +59,19 @@ class Totals:
 def run_chat(args) -> int:
 
     check_model_flags(args)
+    sampling = sampling_kwargs(args)   # a bad grammar or bias is refused before the model loads
     path = model_path_arg(args)
     llm = load_model(args, path)
     try:
-        return converse(args, llm)
+        return converse(args, llm, sampling)
     finally:
         llm.close()
 
 
-def converse(args, llm) -> int:
+def converse(args, llm, sampling) -> int:
     interactive = sys.stdin.isatty()
     opening = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     history = list(opening)
-    sampling = sampling_kwargs(args)
     totals, failed = Totals(), False
     if interactive:
         print(f"pykv: chatting with {llm.model_path} ({COMMANDS}; end a line with \\ to go on)", file=sys.stderr)

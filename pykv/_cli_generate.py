@@ -80,9 +80,25 @@ def parse_logit_bias(items) -> dict:
     return out
 
 
+def grammar_arg(args):
+    """The LlamaGrammar of --grammar, --grammar-file, --json-schema or --json-schema-file; None."""
+    from .grammar import LlamaGrammar
+    if args.grammar is not None:
+        return LlamaGrammar.from_string(args.grammar)
+    if args.grammar_file is not None:
+        return LlamaGrammar.from_file(args.grammar_file)
+    schema = args.json_schema
+    if args.json_schema_file is not None:
+        try:
+            schema = Path(args.json_schema_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read --json-schema-file {args.json_schema_file}: {e}") from None
+    return None if schema is None else LlamaGrammar.from_json_schema(schema)
+
+
 def sampling_kwargs(args) -> dict:
-    """Llama.generate's length, sampling and stop arguments from the shared flags."""
-    return dict(max_tokens=args.n_predict if args.n_predict > 0 else None,
+    """Llama.generate's length, sampling, grammar and stop arguments from the shared flags."""
+    return dict(grammar=grammar_arg(args),max_tokens=args.n_predict if args.n_predict > 0 else None,
                 temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
                 frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
@@ -115,18 +131,19 @@ def run_generate(args) -> int:
         raise UsageError(f"--prompt-cache needs the full policy: the '{args.policy}' policy keeps per-entry "
                          "scores that a saved cache does not hold")
     parse_policy_args(args.policy_arg)
+    sampling = sampling_kwargs(args)   # a bad grammar or bias is refused before the model loads
     path = model_path_arg(args)
 
     t0 = time.perf_counter()
     llm = load_model(args, path)
     load_ms = (time.perf_counter() - t0) * 1e3
     try:
-        return _generate(args, llm, prompt, path, load_ms)
+        return _generate(args, llm, prompt, path, load_ms, sampling)
     finally:
         llm.close()
 
 
-def _generate(args, llm, prompt, path, load_ms) -> int:
+def _generate(args, llm, prompt, path, load_ms, sampling) -> int:
     text_in = model_prompt(prompt)
     streaming = not (args.no_stream or args.json)
     show_prompt = not args.no_display_prompt and not args.json
@@ -135,7 +152,7 @@ def _generate(args, llm, prompt, path, load_ms) -> int:
     except (AttributeError, ValueError):
         pass
 
-    kwargs = dict(sampling_kwargs(args), ignore_eos=args.ignore_eos)
+    kwargs = dict(sampling, ignore_eos=args.ignore_eos)
     if args.prompt_cache:
         _load_prompt_cache(llm, args.prompt_cache, path)
         if not args.prompt_cache_ro:

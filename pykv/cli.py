@@ -106,6 +106,12 @@ def _add_sampling_flags(p):
     s.add_argument("-l", "--logit-bias", action="append", default=[], metavar="TOKEN_ID(+/-)BIAS",
                    help="add BIAS to a token's logit, e.g. 15043+1 or 15043-inf to ban it (repeatable)")
     s.add_argument("-s", "--seed", type=int, default=-1, help="sampling seed (default -1 = random)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--grammar", metavar="GBNF", help="constrain the output to this GBNF grammar (llama.cpp's)")
+    g.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from FILE")
+    g.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                   help="constrain the output to JSON that this JSON Schema allows ('{}' for any JSON)")
+    g.add_argument("-jf", "--json-schema-file", metavar="FILE", help="read the JSON Schema from FILE")
 
 
 def _add_chat(sub):

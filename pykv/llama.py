@@ -18,6 +18,7 @@ from . import errors
 from ._ffi import call_string, check, ffi, lib, new_params
 from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logprob
 from ._textstream import TextStream
+from .grammar import LlamaGrammar, as_grammar, bind as bind_grammar, response_format_grammar
 from .policies import parse_budget, policy_args
 
 Prompt = Union[str, bytes, Sequence[int]]
@@ -487,7 +488,8 @@ class Llama:
                  seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
                  ignore_eos: bool = False, stream: bool = False, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
-                 logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None):
+                 logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None,
+                 grammar: Union[None, str, LlamaGrammar] = None):
         """Generate text after prompt (text or token ids). With the `full` policy the context
         keeps the longest prefix of the prompt it already holds and evaluates the rest
         (result.cached_tokens); otherwise, or after reset(), it starts afresh.
@@ -499,7 +501,8 @@ class Llama:
         N most likely tokens at its step (result.logprobs, chunk.logprobs). prompt_logprobs=N
         does the same for the prompt's tokens (result.prompt_logprobs, on the first chunk when
         streaming); it evaluates the whole prompt, keeping every token's logits for the call
-        (n_prompt x n_vocab floats).
+        (n_prompt x n_vocab floats). grammar (a LlamaGrammar or GBNF text) allows only tokens
+        that continue a match of it, and the end of generation only after a complete one.
         Returns a GenerationResult, or with stream=True an iterator of GenerationChunk whose
         final result is left in self.last_result."""
         self._need_ctx()
@@ -512,8 +515,10 @@ class Llama:
                                      logit_bias=logit_bias)
         n_logprobs = check_n_logprobs(logprobs)
         n_prompt_logprobs = check_n_logprobs(prompt_logprobs, "prompt_logprobs")
+        grammar = as_grammar(grammar)
+        matcher = None if grammar is None else bind_grammar(self._model, grammar)
         steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos, n_logprobs,
-                                     n_prompt_logprobs)
+                                     n_prompt_logprobs, matcher)
         if stream:
             return steps
         for _ in steps:
@@ -554,7 +559,7 @@ class Llama:
             return [None] + [token_logprob(rows[i - 1], tokens[i], n_top) for i in range(1, len(tokens))]
 
     def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos,
-                        n_logprobs=None, n_prompt_logprobs=None) -> Iterator[GenerationChunk]:
+                        n_logprobs=None, n_prompt_logprobs=None, grammar=None) -> Iterator[GenerationChunk]:
         if n_prompt_logprobs is None:
             cached = self._start_from(prompt_tokens)
         else:   # every prompt token's logits are needed: none of it may come from the context
@@ -587,11 +592,15 @@ class Llama:
                 after_prompt()
             for t in prompt_tokens:
                 lib.pykv_sampler_accept(sampler, t)
+            if grammar is not None:   # after the prompt: the grammar constrains generated text only
+                check(lib.pykv_sampler_set_grammar(sampler, grammar))
             while limit is None or len(generated) < limit:
                 token_out = ffi.new("pykv_token *")
                 logits_ptr = lib.pykv_get_logits(self._ctx)
                 check(lib.pykv_sampler_sample(sampler, logits_ptr, self.n_vocab, token_out))
                 token = token_out[0]
+                if grammar is not None:
+                    check(lib.pykv_grammar_accept(grammar, token))
                 if not ignore_eos and self.is_eog(token):
                     finish_reason = "stop"
                     break
@@ -636,17 +645,18 @@ class Llama:
                           stop: Union[None, str, Sequence[str]] = None, stream: bool = False,
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                           logit_bias: Optional[dict] = None, logprobs: Optional[int] = None,
-                          echo: bool = False):
+                          echo: bool = False, grammar: Union[None, str, LlamaGrammar] = None):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
         logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
         top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python.
         echo=True puts the prompt before the completion, and with logprobs its tokens' too
-        (the first one's null, as OpenAI's): the whole prompt is then evaluated afresh."""
+        (the first one's null, as OpenAI's): the whole prompt is then evaluated afresh.
+        grammar constrains the completion as in generate()."""
         from ._openai import completion
         return completion(self, prompt, stream, echo=echo, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                          logit_bias=logit_bias, logprobs=logprobs)
+                          logit_bias=logit_bias, logprobs=logprobs, grammar=grammar)
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True) -> List[int]:
         """Token ids of messages rendered with the model's chat template (ChatML without one)."""
@@ -667,19 +677,29 @@ class Llama:
                                stop: Union[None, str, Sequence[str]] = None, max_tokens: Optional[int] = None,
                                repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                                presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
-                               logprobs: bool = False, top_logprobs: Optional[int] = None):
+                               logprobs: bool = False, top_logprobs: Optional[int] = None,
+                               response_format: Optional[dict] = None,
+                               grammar: Union[None, str, LlamaGrammar] = None):
         """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
         the GGUF's chat template, an OpenAI-shaped "chat.completion" dict back (or its chunks with
         stream=True). max_tokens=None runs until end of generation or a full context.
         logprobs=True fills "logprobs": {"content": [{"token", "logprob", "bytes",
-        "top_logprobs"}]} with top_logprobs alternatives per token."""
+        "top_logprobs"}]} with top_logprobs alternatives per token.
+        response_format {"type": "json_object"} makes the reply a JSON object, with "schema"
+        (or {"type": "json_schema", "json_schema": {"schema": ...}}) one that schema allows;
+        grammar (GBNF) constrains it otherwise. Not both."""
         from ._openai import chat_completion
         if top_logprobs is not None and not logprobs:
             raise errors.InvalidArgumentError("top_logprobs needs logprobs=True")
+        if response_format is not None:
+            if grammar is not None:
+                raise errors.InvalidArgumentError("give response_format or grammar, not both")
+            grammar = response_format_grammar(response_format)
         return chat_completion(self, self.chat_prompt(messages), stream, max_tokens=max_tokens,
                                temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                               logit_bias=logit_bias, logprobs=(top_logprobs or 0) if logprobs else None)
+                               logit_bias=logit_bias, logprobs=(top_logprobs or 0) if logprobs else None,
+                               grammar=grammar)
 
     __call__ = create_completion

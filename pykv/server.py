@@ -7,7 +7,9 @@ and llama.cpp's llama-server offer: `pykv serve` or `serve(llm, host, port)`.
 
 Only the standard library's http.server: requests are taken on threads but run one at a time
 (one context). Request fields are the Llama methods' arguments under their OpenAI names;
-unknown fields are ignored, as OpenAI clients send some pykv does not use ("user", ...). A bad
+unknown fields are ignored, as OpenAI clients send some pykv does not use ("user", ...).
+"grammar" (GBNF, both completion endpoints), "response_format" (chat) and llama-server's
+"json_schema" (completions) constrain the output. A bad
 field is a 400 with OpenAI's {"error": {...}} body; a client that goes away mid-stream
 cancels its generation. With an API key, every endpoint but /health wants
 `Authorization: Bearer KEY` (401 otherwise).
@@ -24,12 +26,13 @@ from pathlib import Path
 
 from . import errors
 from ._openai import _usage
+from .grammar import LlamaGrammar
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
              "presence_penalty", "logit_bias", "seed", "stop", "stream")
 FIELDS = {
-    "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo"),
-    "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs"),
+    "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo", "grammar", "json_schema"),
+    "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs", "grammar", "response_format"),
     "/v1/embeddings": ("input",),
     "/v1/tokenize": ("content", "add_special"),
     "/v1/detokenize": ("tokens",),
@@ -61,6 +64,10 @@ def _arguments(path: str, body: dict) -> dict:
         for key in name:
             if key in kwargs and (isinstance(kwargs[key], bool) or not isinstance(kwargs[key], kinds)):
                 raise RequestError(400, f"'{key}' must be {what}, got {kwargs[key]!r}")
+    if "json_schema" in kwargs:   # llama-server's: JSON that the schema allows
+        if "grammar" in kwargs:
+            raise RequestError(400, "give 'grammar' or 'json_schema', not both")
+        kwargs["grammar"] = LlamaGrammar.from_json_schema(kwargs.pop("json_schema"))
     return kwargs
 
 

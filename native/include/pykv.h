@@ -33,7 +33,7 @@ extern "C" {
 
 /* --- cffi begin --- */
 
-#define PYKV_ABI_VERSION 3
+#define PYKV_ABI_VERSION 4
 #define PYKV_DEFAULT_SEED 4294967295
 
 typedef int32_t pykv_token;
@@ -71,6 +71,7 @@ typedef enum pykv_type {
     PYKV_TYPE_BF16 = 30,
 } pykv_type;
 
+typedef struct pykv_grammar pykv_grammar;
 typedef struct pykv_model   pykv_model;
 typedef struct pykv_context pykv_context;
 typedef struct pykv_sampler pykv_sampler;
@@ -322,6 +323,28 @@ PYKV_API pykv_status pykv_sampler_set_logit_bias(pykv_sampler *smpl, int32_t n, 
 /* Record a token for the penalties. */
 PYKV_API void        pykv_sampler_accept(pykv_sampler *smpl, pykv_token token);
 PYKV_API void        pykv_sampler_reset(pykv_sampler *smpl);
+/* Allow only the tokens the grammar allows now (pykv_grammar_allowed), before anything else.
+   The grammar is borrowed: it must outlive the sampler or be cleared (NULL). The sampler
+   does not advance it: call pykv_grammar_accept with each token taken. */
+PYKV_API pykv_status pykv_sampler_set_grammar(pykv_sampler *smpl, pykv_grammar *grammar);
+
+/* ---- grammars (llama.cpp's GBNF) ---- */
+
+/* Parse GBNF text (rules `name ::= ...`; root: the start rule, "root" when NULL) for the
+   model's vocabulary. Errors give the line and column, an undefined or left-recursive rule.
+   model NULL only checks the text: allowed and accept then refuse. */
+PYKV_API pykv_status pykv_grammar_init(const pykv_model *model, const char *text, const char *root,
+                                       pykv_grammar **out);
+PYKV_API void        pykv_grammar_free(pykv_grammar *grammar);
+/* allowed[t] = 1 for each token that can come next: its text continues a match of the grammar,
+   or it ends generation and the text so far is a complete match. */
+PYKV_API pykv_status pykv_grammar_allowed(pykv_grammar *grammar, uint8_t *allowed, int32_t n_vocab);
+/* Advance past a generated token; an error (and no change) when the grammar does not allow it. */
+PYKV_API pykv_status pykv_grammar_accept(pykv_grammar *grammar, pykv_token token);
+/* 1 when the text accepted so far is a complete match of the start rule. */
+PYKV_API int32_t     pykv_grammar_is_complete(const pykv_grammar *grammar);
+/* Back to the start, nothing accepted. */
+PYKV_API pykv_status pykv_grammar_reset(pykv_grammar *grammar);
 
 /* --- cffi end --- */
 

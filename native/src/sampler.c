@@ -5,6 +5,7 @@
 #include "sampler.h"
 
 #include "error.h"
+#include "grammar.h"
 #include "pykv.h"
 #include "rng.h"
 
@@ -27,6 +28,9 @@ struct pykv_sampler {
     pykv_token *bias_tokens;
     float      *bias_values;
     int32_t     n_bias;
+
+    pykv_grammar *grammar;   // borrowed; NULL: no grammar
+    uint8_t      *allowed;   // its mask, n_scratch entries
 
     // Scratch sized to the vocabulary of the last call.
     struct sampler_cand *cand;
@@ -124,6 +128,7 @@ void pykv_sampler_free(pykv_sampler *smpl) {
     free(smpl->cand);
     free(smpl->mark);
     free(smpl->count);
+    free(smpl->allowed);
     free(smpl);
 }
 
@@ -195,6 +200,8 @@ pykv_status pykv_sampler_set_logit_bias(pykv_sampler *smpl, int32_t n, const pyk
 
 static pykv_status ensure_scratch(pykv_sampler *s, int32_t n_vocab) {
     if (s->n_scratch == n_vocab) return PYKV_OK;
+    free(s->allowed);
+    s->allowed = NULL;
     free(s->cand);
     free(s->mark);
     free(s->count);
@@ -225,6 +232,72 @@ static pykv_status apply_logit_bias(pykv_sampler *s, int32_t n_vocab) {
         }
         s->cand[t].logit += s->bias_values[i];
     }
+    return PYKV_OK;
+}
+
+pykv_status pykv_sampler_set_grammar(pykv_sampler *smpl, pykv_grammar *grammar) {
+    if (!smpl) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_set_grammar: sampler is NULL");
+    smpl->grammar = grammar;
+    return PYKV_OK;
+}
+
+// Tokens the grammar does not allow get -inf, so no later step can bring them back.
+static pykv_status apply_grammar(pykv_sampler *s, int32_t n_vocab) {
+    if (!s->grammar) return PYKV_OK;
+    if (!s->allowed) {
+        s->allowed = malloc((size_t)n_vocab);
+        if (!s->allowed) return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_sample: out of memory for the grammar mask");
+    }
+    PYKV_TRY(pykv_grammar_allowed(s->grammar, s->allowed, n_vocab));
+    for (int32_t i = 0; i < n_vocab; i++) {
+        if (!s->allowed[i]) s->cand[i].logit = -INFINITY;
+    }
+    return PYKV_OK;
+}
+
+#define GRAMMAR_REFUSALS_BEFORE_MASK 256
+
+// The k best candidates the grammar allows, in rank order, to c[0..*n_out) (-inf ones left
+// out: they cannot be drawn). They are checked one at a time from the best down, which costs a
+// few checks when the model follows the grammar, instead of a pass over the vocabulary; after
+// GRAMMAR_REFUSALS_BEFORE_MASK refusals the rest is masked at once. The same tokens in the
+// same order as masking first, then top-k.
+static pykv_status grammar_best(pykv_sampler *s, int32_t n_vocab, int32_t k, int32_t *n_out) {
+    struct sampler_cand *c = s->cand;
+    int32_t kept = 0, i = 0, n_sorted = 0, refused = 0;
+    if (k > n_vocab) k = n_vocab;
+    // c[0..kept): allowed, best first; c[kept..i): refused leftovers; c[i..): unchecked, all below.
+    for (; kept < k && i < n_vocab && refused < GRAMMAR_REFUSALS_BEFORE_MASK; i++) {
+        if (i == n_sorted) {
+            int32_t grow = n_sorted < 64 ? 64 : n_sorted * 3;
+            if (grow > n_vocab - n_sorted) grow = n_vocab - n_sorted;
+            sampler_select_top(c + n_sorted, n_vocab - n_sorted, grow);
+            n_sorted += grow;
+        }
+        if (isinf(c[i].logit)) {   // the rest are -inf too
+            *n_out = kept;
+            return PYKV_OK;
+        }
+        int ok = 0;
+        PYKV_TRY(grammar_token_allowed(s->grammar, c[i].id, &ok));
+        if (ok) c[kept++] = c[i];
+        else refused++;
+    }
+    if (kept < k && i < n_vocab) {   // many refused: mask the unchecked rest, take its best
+        if (!s->allowed) {
+            s->allowed = malloc((size_t)n_vocab);
+            if (!s->allowed) return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_sample: out of memory for the grammar mask");
+        }
+        PYKV_TRY(pykv_grammar_allowed(s->grammar, s->allowed, n_vocab));
+        int32_t m = kept;
+        for (int32_t j = i; j < n_vocab; j++) {
+            if (s->allowed[c[j].id] && !isinf(c[j].logit)) c[m++] = c[j];
+        }
+        int32_t take = m - kept < k - kept ? m - kept : k - kept;
+        sampler_select_top(c + kept, m - kept, take);
+        kept += take;
+    }
+    *n_out = kept;
     return PYKV_OK;
 }
 
@@ -350,23 +423,37 @@ pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t
         c[i].id = i;
     }
     PYKV_TRY(apply_logit_bias(smpl, n_vocab));
+    const struct pykv_sampler_params *p = &smpl->params;
+    // With a grammar and a top-k (greedy is top-1), the best tokens are checked one by one;
+    // otherwise the whole vocabulary is masked first.
+    int grammar_top_k = smpl->grammar && (p->temperature <= 0.0f || p->top_k > 0);
+    if (smpl->grammar && !grammar_top_k) PYKV_TRY(apply_grammar(smpl, n_vocab));
     for (int32_t i = 0; i < n_vocab && !any_finite; i++) any_finite = !isinf(c[i].logit);
     if (!any_finite) {
         return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: every logit is -inf%s",
+                          smpl->grammar ? " among the tokens the grammar allows" :
                           smpl->n_bias ? " after the logit bias" : "");
     }
     apply_penalties(smpl, n_vocab);
 
-    const struct pykv_sampler_params *p = &smpl->params;
-    if (p->temperature <= 0.0f) {
+    int32_t n = n_vocab, n_sorted = 0;
+    if (grammar_top_k) {
+        PYKV_TRY(grammar_best(smpl, n_vocab, p->temperature <= 0.0f ? 1 : p->top_k, &n));
+        if (n == 0) {
+            return pykv_error(PYKV_ERR_INVALID_ARG,
+                              "pykv_sampler_sample: every logit is -inf among the tokens the grammar allows");
+        }
+        n_sorted = n;
+    } else if (p->temperature <= 0.0f) {
         *out = argmax(c, n_vocab);
         return PYKV_OK;
-    }
-
-    int32_t n = n_vocab, n_sorted = 0;
-    if (p->top_k > 0 && p->top_k < n) {
+    } else if (p->top_k > 0 && p->top_k < n) {
         sampler_select_top(c, n, p->top_k);
         n = n_sorted = p->top_k;
+    }
+    if (p->temperature <= 0.0f) {
+        *out = c[0].id;
+        return PYKV_OK;
     }
     if (p->top_p < 1.0f) n = apply_top_p(c, n, n_sorted, p->top_p);
     if (p->min_p > 0.0f) n = apply_min_p(c, n, p->min_p);

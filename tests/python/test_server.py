@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from _compare import EXACT
-from pykv import Llama
+from pykv import Llama, LlamaGrammar
 from pykv.server import make_server
 
 TIMEOUT = 60
@@ -268,3 +268,31 @@ def test_connection_survives_refusals(served):
     r = conn.getresponse()
     assert r.status == 400 and "Content-Length" in json.loads(r.read())["error"]["message"]
     conn.close()
+
+
+def test_grammars(served):
+    """"grammar" (both endpoints), "response_format" (chat) and llama-server's "json_schema"
+    (completions) give what the method gives with the same grammar; a bad one is a 400."""
+    url, llm = served
+    words = 'root ::= [a-z]+ (" " [a-z]+)*'
+    args = dict(prompt="the cat", max_tokens=8, temperature=0)
+    want = llm.create_completion(**args, grammar=words)["choices"][0]["text"]
+    assert request(url + "/v1/completions", dict(args, grammar=words))[1]["choices"][0]["text"] == want
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    want = llm.create_completion(**args, grammar=LlamaGrammar.from_json_schema(schema))["choices"][0]["text"]
+    assert want.startswith('{') and request(url + "/v1/completions", dict(args, json_schema=schema))[1][
+        "choices"][0]["text"] == want
+    messages = [{"role": "user", "content": "Hello world"}]
+    fmt = {"type": "json_object"}
+    want = llm.create_chat_completion(messages, max_tokens=8, temperature=0, response_format=fmt)
+    got = request(url + "/v1/chat/completions", dict(messages=messages, max_tokens=8, temperature=0,
+                                                      response_format=fmt))[1]
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    assert want["choices"][0]["message"]["content"].startswith("{")
+    for path, body, needle in [("/v1/completions", dict(args, grammar='root ::= "x'), "unterminated"),
+                               ("/v1/completions", dict(args, grammar=words, json_schema={}), "not both"),
+                               ("/v1/completions", dict(args, json_schema={"pattern": "a"}), "pattern"),
+                               ("/v1/chat/completions", dict(messages=messages, response_format={"type": "yaml"}),
+                                "not one of")]:
+        status, body = request(url + path, body)
+        assert status == 400 and needle in body["error"]["message"], body
