@@ -90,7 +90,7 @@ def main():
                     cmd += ["--grammar", str(path)]
                 out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
                 results.setdefault((mode, name), []).append(out)
-    print(f"| mode | engine | pieces | tok/s median (min..max) | ratio pykv / llama.cpp | vs own no-grammar |")
+    print("| mode | engine | pieces | tok/s median (min..max) | ratio pykv / llama.cpp | vs own no-grammar |")
     print("|---|---|---|---|---|---|")
     for mode in args.modes.split(","):
         for name, _ in engines:

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GRAMMAR_MAX_STACKS 65536   // alive alternatives at one point: beyond it, an error, not a stall
+#define GRAMMAR_MAX_STACKS 8192   // alive alternatives at one point: beyond it, an error, not a stall
 
 struct stack {
     int32_t  n;
