@@ -102,7 +102,8 @@ def sampling_kwargs(args) -> dict:
                 temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
                 frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
-                logit_bias=parse_logit_bias(args.logit_bias) or None,
+                logit_bias=parse_logit_bias(args.logit_bias) or None, mirostat_mode=args.mirostat,
+                mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr,
                 seed=args.seed if args.seed >= 0 else None, stop=args.stop or None)
 
 

@@ -106,6 +106,11 @@ def _add_sampling_flags(p):
     s.add_argument("-l", "--logit-bias", action="append", default=[], metavar="TOKEN_ID(+/-)BIAS",
                    help="add BIAS to a token's logit, e.g. 15043+1 or 15043-inf to ban it (repeatable)")
     s.add_argument("-s", "--seed", type=int, default=-1, help="sampling seed (default -1 = random)")
+    s.add_argument("--mirostat", type=int, default=0, metavar="N",
+                   help="Mirostat sampling instead of top-k, top-p and min-p: 1 or 2 (2.0); default 0 = off")
+    s.add_argument("--mirostat-lr", type=float, default=0.1, metavar="ETA", help="Mirostat learning rate (0.1)")
+    s.add_argument("--mirostat-ent", type=float, default=5.0, metavar="TAU",
+                   help="Mirostat target entropy, in bits (5.0)")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--grammar", metavar="GBNF", help="constrain the output to this GBNF grammar (llama.cpp's)")
     g.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from FILE")

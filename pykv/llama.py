@@ -489,7 +489,8 @@ class Llama:
                  ignore_eos: bool = False, stream: bool = False, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
                  logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None,
-                 grammar: Union[None, str, LlamaGrammar] = None):
+                 grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
+                 mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
         """Generate text after prompt (text or token ids). With the `full` policy the context
         keeps the longest prefix of the prompt it already holds and evaluates the rest
         (result.cached_tokens); otherwise, or after reset(), it starts afresh.
@@ -497,7 +498,8 @@ class Llama:
         max_tokens <= 0 or None generates until an end-of-generation token or a full context.
         The sampler is llama.cpp's chain: logit_bias ({token id: bias}, -inf bans), the repeat,
         frequency and presence penalties over the last repeat_last_n tokens, top-k, top-p,
-        min-p, temperature. logprobs=N records each generated token's log-probability and the
+        min-p, temperature; with mirostat_mode 1 or 2, Mirostat (mirostat_tau: target surprise
+        in bits, mirostat_eta: learning rate) after the temperature instead of the filters. logprobs=N records each generated token's log-probability and the
         N most likely tokens at its step (result.logprobs, chunk.logprobs). prompt_logprobs=N
         does the same for the prompt's tokens (result.prompt_logprobs, on the first chunk when
         streaming); it evaluates the whole prompt, keeping every token's logits for the call
@@ -512,7 +514,8 @@ class Llama:
         sampler = self._make_sampler(seed, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                                     logit_bias=logit_bias)
+                                     logit_bias=logit_bias, mirostat_mode=mirostat_mode,
+                                     mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
         n_logprobs = check_n_logprobs(logprobs)
         n_prompt_logprobs = check_n_logprobs(prompt_logprobs, "prompt_logprobs")
         grammar = as_grammar(grammar)
@@ -645,7 +648,8 @@ class Llama:
                           stop: Union[None, str, Sequence[str]] = None, stream: bool = False,
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                           logit_bias: Optional[dict] = None, logprobs: Optional[int] = None,
-                          echo: bool = False, grammar: Union[None, str, LlamaGrammar] = None):
+                          echo: bool = False, grammar: Union[None, str, LlamaGrammar] = None,
+                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
         logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
         top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python.
@@ -656,7 +660,8 @@ class Llama:
         return completion(self, prompt, stream, echo=echo, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                          logit_bias=logit_bias, logprobs=logprobs, grammar=grammar)
+                          logit_bias=logit_bias, logprobs=logprobs, grammar=grammar, mirostat_mode=mirostat_mode,
+                          mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True) -> List[int]:
         """Token ids of messages rendered with the model's chat template (ChatML without one)."""
@@ -679,7 +684,8 @@ class Llama:
                                presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
                                logprobs: bool = False, top_logprobs: Optional[int] = None,
                                response_format: Optional[dict] = None,
-                               grammar: Union[None, str, LlamaGrammar] = None):
+                               grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
         """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
         the GGUF's chat template, an OpenAI-shaped "chat.completion" dict back (or its chunks with
         stream=True). max_tokens=None runs until end of generation or a full context.
@@ -700,6 +706,7 @@ class Llama:
                                repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                logit_bias=logit_bias, logprobs=(top_logprobs or 0) if logprobs else None,
-                               grammar=grammar)
+                               grammar=grammar, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                               mirostat_eta=mirostat_eta)
 
     __call__ = create_completion

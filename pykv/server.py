@@ -29,7 +29,8 @@ from ._openai import _usage
 from .grammar import LlamaGrammar
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
-             "presence_penalty", "logit_bias", "seed", "stop", "stream")
+             "presence_penalty", "logit_bias", "seed", "stop", "stream", "mirostat_mode", "mirostat_tau",
+             "mirostat_eta")
 FIELDS = {
     "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo", "grammar", "json_schema"),
     "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs", "grammar", "response_format"),
@@ -38,8 +39,9 @@ FIELDS = {
     "/v1/detokenize": ("tokens",),
 }
 MAX_BODY = 64 << 20
-_NUMBERS = ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty")
-_INTEGERS = ("max_tokens", "top_k", "seed")
+_NUMBERS = ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
+            "mirostat_tau", "mirostat_eta")
+_INTEGERS = ("max_tokens", "top_k", "seed", "mirostat_mode")
 
 
 class RequestError(Exception):
@@ -59,6 +61,9 @@ def _arguments(path: str, body: dict) -> dict:
         raise RequestError(400, f"'{required}' is required")
     if body.get("n", 1) != 1:
         raise RequestError(400, "only n=1 is supported")
+    body = dict(body)
+    if "mirostat" in body and "mirostat_mode" not in body:   # llama-server's name
+        body["mirostat_mode"] = body["mirostat"]
     kwargs = {k: body[k] for k in FIELDS[path] if k in body and body[k] is not None}
     for name, kinds, what in ((_NUMBERS, (int, float), "a number"), (_INTEGERS, (int,), "an integer")):
         for key in name:

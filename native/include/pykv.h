@@ -307,6 +307,9 @@ struct pykv_sampler_params {
     float    frequency_penalty; /* subtracted once per occurrence in that window (0 = off) */
     float    presence_penalty;  /* subtracted once if the token occurs there (0 = off) */
     uint32_t seed;            /* PYKV_DEFAULT_SEED = random */
+    int32_t  mirostat;        /* 0 = off (default); 1 or 2: Mirostat 1 or 2.0 instead of top-k, top-p, min-p */
+    float    mirostat_tau;    /* its target surprise in bits (default 5) */
+    float    mirostat_eta;    /* its learning rate (default 0.1) */
 };
 
 PYKV_API void        pykv_sampler_default_params(struct pykv_sampler_params *params);

@@ -1,7 +1,9 @@
 // sampler.c - the public sampling API: llama.cpp's default chain
 //   logit bias -> penalties (repeat, frequency, presence)
-//   -> (temperature <= 0: greedy) | top-k -> top-p -> min-p -> temperature -> softmax -> a seeded draw.
-// Filters see the logits before temperature, as in llama.cpp's default sampler order.
+//   -> (temperature <= 0: greedy) | top-k -> top-p -> min-p -> temperature -> softmax -> a seeded draw
+//      | (mirostat 1 or 2) temperature -> Mirostat's truncation and draw (sampler-mirostat.c).
+// Filters see the logits before temperature, as in llama.cpp's default sampler order. A
+// grammar, when set, allows only its tokens before the penalties (grammar.c).
 #include "sampler.h"
 
 #include "error.h"
@@ -16,6 +18,7 @@
 struct pykv_sampler {
     struct pykv_sampler_params params;
     struct pykv_rng rng;
+    float mu;   // Mirostat's threshold (2 tau at the start)
 
     // Accepted tokens the repeat penalty looks at: a ring of the last repeat_last_n
     // (repeat_last_n == -1: every accepted token, in a growing array).
@@ -53,6 +56,9 @@ void pykv_sampler_default_params(struct pykv_sampler_params *params) {
     params->frequency_penalty = 0.0f;
     params->presence_penalty  = 0.0f;
     params->seed           = (uint32_t)PYKV_DEFAULT_SEED;
+    params->mirostat       = 0;
+    params->mirostat_tau   = 5.0f;
+    params->mirostat_eta   = 0.1f;
 }
 
 static pykv_status validate_params(const struct pykv_sampler_params *p) {
@@ -93,6 +99,15 @@ static pykv_status validate_params(const struct pykv_sampler_params *p) {
         return pykv_error(PYKV_ERR_INVALID_ARG,
                           "sampler params: repeat_last_n must be >= -1 (0 = off, -1 = all tokens), got %d",
                           (int)p->repeat_last_n);
+    }
+    if (p->mirostat < 0 || p->mirostat > 2) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: mirostat must be 0 (off), 1 or 2, got %d",
+                          (int)p->mirostat);
+    }
+    if (!(p->mirostat_tau > 0.0f) || isinf(p->mirostat_tau) || !(p->mirostat_eta >= 0.0f) ||
+        isinf(p->mirostat_eta)) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: mirostat_tau must be a finite number > 0 and "
+                          "mirostat_eta one >= 0, got %g and %g", (double)p->mirostat_tau, (double)p->mirostat_eta);
     }
     return PYKV_OK;
 }
@@ -136,6 +151,7 @@ void pykv_sampler_reset(pykv_sampler *smpl) {
     if (!smpl) return;
     smpl->history_len = 0;
     smpl->history_head = 0;
+    smpl->mu = 2.0f * smpl->params.mirostat_tau;
     uint64_t seed = smpl->params.seed == (uint32_t)PYKV_DEFAULT_SEED ? rng_entropy_seed()
                                                                      : (uint64_t)smpl->params.seed;
     rng_seed(&smpl->rng, seed);
@@ -426,7 +442,7 @@ pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t
     const struct pykv_sampler_params *p = &smpl->params;
     // With a grammar and a top-k (greedy is top-1), the best tokens are checked one by one;
     // otherwise the whole vocabulary is masked first.
-    int grammar_top_k = smpl->grammar && (p->temperature <= 0.0f || p->top_k > 0);
+    int grammar_top_k = smpl->grammar && (p->temperature <= 0.0f || (p->top_k > 0 && !p->mirostat));
     if (smpl->grammar && !grammar_top_k) PYKV_TRY(apply_grammar(smpl, n_vocab));
     for (int32_t i = 0; i < n_vocab && !any_finite; i++) any_finite = !isinf(c[i].logit);
     if (!any_finite) {
@@ -446,6 +462,10 @@ pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t
         n_sorted = n;
     } else if (p->temperature <= 0.0f) {
         *out = argmax(c, n_vocab);
+        return PYKV_OK;
+    } else if (p->mirostat) {   // in place of top-k, top-p and min-p, as in llama.cpp
+        *out = sampler_mirostat(c, n_vocab, n_vocab, p->mirostat, p->temperature, p->mirostat_tau,
+                                p->mirostat_eta, &smpl->mu, rng_next_double(&smpl->rng));
         return PYKV_OK;
     } else if (p->top_k > 0 && p->top_k < n) {
         sampler_select_top(c, n, p->top_k);

@@ -16,3 +16,8 @@ static inline int sampler_cand_before(const struct sampler_cand *a, const struct
 // Move the k best of c[0..n) to c[0..k), in rank order; the rest end in c[k..n) unordered.
 // O(n + k log k) on average (quickselect, then a sort of the k).
 void sampler_select_top(struct sampler_cand *c, int32_t n, int32_t k);
+
+// Mirostat version 1 or 2 over c[0..n) (logits before temperature; reorders c): the token
+// drawn with u in [0, 1), and *mu moved toward the target surprise tau (sampler-mirostat.c).
+int32_t sampler_mirostat(struct sampler_cand *c, int32_t n, int32_t n_vocab, int version, float temperature,
+                         float tau, float eta, float *mu, double u);

@@ -35,6 +35,9 @@ static void test_defaults(void) {
     CHECK(p.repeat_last_n == 64);
     CHECK(p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
     CHECK(p.seed == (uint32_t)PYKV_DEFAULT_SEED);
+    CHECK(p.mirostat == 0);
+    CHECK_NEAR(p.mirostat_tau, 5.0, 0);
+    CHECK_NEAR(p.mirostat_eta, 0.1, 1e-7);
 }
 
 static void expect_bad_params(struct pykv_sampler_params p, const char *needle) {

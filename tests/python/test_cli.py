@@ -284,3 +284,21 @@ def test_ctrl_c_stops_cleanly(smollm2_path):
     assert "interrupted" in err and "Traceback" not in err
     assert "tokens per second" in err  # timings of what was generated
     assert (got + rest).decode(errors="replace").startswith(PROMPT)
+
+
+def test_mirostat_flags_match_python_api(tiny_model):
+    """--mirostat, --mirostat-ent (tau) and --mirostat-lr (eta) with a seed give what
+    generate(mirostat_mode=, mirostat_tau=, mirostat_eta=) gives; a bad mode is a usage error."""
+    from _compare import EXACT
+    from pykv import Llama
+    path = tiny_model()
+    flags = ("--mirostat", 2, "--mirostat-ent", 3.5, "--mirostat-lr", 0.3, "-s", 7, "--temp", 1.2)
+    r = run_cli("generate", path, "-p", "a", "-n", 12, "--json", "--exact-matmul", "--cache-type", "f32", *flags)
+    assert r.returncode == 0, r.stderr
+    with Llama(str(path), n_ctx=4096, **EXACT) as llm:
+        want = llm.generate("a", max_tokens=12, temperature=1.2, seed=7, mirostat_mode=2, mirostat_tau=3.5,
+                            mirostat_eta=0.3)
+        plain = llm.generate("a", max_tokens=12, temperature=1.2, seed=7)
+    assert json.loads(r.stdout)["tokens"] == want.tokens != plain.tokens
+    r = run_cli("generate", path, "-p", "a", "-n", 2, "--mirostat", 3)
+    assert r.returncode == 1 and "mirostat" in r.stderr

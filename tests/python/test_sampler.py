@@ -271,6 +271,10 @@ def test_logits_not_modified():
     ("repeat_last_n", -2, "repeat_last_n"),
     ("frequency_penalty", float("inf"), "frequency_penalty"),
     ("presence_penalty", float("nan"), "presence_penalty"),
+    ("mirostat", 3, "mirostat"),
+    ("mirostat", -1, "mirostat"),
+    ("mirostat_tau", 0.0, "mirostat_tau"),
+    ("mirostat_eta", float("nan"), "mirostat_eta"),
 ])
 def test_invalid_params(field, value, needle):
     status, message = init_status(**{field: value})
@@ -291,3 +295,70 @@ def test_invalid_sample_arguments():
     assert lib.pykv_sampler_sample(smpl, ffi.from_buffer("float[]", arr), 4, tok) == \
         lib.PYKV_ERR_INVALID_ARG
     assert "token 2" in ffi.string(lib.pykv_last_error()).decode()
+
+
+# ---------------------------------------------------------------- Mirostat
+
+def ref_mirostat_keep(logits, version, temperature, mu):
+    """The tokens Mirostat keeps at threshold mu and their renormalised probabilities
+    (NumPy, float64): version 2 keeps -log2 p <= mu; version 1 the top k, k from the Zipf
+    exponent fitted to the 100 most likely (Basu et al. 2021, as llama.cpp computes it)."""
+    x = np.asarray(logits, np.float64) / temperature
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    order = np.lexsort((np.arange(len(p)), -p))
+    if version == 2:
+        keep = order[-np.log2(p[order]) <= mu]
+        keep = keep if len(keep) else order[:1]
+    else:
+        m = min(100, len(p))
+        i = np.arange(m - 1)
+        t = np.log((i + 2) / (i + 1))
+        b = np.log(p[order[:m - 1]] / p[order[1:m]])
+        s_hat = (t * b).sum() / (t * t).sum()
+        eps = s_hat - 1
+        k = (eps * 2.0 ** mu / (1 - len(p) ** -eps)) ** (1 / s_hat)
+        keep = order[:int(min(max(k, 1), len(p)))]
+    q = np.zeros(len(p))
+    q[keep] = p[keep] / p[keep].sum()
+    return q
+
+
+MIROSTAT_LOGITS = np.random.default_rng(11).standard_normal(600).astype(np.float32) * 2.5
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_first_draw_distribution(version):
+    """The first draw (mu = 2 tau) of fresh samplers follows the reference's truncation."""
+    tau, temp, n = 3.0, 0.9, 4000
+    counts = np.zeros(len(MIROSTAT_LOGITS))
+    for seed in range(n):
+        counts[sample(make_sampler(mirostat=version, mirostat_tau=tau, temperature=temp, seed=seed),
+                      MIROSTAT_LOGITS)] += 1
+    assert_matches(counts / n, ref_mirostat_keep(MIROSTAT_LOGITS, version, temp, 2 * tau), n=n)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_threshold_follows_the_surprise(version):
+    """Over 300 draws from one sampler, each token is one the reference keeps at the mu that
+    the reference updates from the tokens drawn so far (mu -= eta * (surprise - tau), the
+    surprise under the renormalised probabilities); mu does move across the run."""
+    tau, eta, temp = 4.0, 0.5, 1.0
+    smpl = make_sampler(mirostat=version, mirostat_tau=tau, mirostat_eta=eta, temperature=temp, seed=99,
+                        top_k=1)   # ignored under Mirostat
+    mu = np.float32(2 * tau)
+    sizes = set()
+    for _ in range(300):
+        q = ref_mirostat_keep(MIROSTAT_LOGITS, version, temp, float(mu))
+        token = sample(smpl, MIROSTAT_LOGITS)
+        assert q[token] > 0, (token, float(mu))
+        sizes.add(int((q > 0).sum()))
+        mu = np.float32(mu - np.float32(eta) * np.float32(-np.log2(q[token]) - tau))
+    assert len(sizes) > 3
+
+
+def test_mirostat_greedy_and_logits_untouched():
+    """Temperature 0 is greedy with Mirostat on too; the logits are not modified."""
+    arr = MIROSTAT_LOGITS.copy()
+    assert sample(make_sampler(mirostat=2, temperature=0.0, seed=1), arr) == int(np.argmax(arr))
+    assert np.array_equal(arr, MIROSTAT_LOGITS)

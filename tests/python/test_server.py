@@ -296,3 +296,15 @@ def test_grammars(served):
                                 "not one of")]:
         status, body = request(url + path, body)
         assert status == 400 and needle in body["error"]["message"], body
+
+
+def test_mirostat_fields(served):
+    """llama-cpp-python's mirostat_mode/_tau/_eta and llama-server's "mirostat" reach the sampler."""
+    url, llm = served
+    args = dict(prompt="the cat", max_tokens=8, temperature=1.0, seed=3)
+    want = llm.create_completion(**args, mirostat_mode=1, mirostat_tau=2.0, mirostat_eta=0.2)["choices"][0]["text"]
+    for extra in (dict(mirostat_mode=1), dict(mirostat=1)):
+        got = request(url + "/v1/completions", dict(args, mirostat_tau=2.0, mirostat_eta=0.2, **extra))
+        assert got[0] == 200 and got[1]["choices"][0]["text"] == want
+    status, body = request(url + "/v1/completions", dict(args, mirostat_mode="2"))
+    assert status == 400 and "mirostat_mode" in body["error"]["message"]
