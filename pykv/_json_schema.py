@@ -4,7 +4,8 @@ Followed: "type" (one or a list; object, array, string, number, integer, boolean
 "properties" with "required" (properties come in the schema's order; optional ones may be
 left out), "additionalProperties" as a schema when there are no "properties", "items",
 "prefixItems", "minItems"/"maxItems", "minLength"/"maxLength", "enum", "const", "anyOf",
-"oneOf" and local "$ref"s (#/$defs/..., #/definitions/..., recursion allowed). Annotations
+"oneOf" and local "$ref"s (#/$defs/..., #/definitions/..., recursion allowed). "enum" and
+"const" values are written as JSON writes them, with non-ASCII characters as they are. Annotations
 ("title", "description", "default", "examples", "format") are ignored. Refused, by name:
 what a grammar of this kind cannot follow ("pattern", "allOf", "not", "if", numeric bounds...),
 rather than generating JSON the schema would reject."""
@@ -26,7 +27,7 @@ _MAX_REPEAT = 4096   # the C parser's bound on {m,n}
 
 
 def literal(json_text: str) -> str:
-    """A GBNF string literal matching json_text exactly (ASCII: json.dumps escapes the rest)."""
+    """A GBNF string literal matching json_text exactly (JSON text has no raw control characters)."""
     return '"' + json_text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -82,11 +83,11 @@ class _Converter:
         if "$ref" in schema:
             return self.ref(schema["$ref"])
         if "const" in schema:
-            return literal(json.dumps(schema["const"])) + " ws"
+            return literal(json.dumps(schema["const"], ensure_ascii=False)) + " ws"
         if "enum" in schema:
             if not isinstance(schema["enum"], list) or not schema["enum"]:
                 raise errors.InvalidArgumentError(f"JSON schema: {name}: enum must be a non-empty list")
-            return "(" + " | ".join(literal(json.dumps(v)) for v in schema["enum"]) + ") ws"
+            return "(" + " | ".join(literal(json.dumps(v, ensure_ascii=False)) for v in schema["enum"]) + ") ws"
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 if not isinstance(schema[key], list) or not schema[key]:
@@ -128,7 +129,7 @@ class _Converter:
         unknown = [r for r in required if r not in props]
         if unknown:
             raise errors.InvalidArgumentError(f"JSON schema: {name}: required {unknown} not among the properties")
-        members = [(f'{literal(json.dumps(key))} ws ":" ws ' +
+        members = [(literal(json.dumps(key, ensure_ascii=False)) + ' ws ":" ws ' +
                     self.add(f"{name}-{key}", self.visit(sub, f"{name}-{key}")), key in required)
                    for key, sub in props.items()]
         # rest(i, first): members i.. in order, the optional ones may be missing; commas only

@@ -396,7 +396,7 @@ int32_t pykv_grammar_is_complete(const pykv_grammar *g) {
     return g && is_complete(g) && g->n_pending == 0;
 }
 
-static pykv_status need_tokens(const pykv_grammar *g, const char *fn, int32_t n_vocab) {
+pykv_status grammar_check_vocab(const pykv_grammar *g, const char *fn, int32_t n_vocab) {
     if (!g) return pykv_error(PYKV_ERR_INVALID_ARG, "%s: grammar is NULL", fn);
     if (!g->n_tokens) return pykv_error(PYKV_ERR_INVALID_ARG, "%s: the grammar was made without a model", fn);
     if (n_vocab != g->n_tokens) {
@@ -407,7 +407,7 @@ static pykv_status need_tokens(const pykv_grammar *g, const char *fn, int32_t n_
 }
 
 pykv_status pykv_grammar_allowed(pykv_grammar *g, uint8_t *allowed, int32_t n_vocab) {
-    PYKV_TRY(need_tokens(g, "pykv_grammar_allowed", n_vocab));
+    PYKV_TRY(grammar_check_vocab(g, "pykv_grammar_allowed", n_vocab));
     if (!allowed) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_grammar_allowed: allowed is NULL");
     memset(allowed, 0, (size_t)n_vocab);
     struct decoded with_pending = { 0 };
@@ -458,7 +458,7 @@ pykv_status grammar_token_allowed(pykv_grammar *g, pykv_token token, int *allowe
 }
 
 pykv_status pykv_grammar_accept(pykv_grammar *g, pykv_token token) {
-    PYKV_TRY(need_tokens(g, "pykv_grammar_accept", g ? g->n_tokens : 0));
+    PYKV_TRY(grammar_check_vocab(g, "pykv_grammar_accept", g ? g->n_tokens : 0));
     if (token < 0 || token >= g->n_tokens) {
         return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_grammar_accept: token %d is outside the vocabulary (%d tokens)",
                           (int)token, (int)g->n_tokens);

@@ -54,3 +54,6 @@ pykv_status grammar_init_tokens(const char *text, const char *root, int32_t n_to
 
 // Whether the grammar allows token now (pykv_grammar_allowed for one token; made with tokens).
 pykv_status grammar_token_allowed(pykv_grammar *g, pykv_token token, int *allowed);
+
+// PYKV_OK when g was made with a model of n_vocab tokens; else an error naming fn.
+pykv_status grammar_check_vocab(const pykv_grammar *g, const char *fn, int32_t n_vocab);

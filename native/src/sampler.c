@@ -425,6 +425,7 @@ pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t
     if (n_vocab <= 0) {
         return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: n_vocab must be > 0, got %d", (int)n_vocab);
     }
+    if (smpl->grammar) PYKV_TRY(grammar_check_vocab(smpl->grammar, "pykv_sampler_sample", n_vocab));
     PYKV_TRY(ensure_scratch(smpl, n_vocab));
 
     struct sampler_cand *c = smpl->cand;

@@ -169,6 +169,8 @@ static void test_sampler(void) {
     CHECK(pykv_grammar_accept(g, tok) == PYKV_OK);
     CHECK(pykv_sampler_sample(s, logits, N_VOCAB, &tok) == PYKV_OK && tok == EOG);
     CHECK(pykv_sampler_sample(s, logits, N_VOCAB - 1, &tok) == PYKV_ERR_INVALID_ARG);   // wrong vocabulary
+    CHECK(strstr(pykv_last_error(), "the grammar's vocabulary has 14") != NULL);
+    CHECK(pykv_sampler_sample(s, logits, N_VOCAB + 1, &tok) == PYKV_ERR_INVALID_ARG);
     logits[EOG] = -INFINITY;
     CHECK(pykv_sampler_sample(s, logits, N_VOCAB, &tok) == PYKV_ERR_INVALID_ARG);
     CHECK(strstr(pykv_last_error(), "the grammar allows") != NULL);

@@ -1,6 +1,7 @@
 """JSON Schemas as grammars (LlamaGrammar.from_json_schema, response_format): the grammar
 accepts a JSON text exactly when the `jsonschema` validator does (texts written with the
-properties in the schema's order), checked byte by byte through the C matcher; SmolLM2's
+properties in the schema's order, enum strings as written), checked byte by byte through the C
+matcher; SmolLM2's
 constrained replies validate; what cannot be followed is refused by name."""
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ CASES = [
     ({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}]},
      ['["a", 1]', '["a", "b"]']),
     (True, ['{"a": [1, {"b": null}]}', '"s"', '-0.5e-3', '[1,]']),
+    ({"enum": ["\u00e9t\u00e9", 'a"b', 3]}, ['"\u00e9t\u00e9"', '"a\\"b"', '3', '"ete"', '4']),
 ]
 
 
