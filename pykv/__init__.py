@@ -16,6 +16,6 @@ def system_info() -> str:
     return ffi.string(lib.pykv_system_info()).decode()
 
 
-__all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "LlamaState", "LlamaGrammar", "PykvError", "ModelLoadError",
-           "ContextOverflowError", "InvalidArgumentError", "BackendError", "system_info",
-           "list_policies", "__version__"]
+__all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "LlamaState", "LlamaGrammar",
+           "PykvError", "ModelLoadError", "ContextOverflowError", "InvalidArgumentError", "BackendError",
+           "system_info", "list_policies", "__version__"]

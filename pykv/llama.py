@@ -499,8 +499,9 @@ class Llama:
         The sampler is llama.cpp's chain: logit_bias ({token id: bias}, -inf bans), the repeat,
         frequency and presence penalties over the last repeat_last_n tokens, top-k, top-p,
         min-p, temperature; with mirostat_mode 1 or 2, Mirostat (mirostat_tau: target surprise
-        in bits, mirostat_eta: learning rate) after the temperature instead of the filters. logprobs=N records each generated token's log-probability and the
-        N most likely tokens at its step (result.logprobs, chunk.logprobs). prompt_logprobs=N
+        in bits, mirostat_eta: learning rate) after the temperature instead of the filters.
+        logprobs=N records each generated token's log-probability and the N most likely
+        tokens at its step (result.logprobs, chunk.logprobs). prompt_logprobs=N
         does the same for the prompt's tokens (result.prompt_logprobs, on the first chunk when
         streaming); it evaluates the whole prompt, keeping every token's logits for the call
         (n_prompt x n_vocab floats). grammar (a LlamaGrammar or GBNF text) allows only tokens
