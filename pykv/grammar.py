@@ -43,9 +43,7 @@ class LlamaGrammar:
             raise errors.InvalidArgumentError(f"a grammar is GBNF text, got {type(text).__name__}")
         self.text = text
         self.root = root
-        handle = ffi.new("pykv_grammar **")
-        check(lib.pykv_grammar_init(ffi.NULL, text.encode("utf-8"), root.encode("utf-8"), handle))
-        lib.pykv_grammar_free(handle[0])
+        lib.pykv_grammar_free(_c_grammar(ffi.NULL, self))   # parsed now: a mistake is refused here
 
     @classmethod
     def from_string(cls, grammar: str, verbose: bool = True) -> "LlamaGrammar":
@@ -107,8 +105,13 @@ def response_format_grammar(response_format) -> Optional[LlamaGrammar]:
         f'response_format type {kind!r} is not one of "text", "json_object", "json_schema"')
 
 
-def bind(model, grammar: LlamaGrammar):
-    """The C matcher of grammar over model's vocabulary (a pykv_model handle), at its start."""
+def _c_grammar(model, grammar: LlamaGrammar):
+    """pykv_grammar_init's handle (model NULL: the text checked only); the caller frees it."""
     handle = ffi.new("pykv_grammar **")
     check(lib.pykv_grammar_init(model, grammar.text.encode("utf-8"), grammar.root.encode("utf-8"), handle))
-    return ffi.gc(handle[0], lib.pykv_grammar_free)
+    return handle[0]
+
+
+def bind(model, grammar: LlamaGrammar):
+    """The C matcher of grammar over model's vocabulary (a pykv_model handle), at its start."""
+    return ffi.gc(_c_grammar(model, grammar), lib.pykv_grammar_free)

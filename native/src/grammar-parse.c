@@ -5,6 +5,7 @@
 #include "grammar.h"
 
 #include "error.h"
+#include "unicode.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@ struct rule_def {
 };
 
 struct parser {
-    const char *src, *p;
+    const char *src, *p, *end;   // end: the text's terminating NUL
     struct rule_def *rules;
     int32_t n_rules, cap_rules;
     struct grammar_range *ranges;
@@ -46,7 +47,7 @@ static pykv_status nomem(void) {
     return pykv_error(PYKV_ERR_NOMEM, "grammar: out of memory");
 }
 
-static pykv_status grow(void **v, int32_t *cap, int32_t need, size_t size) {
+pykv_status grammar_grow(void **v, int32_t *cap, int32_t need, size_t size) {
     if (need <= *cap) return PYKV_OK;
     int32_t c = *cap ? *cap : 16;
     while (c < need) c *= 2;
@@ -62,14 +63,14 @@ static pykv_status push_elem(struct parser *ps, struct elem_vec *e, uint8_t type
         return pykv_error(PYKV_ERR_INVALID_ARG, "grammar: more than %d elements once repetitions are expanded",
                           GRAMMAR_MAX_ELEMS);
     }
-    PYKV_TRY(grow((void **)&e->v, &e->cap, e->n + 1, sizeof(*e->v)));
+    PYKV_TRY(grammar_grow((void **)&e->v, &e->cap, e->n + 1, sizeof(*e->v)));
     e->v[e->n++] = (struct grammar_elem){ type, a, b };
     ps->n_elems_total++;
     return PYKV_OK;
 }
 
 static pykv_status push_range(struct parser *ps, uint32_t lo, uint32_t hi) {
-    PYKV_TRY(grow((void **)&ps->ranges, &ps->cap_ranges, ps->n_ranges + 1, sizeof(*ps->ranges)));
+    PYKV_TRY(grammar_grow((void **)&ps->ranges, &ps->cap_ranges, ps->n_ranges + 1, sizeof(*ps->ranges)));
     ps->ranges[ps->n_ranges++] = (struct grammar_range){ lo, hi };
     return PYKV_OK;
 }
@@ -82,7 +83,7 @@ static pykv_status rule_id(struct parser *ps, const char *name, size_t len, int3
             return PYKV_OK;
         }
     }
-    PYKV_TRY(grow((void **)&ps->rules, &ps->cap_rules, ps->n_rules + 1, sizeof(*ps->rules)));
+    PYKV_TRY(grammar_grow((void **)&ps->rules, &ps->cap_rules, ps->n_rules + 1, sizeof(*ps->rules)));
     struct rule_def *r = &ps->rules[ps->n_rules];
     memset(r, 0, sizeof(*r));
     r->name = malloc(len + 1);
@@ -117,18 +118,12 @@ static void skip_space(struct parser *ps, int newline_ok) {
     }
 }
 
-// One UTF-8 code point at ps->p.
+// One UTF-8 code point at ps->p (unicode_decode's strict UTF-8).
 static pykv_status parse_utf8(struct parser *ps, uint32_t *cp) {
-    const unsigned char *s = (const unsigned char *)ps->p;
-    int n = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
-    if (!n) return fail_at(ps, ps->p, "invalid UTF-8");
-    uint32_t v = n == 1 ? s[0] : s[0] & (0x7F >> n);
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return fail_at(ps, ps->p, "invalid UTF-8");
-        v = (v << 6) | (s[i] & 0x3F);
-    }
-    ps->p += n;
-    *cp = v;
+    int len = 1;
+    *cp = unicode_decode(ps->p, (size_t)(ps->end - ps->p), &len);
+    if (*cp == UNICODE_INVALID) return fail_at(ps, ps->p, "invalid UTF-8");
+    ps->p += len;
     return PYKV_OK;
 }
 
@@ -462,7 +457,7 @@ static pykv_status finish(struct parser *ps, const char *root, struct grammar_ru
 pykv_status grammar_parse(const char *text, const char *root, struct grammar_rules *out) {
     memset(out, 0, sizeof(*out));
     if (!text) return pykv_error(PYKV_ERR_INVALID_ARG, "grammar: text is NULL");
-    struct parser ps = { .src = text, .p = text };
+    struct parser ps = { .src = text, .p = text, .end = text + strlen(text) };
     skip_space(&ps, 1);
     pykv_status st = PYKV_OK;
     while (*ps.p && st == PYKV_OK) st = parse_rule(&ps);

@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "model.h"
+#include "unicode.h"
 #include "vocab.h"
 
 #include <stdlib.h>
@@ -55,13 +56,8 @@ struct pykv_grammar {
 
 // ---- stacks ----
 
-static void set_clear(struct stack_set *S) {
-    for (int32_t i = 0; i < S->n; i++) free(S->s[i].pos);
-    S->n = 0;
-}
-
 static void set_free(struct stack_set *S) {
-    set_clear(S);
+    for (int32_t i = 0; i < S->n; i++) free(S->s[i].pos);
     free(S->s);
     memset(S, 0, sizeof(*S));
 }
@@ -79,13 +75,7 @@ static pykv_status set_add(struct stack_set *S, const int32_t *pos, int32_t n) {
         return pykv_error(PYKV_ERR_INVALID_ARG, "grammar: more than %d ways to continue at once "
                           "(the grammar is too ambiguous)", GRAMMAR_MAX_STACKS);
     }
-    if (S->n == S->cap) {
-        int32_t cap = S->cap ? S->cap * 2 : 8;
-        struct stack *s = realloc(S->s, (size_t)cap * sizeof(*s));
-        if (!s) return pykv_error(PYKV_ERR_NOMEM, "grammar: out of memory");
-        S->s = s;
-        S->cap = cap;
-    }
+    PYKV_TRY(grammar_grow((void **)&S->s, &S->cap, S->n + 1, sizeof(*S->s)));
     int32_t *copy = malloc((size_t)(n ? n : 1) * sizeof(*copy));
     if (!copy) return pykv_error(PYKV_ERR_NOMEM, "grammar: out of memory");
     if (n) memcpy(copy, pos, (size_t)n * sizeof(*pos));
@@ -155,43 +145,45 @@ static int partial_matches(const struct grammar_rules *g, int32_t pos, uint32_t 
 
 // ---- UTF-8 ----
 
-// Code points a UTF-8 sequence of len bytes may encode (shorter forms are overlong).
-static const uint32_t UTF8_MIN[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+// The code points a character cut off after its first n bytes may still become, [*lo, *hi];
+// 0 when s[0..n) is no such start: n reaches the lead byte's length (a whole character, which
+// unicode_decode has refused), a bad lead or continuation byte, or no completion is valid
+// UTF-8 (overlong, a surrogate, beyond U+10FFFF).
+static int cut_off_range(const uint8_t *s, int32_t n, uint32_t *lo, uint32_t *hi) {
+    static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };   // shorter forms are overlong
+    uint8_t b = s[0];
+    int len = (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (!len || n >= len) return 0;
+    uint32_t v = b & (0x7Fu >> len);
+    for (int32_t j = 1; j < n; j++) {
+        if ((s[j] & 0xC0) != 0x80) return 0;
+        v = (v << 6) | (s[j] & 0x3F);
+    }
+    int missing = 6 * (len - n);   // the missing continuation bytes may hold anything
+    uint32_t first = v << missing, last = first | ((1u << missing) - 1);
+    if (first < least[len]) first = least[len];
+    if (last > 0x10FFFF) last = 0x10FFFF;
+    if (first > last || (first >= 0xD800 && last <= 0xDFFF)) return 0;
+    *lo = first;
+    *hi = last;
+    return 1;
+}
 
-// Decode s[0..n) into cps; a character cut off at the end gives the code points it may still
-// become, [lo, hi]. Returns 0 when the bytes are not UTF-8: a bad lead or continuation byte,
-// an overlong form, a surrogate or beyond U+10FFFF (in a cut-off character too, once its
-// bytes rule every completion out).
+// Decode s[0..n) into cps (unicode_decode's strict UTF-8); a character cut off at the end
+// gives the code points it may still become, [lo, hi]. Returns 0 when the bytes are not UTF-8.
 static int decode_utf8(const uint8_t *s, int32_t n, uint32_t *cps, int32_t *n_cps, uint32_t *lo, uint32_t *hi,
                        uint8_t *has_tail, int32_t *n_whole) {
     int32_t i = 0, k = 0;
     *has_tail = 0;
     while (i < n) {
-        uint8_t b = s[i];
-        int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-        if (!len) return 0;
-        uint32_t v = len == 1 ? b : b & (0x7Fu >> len);
-        int j = 1;
-        for (; j < len && i + j < n; j++) {
-            if ((s[i + j] & 0xC0) != 0x80) return 0;
-            v = (v << 6) | (s[i + j] & 0x3F);
-        }
-        uint32_t first = v, last = v;
-        if (j < len) {   // cut off: the missing continuation bytes may hold anything
-            int missing = 6 * (len - j);
-            first = v << missing;
-            last = first | ((1u << missing) - 1);
-        }
-        if (first < UTF8_MIN[len]) first = UTF8_MIN[len];
-        if (last > 0x10FFFF) last = 0x10FFFF;
-        if (first > last || (first >= 0xD800 && last <= 0xDFFF)) return 0;
-        if (j < len) {
-            *lo = first;
-            *hi = last;
+        int len = 1;
+        uint32_t cp = unicode_decode((const char *)s + i, (size_t)(n - i), &len);
+        if (cp == UNICODE_INVALID) {
+            if (!cut_off_range(s + i, n - i, lo, hi)) return 0;
             *has_tail = 1;
             break;
         }
-        cps[k++] = v;
+        cps[k++] = cp;
         i += len;
     }
     *n_cps = k;

@@ -34,6 +34,9 @@ struct grammar_rules {
     int32_t               root;
 };
 
+// Make room for `need` items of `size` bytes in *v (capacity *cap, doubled as needed).
+pykv_status grammar_grow(void **v, int32_t *cap, int32_t need, size_t size);
+
 // Parse GBNF text (root: the start rule's name). On failure the error names the line and
 // column, an undefined rule, a missing root or a left-recursive rule.
 pykv_status grammar_parse(const char *text, const char *root, struct grammar_rules *out);

@@ -60,8 +60,7 @@ int32_t sampler_mirostat(struct sampler_cand *c, int32_t n, int32_t n_vocab, int
                             float tau, float eta, float *mu, double u) {
     double inv_t = 1.0 / (double)temperature;
     int32_t kept = version == 1 ? mirostat1_keep(c, n, n_vocab, inv_t, *mu) : mirostat2_keep(c, n, inv_t, *mu);
-    float max_logit = c[0].logit;
-    for (int32_t i = 1; i < kept; i++) if (c[i].logit > max_logit) max_logit = c[i].logit;
+    float max_logit = c[0].logit;   // both versions leave the best first
     double total = 0.0;
     for (int32_t i = 0; i < kept; i++) total += weight(&c[i], max_logit, inv_t);
     double target = u * total, cum = 0.0;

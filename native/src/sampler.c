@@ -257,14 +257,19 @@ pykv_status pykv_sampler_set_grammar(pykv_sampler *smpl, pykv_grammar *grammar) 
     return PYKV_OK;
 }
 
-// Tokens the grammar does not allow get -inf, so no later step can bring them back.
-static pykv_status apply_grammar(pykv_sampler *s, int32_t n_vocab) {
-    if (!s->grammar) return PYKV_OK;
+// s->allowed[t] = 1 for each of the n_vocab tokens the grammar allows now.
+static pykv_status grammar_mask(pykv_sampler *s, int32_t n_vocab) {
     if (!s->allowed) {
         s->allowed = malloc((size_t)n_vocab);
         if (!s->allowed) return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_sample: out of memory for the grammar mask");
     }
-    PYKV_TRY(pykv_grammar_allowed(s->grammar, s->allowed, n_vocab));
+    return pykv_grammar_allowed(s->grammar, s->allowed, n_vocab);
+}
+
+// Tokens the grammar does not allow get -inf, so no later step can bring them back.
+static pykv_status apply_grammar(pykv_sampler *s, int32_t n_vocab) {
+    if (!s->grammar) return PYKV_OK;
+    PYKV_TRY(grammar_mask(s, n_vocab));
     for (int32_t i = 0; i < n_vocab; i++) {
         if (!s->allowed[i]) s->cand[i].logit = -INFINITY;
     }
@@ -300,11 +305,7 @@ static pykv_status grammar_best(pykv_sampler *s, int32_t n_vocab, int32_t k, int
         else refused++;
     }
     if (kept < k && i < n_vocab) {   // many refused: mask the unchecked rest, take its best
-        if (!s->allowed) {
-            s->allowed = malloc((size_t)n_vocab);
-            if (!s->allowed) return pykv_error(PYKV_ERR_NOMEM, "pykv_sampler_sample: out of memory for the grammar mask");
-        }
-        PYKV_TRY(pykv_grammar_allowed(s->grammar, s->allowed, n_vocab));
+        PYKV_TRY(grammar_mask(s, n_vocab));
         int32_t m = kept;
         for (int32_t j = i; j < n_vocab; j++) {
             if (s->allowed[c[j].id] && !isinf(c[j].logit)) c[m++] = c[j];

@@ -69,6 +69,8 @@ static void test_parse_errors(void) {
     expect_error("root ::= \"a\"\nroot ::= \"b\"", "line 2, column 1: rule defined twice");
     expect_error("root = \"a\"", "expected '::='");
     expect_error("root ::= \"\xC3\"", "invalid UTF-8");
+    expect_error("root ::= \"\xC0\xAF\"", "line 1, column 11: invalid UTF-8");   // overlong '/'
+    expect_error("root ::= [\xED\xA0\x80]", "invalid UTF-8");                  // a surrogate
     expect_error("", "no rules");
 
     pykv_grammar *g = NULL;   // a grammar without a model parses but cannot match tokens
