@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ._sampling import TokenLogprob
+from ._tools import CallStream, new_call_id, parse_calls
 
 
 def _usage(result) -> dict:
@@ -138,14 +139,21 @@ def completion(llm, prompt, stream: bool, echo: bool = False, **kwargs):
     return env.body({"text": text, "finish_reason": result.finish_reason}, result, logprobs=logprobs)
 
 
-def chat_completion(llm, prompt_tokens, stream: bool, **kwargs):
+def chat_completion(llm, prompt_tokens, stream: bool, tools=None, tool_mode: str = "none",
+                    legacy: bool = False, **kwargs):
     """create_chat_completion on an already rendered prompt: {"choices": [{"message": {"role":
     "assistant", "content"}, "finish_reason", "logprobs"}], "usage"}; streamed as "delta"
-    chunks, the first carrying the role and the last the finish reason."""
+    chunks, the first carrying the role and the last the finish reason. With tool_mode "call"
+    (the reply is grammar-bound to one call) or "auto", calls come back as "tool_calls"
+    (pykv._tools); legacy (the request used "functions") adds the older "function_call"."""
     env = _Envelope(llm, "chatcmpl", "chat.completion.chunk" if stream else "chat.completion")
     pieces = _Pieces(llm)
     if stream:
         steps = llm.generate(prompt_tokens, stream=True, **kwargs)
+        if tool_mode != "none":
+            def logprobs(entries):
+                return _chat_logprobs(entries, pieces) if kwargs.get("logprobs") is not None else None
+            return _tool_chunks(llm, env, logprobs, steps, tools, tool_mode, legacy)
 
         def chunks():
             yield env.body({"delta": {"role": "assistant"}, "finish_reason": None})
@@ -155,6 +163,99 @@ def chat_completion(llm, prompt_tokens, stream: bool, **kwargs):
             yield env.body({"delta": {}, "finish_reason": llm.last_result.finish_reason})
         return chunks()
     result = llm.generate(prompt_tokens, **kwargs)
-    return env.body({"message": {"role": "assistant", "content": result.text},
-                     "finish_reason": result.finish_reason}, result,
+    message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
+    calls = _calls_in(result.text, finish, tools, tool_mode)
+    if calls:
+        message = _call_message(calls, legacy)
+        finish = _call_finish(finish, legacy)
+    return env.body({"message": message, "finish_reason": finish}, result,
                     logprobs=_chat_logprobs(result.logprobs, pieces))
+
+
+def _calls_in(text: str, finish: str, tools, tool_mode: str):
+    """[(name, arguments text)] of the reply's calls; None when it is text."""
+    if tool_mode == "call":
+        stream = CallStream()
+        args = stream.push(text) + stream.finish(finish == "stop")
+        return [(stream.name, args)] if stream.name is not None else None
+    if tool_mode == "auto" and finish == "stop":
+        return parse_calls(text, tools)
+    return None
+
+
+def _call_message(calls, legacy: bool) -> dict:
+    message = {"role": "assistant", "content": None,
+               "tool_calls": [{"id": new_call_id(), "type": "function", "function": {"name": n, "arguments": a}}
+                              for n, a in calls]}
+    if legacy:
+        message["function_call"] = message["tool_calls"][0]["function"]
+    return message
+
+
+def _call_finish(finish: str, legacy: bool) -> str:
+    return ("function_call" if legacy else "tool_calls") if finish == "stop" else finish
+
+
+def _call_delta(index: int, name=None, args: str = "", legacy: bool = False) -> dict:
+    """A stream delta of call index: its id, type and name first (name given), then arguments."""
+    fn = {"arguments": args} if name is None else {"name": name, "arguments": args}
+    call = {"index": index, "function": fn}
+    if name is not None:
+        call.update(id=new_call_id(), type="function")
+    delta = {"tool_calls": [call]}
+    if legacy and index == 0:
+        delta["function_call"] = fn
+    return delta
+
+
+def _tool_chunks(llm, env, logprobs, steps, tools, tool_mode: str, legacy: bool):
+    """The stream of a chat completion that may call tools. A bound call ("call") streams its
+    arguments as they come; under "auto" a reply that may be a call (it starts with "{", "[" or
+    <tool_call>) is held to the end and sent as calls or as text, any other streams as text."""
+    yield env.body({"delta": {"role": "assistant", "content": None}, "finish_reason": None})
+    held, pending, decided = "", [], None   # decided: "text", "call" or None while unsure
+    bound = CallStream() if tool_mode == "call" else None
+    for chunk in steps:
+        pending += chunk.logprobs or []
+        if bound is not None:
+            named = bound.name is not None
+            args = bound.push(chunk.text)
+            if bound.name is not None and (args or not named):
+                yield env.body({"delta": _call_delta(0, None if named else bound.name, args, legacy),
+                                "finish_reason": None}, logprobs=logprobs(pending))
+                pending = []
+            continue
+        held += chunk.text
+        if decided is None:
+            decided = _may_be_call(held.lstrip())
+        if decided == "text":
+            yield env.body({"delta": {"content": held}, "finish_reason": None},
+                           logprobs=logprobs(pending))
+            held, pending = "", []
+    finish = llm.last_result.finish_reason
+    deltas = []
+    if bound is not None:
+        rest = bound.finish(finish == "stop")
+        if bound.name is None:
+            deltas.append({"content": bound.text})
+        elif rest:
+            deltas.append(_call_delta(0, None, rest, legacy))
+        calls = bound.name is not None
+    else:
+        calls = _calls_in(held, finish, tools, tool_mode) if held else None
+        if calls:
+            deltas += [_call_delta(i, name, args, legacy) for i, (name, args) in enumerate(calls)]
+        elif held:
+            deltas.append({"content": held})
+    for delta in deltas:
+        yield env.body({"delta": delta, "finish_reason": None}, logprobs=logprobs(pending))
+        pending = []
+    yield env.body({"delta": {}, "finish_reason": _call_finish(finish, legacy) if calls else finish},
+                   logprobs=logprobs(pending) if pending else None)
+
+
+def _may_be_call(text: str):
+    """"call" when a reply starting with text may be a call, "text" when not, None when unsure."""
+    if text.startswith(("{", "[", "<tool_call>")):
+        return "call"
+    return None if "<tool_call>".startswith(text) else "text"

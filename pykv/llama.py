@@ -664,11 +664,19 @@ class Llama:
                           logit_bias=logit_bias, logprobs=logprobs, grammar=grammar, mirostat_mode=mirostat_mode,
                           mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
 
-    def chat_prompt(self, messages, add_generation_prompt: bool = True) -> List[int]:
-        """Token ids of messages rendered with the model's chat template (ChatML without one)."""
-        from .chat import render
+    def chat_prompt(self, messages, add_generation_prompt: bool = True, tools=None) -> List[int]:
+        """Token ids of messages rendered with the model's chat template (ChatML without one).
+        tools (OpenAI's form) go to a template that reads them, or else are described in the
+        system message (pykv._tools)."""
+        from ._tools import check_tools, prepare_messages, template_reads_tools
+        from .chat import check_messages, render
+        tools = check_tools(tools, None)
+        template_tools = template_reads_tools(self.chat_template)
+        messages = prepare_messages(check_messages(messages), tools, template_tools)
+        extra = {"tools": tools} if tools is not None and template_tools else {}
         text = render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=self._special_text(self.token_bos()), eos_token=self._special_text(self.token_eos()))
+                      bos_token=self._special_text(self.token_bos()), eos_token=self._special_text(self.token_eos()),
+                      **extra)
         tokens = self.tokenize(text, add_bos=True, special=True)
         bos = self.token_bos()
         if len(tokens) > 1 and tokens[0] == tokens[1] == bos:
@@ -686,7 +694,8 @@ class Llama:
                                logprobs: bool = False, top_logprobs: Optional[int] = None,
                                response_format: Optional[dict] = None,
                                grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
-                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, tools=None,
+                               tool_choice=None, functions=None, function_call=None):
         """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
         the GGUF's chat template, an OpenAI-shaped "chat.completion" dict back (or its chunks with
         stream=True). max_tokens=None runs until end of generation or a full context.
@@ -694,15 +703,31 @@ class Llama:
         "top_logprobs"}]} with top_logprobs alternatives per token.
         response_format {"type": "json_object"} makes the reply a JSON object, with "schema"
         (or {"type": "json_schema", "json_schema": {"schema": ...}}) one that schema allows;
-        grammar (GBNF) constrains it otherwise. Not both."""
+        grammar (GBNF) constrains it otherwise. Not both.
+        tools ([{"type": "function", "function": {"name", "description", "parameters"}}]) and
+        tool_choice ("auto", the default with tools; "none"; "required"; or {"type": "function",
+        "function": {"name": ...}}) let the model call functions: a call comes back in the
+        message's "tool_calls" with finish_reason "tool_calls". "required" and a named function
+        bind the reply to a call whose arguments follow the function's parameters schema. The
+        older functions and function_call are taken too. See pykv._tools."""
         from ._openai import chat_completion
+        from ._tools import check_tools, choose
         if top_logprobs is not None and not logprobs:
             raise errors.InvalidArgumentError("top_logprobs needs logprobs=True")
         if response_format is not None:
             if grammar is not None:
                 raise errors.InvalidArgumentError("give response_format or grammar, not both")
             grammar = response_format_grammar(response_format)
-        return chat_completion(self, self.chat_prompt(messages), stream, max_tokens=max_tokens,
+        checked = check_tools(tools, functions)
+        tool_mode, callable_tools = choose(checked, tool_choice, function_call)
+        if tool_mode == "call":
+            if grammar is not None:
+                raise errors.InvalidArgumentError("a required tool call cannot take a grammar or response_format too")
+            from ._tools import call_grammar
+            grammar = call_grammar(callable_tools)
+        prompt = self.chat_prompt(messages, tools=checked)
+        return chat_completion(self, prompt, stream, tools=callable_tools, tool_mode=tool_mode,
+                               legacy=functions is not None, max_tokens=max_tokens,
                                temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,

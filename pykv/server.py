@@ -9,7 +9,8 @@ Only the standard library's http.server: requests are taken on threads but run o
 (one context). Request fields are the Llama methods' arguments under their OpenAI names;
 unknown fields are ignored, as OpenAI clients send some pykv does not use ("user", ...).
 "grammar" (GBNF, both completion endpoints), "response_format" (chat) and llama-server's
-"json_schema" (completions) constrain the output. A bad
+"json_schema" (completions) constrain the output; "tools" and "tool_choice" (chat) let the
+model call functions, as OpenAI's API does. A bad
 field is a 400 with OpenAI's {"error": {...}} body; a client that goes away mid-stream
 cancels its generation. With an API key, every endpoint but /health wants
 `Authorization: Bearer KEY` (401 otherwise).
@@ -33,7 +34,8 @@ _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_pen
              "mirostat_eta")
 FIELDS = {
     "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo", "grammar", "json_schema"),
-    "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs", "grammar", "response_format"),
+    "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs", "grammar", "response_format",
+                                                         "tools", "tool_choice", "functions", "function_call"),
     "/v1/embeddings": ("input",),
     "/v1/tokenize": ("content", "add_special"),
     "/v1/detokenize": ("tokens",),

@@ -25,7 +25,7 @@ TIMEOUT = 60
 @pytest.fixture
 def served(tiny_model):
     """(base URL, the served Llama); the server runs on a free port in a thread."""
-    with Llama(str(tiny_model()), n_ctx=256, embedding=True, pooling_type="mean", **EXACT) as llm:
+    with Llama(str(tiny_model()), n_ctx=1024, embedding=True, pooling_type="mean", **EXACT) as llm:
         server = make_server(llm, "127.0.0.1", 0, model_name="tiny")
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()
@@ -113,7 +113,7 @@ def test_embeddings(served):
     ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "'temperature' must be a number"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 1.5}, 400, "'max_tokens' must be an integer"),
     ("/v1/completions", {"prompt": "x", "top_k": -5}, 400, "top_k"),
-    ("/v1/completions", {"prompt": "the cat " * 300}, 400, "n_ctx=256"),
+    ("/v1/completions", {"prompt": "the cat " * 1200}, 400, "n_ctx=1024"),
     ("/v1/completions", [1, 2], 400, "JSON object"),
     ("/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "'role'"),
     ("/v1/chat/completions", {"messages": "hello"}, 400, "non-empty list"),
@@ -308,3 +308,23 @@ def test_mirostat_fields(served):
         assert got[0] == 200 and got[1]["choices"][0]["text"] == want
     status, body = request(url + "/v1/completions", dict(args, mirostat_mode="2"))
     assert status == 400 and "mirostat_mode" in body["error"]["message"]
+
+
+def test_tools(served):
+    """"tools" and "tool_choice" on chat: the call the method makes, streamed too; a tool_choice
+    naming no tool is a 400."""
+    url, llm = served
+    add = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}}}
+    body = dict(messages=[{"role": "user", "content": "1+1"}], tools=[add], tool_choice="required",
+                max_tokens=400, temperature=0)
+    llm.reset()
+    want = llm.create_chat_completion(**body)["choices"][0]
+    llm.reset()
+    status, got = request(url + "/v1/chat/completions", body)
+    got = got["choices"][0]
+    assert status == 200 and got["finish_reason"] == want["finish_reason"] == "tool_calls"
+    assert got["message"]["tool_calls"][0]["function"] == want["message"]["tool_calls"][0]["function"]
+    status, bad = request(url + "/v1/chat/completions", dict(body, tool_choice={"type": "function",
+                                                                                "function": {"name": "mul"}}))
+    assert status == 400 and "not among the tools" in bad["error"]["message"]
