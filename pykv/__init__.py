@@ -7,6 +7,7 @@ from ._state import LlamaState
 from .grammar import LlamaGrammar
 from .llama import GenerationChunk, GenerationResult, Llama
 from .policies import list_policies
+from .processors import LogitsProcessorList, StoppingCriteriaList
 
 __version__ = "0.1.0"
 
@@ -17,5 +18,6 @@ def system_info() -> str:
 
 
 __all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "LlamaState", "LlamaGrammar",
+           "LogitsProcessorList", "StoppingCriteriaList",
            "PykvError", "ModelLoadError", "ContextOverflowError", "InvalidArgumentError", "BackendError",
            "system_info", "list_policies", "__version__"]

@@ -20,6 +20,7 @@ from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logpr
 from ._textstream import TextStream
 from .grammar import LlamaGrammar, as_grammar, bind as bind_grammar, response_format_grammar
 from .policies import parse_budget, policy_args
+from .processors import LogitsProcessorList, StoppingCriteriaList, as_callback, processed_logits
 
 Prompt = Union[str, bytes, Sequence[int]]
 
@@ -490,7 +491,8 @@ class Llama:
                  presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
                  logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None,
                  grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
-                 mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
+                 mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, logits_processor=None,
+                 stopping_criteria=None):
         """Generate text after prompt (text or token ids). With the `full` policy the context
         keeps the longest prefix of the prompt it already holds and evaluates the rest
         (result.cached_tokens); otherwise, or after reset(), it starts afresh.
@@ -506,6 +508,10 @@ class Llama:
         streaming); it evaluates the whole prompt, keeping every token's logits for the call
         (n_prompt x n_vocab floats). grammar (a LlamaGrammar or GBNF text) allows only tokens
         that continue a match of it, and the end of generation only after a complete one.
+        logits_processor (a callable or a list, llama-cpp-python's LogitsProcessorList) maps
+        (token ids so far, logits) to the scores the sampler then draws from; stopping_criteria
+        (StoppingCriteriaList) is asked after each drawn token, with the ids including it and
+        the logits it was drawn from: True ends the generation there (finish_reason "stop").
         Returns a GenerationResult, or with stream=True an iterator of GenerationChunk whose
         final result is left in self.last_result."""
         self._need_ctx()
@@ -521,8 +527,10 @@ class Llama:
         n_prompt_logprobs = check_n_logprobs(prompt_logprobs, "prompt_logprobs")
         grammar = as_grammar(grammar)
         matcher = None if grammar is None else bind_grammar(self._model, grammar)
+        callbacks = (as_callback(logits_processor, LogitsProcessorList, "logits_processor"),
+                     as_callback(stopping_criteria, StoppingCriteriaList, "stopping_criteria"))
         steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos, n_logprobs,
-                                     n_prompt_logprobs, matcher)
+                                     n_prompt_logprobs, matcher, callbacks)
         if stream:
             return steps
         for _ in steps:
@@ -562,8 +570,8 @@ class Llama:
             rows = self._eval_logit_rows(tokens)
             return [None] + [token_logprob(rows[i - 1], tokens[i], n_top) for i in range(1, len(tokens))]
 
-    def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos,
-                        n_logprobs=None, n_prompt_logprobs=None, grammar=None) -> Iterator[GenerationChunk]:
+    def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos, n_logprobs=None,
+                        n_prompt_logprobs=None, grammar=None, callbacks=(None, None)) -> Iterator[GenerationChunk]:
         if n_prompt_logprobs is None:
             cached = self._start_from(prompt_tokens)
         else:   # every prompt token's logits are needed: none of it may come from the context
@@ -578,6 +586,10 @@ class Llama:
         prompt_logprobs = unsent_prompt = None   # the prompt's, until a chunk carries them
         finish_reason = "length"
         limit = max_tokens if max_tokens and max_tokens > 0 else None
+        processor, stopping = callbacks
+
+        def ids():   # the callbacks' view: the prompt and the tokens generated so far
+            return np.array(prompt_tokens + generated, dtype=np.intc)
 
         def chunk(piece, token):
             nonlocal unsent, unsent_prompt
@@ -601,7 +613,11 @@ class Llama:
             while limit is None or len(generated) < limit:
                 token_out = ffi.new("pykv_token *")
                 logits_ptr = lib.pykv_get_logits(self._ctx)
-                check(lib.pykv_sampler_sample(sampler, logits_ptr, self.n_vocab, token_out))
+                logits = np.frombuffer(ffi.buffer(logits_ptr, 4 * self.n_vocab), dtype=np.float32)
+                scores = logits_ptr
+                if processor is not None:
+                    scores = ffi.from_buffer("float[]", processed_logits(processor, ids(), logits))
+                check(lib.pykv_sampler_sample(sampler, scores, self.n_vocab, token_out))
                 token = token_out[0]
                 if grammar is not None:
                     check(lib.pykv_grammar_accept(grammar, token))
@@ -611,7 +627,6 @@ class Llama:
                 lib.pykv_sampler_accept(sampler, token)
                 generated.append(token)
                 if logprobs is not None:
-                    logits = np.frombuffer(ffi.buffer(logits_ptr, 4 * self.n_vocab), dtype=np.float32)
                     logprobs.append(token_logprob(logits, token, n_logprobs))
                 piece = text.push(self.token_to_piece(token))
                 if text.stopped_by is not None:
@@ -621,6 +636,9 @@ class Llama:
                     break
                 if piece:
                     yield chunk(piece, token)
+                if stopping is not None and stopping(ids(), logits.copy()):   # the ids include this token
+                    finish_reason = "stop"
+                    break
                 if limit is not None and len(generated) >= limit:
                     break
                 if self.n_past >= self.n_ctx:
@@ -650,19 +668,21 @@ class Llama:
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                           logit_bias: Optional[dict] = None, logprobs: Optional[int] = None,
                           echo: bool = False, grammar: Union[None, str, LlamaGrammar] = None,
-                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
+                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                          logits_processor=None, stopping_criteria=None):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
         logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
         top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python.
         echo=True puts the prompt before the completion, and with logprobs its tokens' too
         (the first one's null, as OpenAI's): the whole prompt is then evaluated afresh.
-        grammar constrains the completion as in generate()."""
+        grammar, logits_processor and stopping_criteria work as in generate()."""
         from ._openai import completion
         return completion(self, prompt, stream, echo=echo, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                           logit_bias=logit_bias, logprobs=logprobs, grammar=grammar, mirostat_mode=mirostat_mode,
-                          mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
+                          mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
+                          stopping_criteria=stopping_criteria)
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True, tools=None) -> List[int]:
         """Token ids of messages rendered with the model's chat template (ChatML without one).
@@ -695,7 +715,8 @@ class Llama:
                                response_format: Optional[dict] = None,
                                grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, tools=None,
-                               tool_choice=None, functions=None, function_call=None):
+                               tool_choice=None, functions=None, function_call=None, logits_processor=None,
+                               stopping_criteria=None):
         """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
         the GGUF's chat template, an OpenAI-shaped "chat.completion" dict back (or its chunks with
         stream=True). max_tokens=None runs until end of generation or a full context.
@@ -709,7 +730,8 @@ class Llama:
         "function": {"name": ...}}) let the model call functions: a call comes back in the
         message's "tool_calls" with finish_reason "tool_calls". "required" and a named function
         bind the reply to a call whose arguments follow the function's parameters schema. The
-        older functions and function_call are taken too. See pykv._tools."""
+        older functions and function_call are taken too. See pykv._tools. logits_processor and
+        stopping_criteria work as in generate()."""
         from ._openai import chat_completion
         from ._tools import check_tools, choose
         if top_logprobs is not None and not logprobs:
@@ -733,6 +755,7 @@ class Llama:
                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                logit_bias=logit_bias, logprobs=(top_logprobs or 0) if logprobs else None,
                                grammar=grammar, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                               mirostat_eta=mirostat_eta)
+                               mirostat_eta=mirostat_eta, logits_processor=logits_processor,
+                               stopping_criteria=stopping_criteria)
 
     __call__ = create_completion
