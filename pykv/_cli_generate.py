@@ -98,8 +98,8 @@ def grammar_arg(args):
 
 def sampling_kwargs(args) -> dict:
     """Llama.generate's length, sampling, grammar and stop arguments from the shared flags."""
-    return dict(grammar=grammar_arg(args),max_tokens=args.n_predict if args.n_predict > 0 else None,
-                temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+    return dict(grammar=grammar_arg(args), max_tokens=args.n_predict if args.n_predict > 0 else None,
+                temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, typical_p=args.typical,
                 repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
                 frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                 logit_bias=parse_logit_bias(args.logit_bias) or None, mirostat_mode=args.mirostat,

@@ -50,11 +50,13 @@ def make_sampler(temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int = 0,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  logit_bias: Optional[Mapping] = None, n_vocab: Optional[int] = None,
-                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1):
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 typical_p: float = 1.0):
     """A C sampler chain; InvalidArgumentError names the first parameter out of range
     (logit_bias ids are checked against n_vocab when it is given). mirostat_mode 1 or 2
     replaces top-k, top-p and min-p with Mirostat (target surprise mirostat_tau bits,
-    learning rate mirostat_eta), as llama.cpp."""
+    learning rate mirostat_eta), as llama.cpp. typical_p < 1 keeps the locally typical tokens
+    after top-k (llama.cpp's typical sampling)."""
     params = new_params("struct pykv_sampler_params", lib.pykv_sampler_default_params)
     params.temperature = temperature
     params.top_k = top_k
@@ -70,6 +72,7 @@ def make_sampler(temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
     params.mirostat = max(-1, min(mirostat_mode, 3))   # out of range either way: the C check names it
     params.mirostat_tau = mirostat_tau
     params.mirostat_eta = mirostat_eta
+    params.typical_p = typical_p
     tokens, biases = logit_bias_items(logit_bias, n_vocab)
     out = ffi.new("pykv_sampler **")
     check(lib.pykv_sampler_init(params, out))

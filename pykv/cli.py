@@ -96,6 +96,8 @@ def _add_sampling_flags(p):
     s.add_argument("--top-k", type=int, default=40, help="top-k (default 40; 0 = off)")
     s.add_argument("--top-p", type=float, default=0.95, help="top-p (default 0.95; 1 = off)")
     s.add_argument("--min-p", type=float, default=0.05, help="min-p (default 0.05; 0 = off)")
+    s.add_argument("--typical", type=float, default=1.0, metavar="P",
+                   help="locally typical sampling after top-k, parameter P (default 1.0 = off)")
     s.add_argument("--repeat-penalty", type=float, default=1.0, help="repeat penalty (default 1.0 = off)")
     s.add_argument("--repeat-last-n", type=int, default=64,
                    help="tokens the penalties look back over (default 64; -1 = all)")

@@ -491,8 +491,8 @@ class Llama:
                  presence_penalty: float = 0.0, logit_bias: Optional[dict] = None,
                  logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None,
                  grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
-                 mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, logits_processor=None,
-                 stopping_criteria=None):
+                 mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, typical_p: float = 1.0,
+                 logits_processor=None, stopping_criteria=None):
         """Generate text after prompt (text or token ids). With the `full` policy the context
         keeps the longest prefix of the prompt it already holds and evaluates the rest
         (result.cached_tokens); otherwise, or after reset(), it starts afresh.
@@ -502,6 +502,7 @@ class Llama:
         frequency and presence penalties over the last repeat_last_n tokens, top-k, top-p,
         min-p, temperature; with mirostat_mode 1 or 2, Mirostat (mirostat_tau: target surprise
         in bits, mirostat_eta: learning rate) after the temperature instead of the filters.
+        typical_p < 1 adds locally typical sampling after top-k.
         logprobs=N records each generated token's log-probability and the N most likely
         tokens at its step (result.logprobs, chunk.logprobs). prompt_logprobs=N
         does the same for the prompt's tokens (result.prompt_logprobs, on the first chunk when
@@ -522,7 +523,7 @@ class Llama:
                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                      logit_bias=logit_bias, mirostat_mode=mirostat_mode,
-                                     mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
+                                     mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, typical_p=typical_p)
         n_logprobs = check_n_logprobs(logprobs)
         n_prompt_logprobs = check_n_logprobs(prompt_logprobs, "prompt_logprobs")
         grammar = as_grammar(grammar)
@@ -669,7 +670,7 @@ class Llama:
                           logit_bias: Optional[dict] = None, logprobs: Optional[int] = None,
                           echo: bool = False, grammar: Union[None, str, LlamaGrammar] = None,
                           mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-                          logits_processor=None, stopping_criteria=None):
+                          typical_p: float = 1.0, logits_processor=None, stopping_criteria=None):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
         logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
         top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python.
@@ -681,8 +682,8 @@ class Llama:
                           top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                           logit_bias=logit_bias, logprobs=logprobs, grammar=grammar, mirostat_mode=mirostat_mode,
-                          mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logits_processor=logits_processor,
-                          stopping_criteria=stopping_criteria)
+                          mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, typical_p=typical_p,
+                          logits_processor=logits_processor, stopping_criteria=stopping_criteria)
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True, tools=None) -> List[int]:
         """Token ids of messages rendered with the model's chat template (ChatML without one).
@@ -714,7 +715,7 @@ class Llama:
                                logprobs: bool = False, top_logprobs: Optional[int] = None,
                                response_format: Optional[dict] = None,
                                grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
-                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, tools=None,
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, typical_p: float = 1.0, tools=None,
                                tool_choice=None, functions=None, function_call=None, logits_processor=None,
                                stopping_criteria=None):
         """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
@@ -755,7 +756,7 @@ class Llama:
                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                logit_bias=logit_bias, logprobs=(top_logprobs or 0) if logprobs else None,
                                grammar=grammar, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                               mirostat_eta=mirostat_eta, logits_processor=logits_processor,
+                               mirostat_eta=mirostat_eta, typical_p=typical_p, logits_processor=logits_processor,
                                stopping_criteria=stopping_criteria)
 
     __call__ = create_completion

@@ -31,7 +31,7 @@ from .grammar import LlamaGrammar
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
              "presence_penalty", "logit_bias", "seed", "stop", "stream", "mirostat_mode", "mirostat_tau",
-             "mirostat_eta")
+             "mirostat_eta", "typical_p")
 FIELDS = {
     "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo", "grammar", "json_schema"),
     "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs", "grammar", "response_format",
@@ -42,7 +42,7 @@ FIELDS = {
 }
 MAX_BODY = 64 << 20
 _NUMBERS = ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
-            "mirostat_tau", "mirostat_eta")
+            "mirostat_tau", "mirostat_eta", "typical_p")
 _INTEGERS = ("max_tokens", "top_k", "seed", "mirostat_mode")
 
 

@@ -33,7 +33,7 @@ extern "C" {
 
 /* --- cffi begin --- */
 
-#define PYKV_ABI_VERSION 4
+#define PYKV_ABI_VERSION 5
 #define PYKV_DEFAULT_SEED 4294967295
 
 typedef int32_t pykv_token;
@@ -310,6 +310,7 @@ struct pykv_sampler_params {
     int32_t  mirostat;        /* 0 = off (default); 1 or 2: Mirostat 1 or 2.0 instead of top-k, top-p, min-p */
     float    mirostat_tau;    /* its target surprise in bits (default 5) */
     float    mirostat_eta;    /* its learning rate (default 0.1) */
+    float    typical_p;       /* locally typical sampling, after top-k: 1 = off (default) */
 };
 
 PYKV_API void        pykv_sampler_default_params(struct pykv_sampler_params *params);

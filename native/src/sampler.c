@@ -1,6 +1,6 @@
 // sampler.c - the public sampling API: llama.cpp's default chain
 //   logit bias -> penalties (repeat, frequency, presence)
-//   -> (temperature <= 0: greedy) | top-k -> top-p -> min-p -> temperature -> softmax -> a seeded draw
+//   -> (temperature <= 0: greedy) | top-k -> typical -> top-p -> min-p -> temperature -> softmax -> a seeded draw
 //      | (mirostat 1 or 2) temperature -> Mirostat's truncation and draw (sampler-mirostat.c).
 // Filters see the logits before temperature, as in llama.cpp's default sampler order. A
 // grammar, when set, allows only its tokens before the penalties (grammar.c).
@@ -37,6 +37,7 @@ struct pykv_sampler {
 
     // Scratch sized to the vocabulary of the last call.
     struct sampler_cand *cand;
+    struct sampler_shift *typical;  // typical_p's scratch (only when it is on)
     uint32_t            *mark;      // per-token stamp: count, then penalise, each distinct token once
     int32_t             *count;     // occurrences in the history (valid where mark is this call's)
     uint32_t             mark_epoch;
@@ -59,6 +60,7 @@ void pykv_sampler_default_params(struct pykv_sampler_params *params) {
     params->mirostat       = 0;
     params->mirostat_tau   = 5.0f;
     params->mirostat_eta   = 0.1f;
+    params->typical_p      = 1.0f;
 }
 
 static pykv_status validate_params(const struct pykv_sampler_params *p) {
@@ -80,6 +82,10 @@ static pykv_status validate_params(const struct pykv_sampler_params *p) {
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) {
         return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: top_p must be in (0, 1] (1 = off), got %g",
                           (double)p->top_p);
+    }
+    if (!(p->typical_p > 0.0f && p->typical_p <= 1.0f)) {
+        return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: typical_p must be in (0, 1] (1 = off), got %g",
+                          (double)p->typical_p);
     }
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) {
         return pykv_error(PYKV_ERR_INVALID_ARG, "sampler params: min_p must be in [0, 1] (0 = off), got %g",
@@ -141,6 +147,7 @@ void pykv_sampler_free(pykv_sampler *smpl) {
     free(smpl->bias_tokens);
     free(smpl->bias_values);
     free(smpl->cand);
+    free(smpl->typical);
     free(smpl->mark);
     free(smpl->count);
     free(smpl->allowed);
@@ -219,17 +226,22 @@ static pykv_status ensure_scratch(pykv_sampler *s, int32_t n_vocab) {
     free(s->allowed);
     s->allowed = NULL;
     free(s->cand);
+    free(s->typical);
     free(s->mark);
     free(s->count);
+    int typical = s->params.typical_p < 1.0f;
     s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
+    s->typical = typical ? malloc((size_t)n_vocab * sizeof(*s->typical)) : NULL;
     s->mark = calloc((size_t)n_vocab, sizeof(*s->mark));
     s->count = malloc((size_t)n_vocab * sizeof(*s->count));
     s->mark_epoch = 0;
-    if (!s->cand || !s->mark || !s->count) {
+    if (!s->cand || (typical && !s->typical) || !s->mark || !s->count) {
         free(s->cand);
+        free(s->typical);
         free(s->mark);
         free(s->count);
         s->cand = NULL;
+        s->typical = NULL;
         s->mark = NULL;
         s->count = NULL;
         s->n_scratch = 0;
@@ -476,6 +488,11 @@ pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t
     if (p->temperature <= 0.0f) {
         *out = c[0].id;
         return PYKV_OK;
+    }
+    if (p->typical_p < 1.0f) {
+        int32_t kept = sampler_typical(c, n, p->typical_p, smpl->typical);
+        n_sorted = n_sorted == n ? kept : 0;   // a sorted list stays sorted; a partly sorted one is re-sorted
+        n = kept;
     }
     if (p->top_p < 1.0f) n = apply_top_p(c, n, n_sorted, p->top_p);
     if (p->min_p > 0.0f) n = apply_min_p(c, n, p->min_p);

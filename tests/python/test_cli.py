@@ -286,9 +286,10 @@ def test_ctrl_c_stops_cleanly(smollm2_path):
     assert (got + rest).decode(errors="replace").startswith(PROMPT)
 
 
-def test_mirostat_flags_match_python_api(tiny_model):
+def test_mirostat_and_typical_flags_match_python_api(tiny_model):
     """--mirostat, --mirostat-ent (tau) and --mirostat-lr (eta) with a seed give what
-    generate(mirostat_mode=, mirostat_tau=, mirostat_eta=) gives; a bad mode is a usage error."""
+    generate(mirostat_mode=, mirostat_tau=, mirostat_eta=) gives; a bad mode is a usage error;
+    --typical gives what typical_p= gives."""
     from _compare import EXACT
     from pykv import Llama
     path = tiny_model()
@@ -302,3 +303,10 @@ def test_mirostat_flags_match_python_api(tiny_model):
     assert json.loads(r.stdout)["tokens"] == want.tokens != plain.tokens
     r = run_cli("generate", path, "-p", "a", "-n", 2, "--mirostat", 3)
     assert r.returncode == 1 and "mirostat" in r.stderr
+    r = run_cli("generate", path, "-p", "a", "-n", 12, "--json", "--exact-matmul", "--cache-type", "f32",
+                "--typical", 0.3, "--top-k", 0, "-s", 7, "--temp", 1.2)
+    assert r.returncode == 0, r.stderr
+    with Llama(str(path), n_ctx=4096, **EXACT) as llm:
+        want = llm.generate("a", max_tokens=12, temperature=1.2, seed=7, top_k=0, typical_p=0.3)
+        plain = llm.generate("a", max_tokens=12, temperature=1.2, seed=7, top_k=0)
+    assert json.loads(r.stdout)["tokens"] == want.tokens != plain.tokens

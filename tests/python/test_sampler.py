@@ -31,13 +31,30 @@ def ref_logits(logits, *, repeat_penalty=1.0, frequency_penalty=0.0, presence_pe
     return x
 
 
-def ref_probs(logits, *, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, **penalties):
+def ref_typical(x, kept, typical_p):
+    """Locally typical sampling (Meister et al.) over the tokens kept, in rank order: those
+    whose surprise is nearest the entropy, until their mass exceeds typical_p."""
+    with np.errstate(divide="ignore"):
+        logp = x[kept] - x[kept].max()
+        logp = logp - np.log(np.exp(logp).sum())
+        p = np.exp(logp)
+        entropy = -np.sum(p[p > 0] * logp[p > 0])
+        shift = np.where(p > 0, np.abs(-logp - entropy), np.inf)
+    nearest = np.argsort(shift, kind="stable")
+    n = int(np.searchsorted(np.cumsum(p[nearest]), typical_p, side="right") + 1)
+    chosen = kept[np.sort(nearest[:n])]
+    return chosen[np.lexsort((chosen, -x[chosen]))]
+
+
+def ref_probs(logits, *, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, **penalties):
     """Probabilities of every token after llama.cpp's default chain (temperature > 0)."""
     x = ref_logits(logits, **penalties)
     # rank order: higher logit first, lower id on ties
     order = np.lexsort((np.arange(len(x)), -x))
     keep = np.zeros(len(x), dtype=bool)
     kept = order if top_k <= 0 else order[:top_k]
+    if typical_p < 1.0:
+        kept = ref_typical(x, kept, typical_p)
     if top_p < 1.0:
         p = np.exp(x[kept] - x[kept].max())
         p /= p.sum()
@@ -125,6 +142,8 @@ CONFIGS = {
     "min_p": dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3),
     "defaults": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
     "all filters": dict(temperature=1.3, top_k=6, top_p=0.85, min_p=0.2),
+    "typical": dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=0.6),
+    "typical after top_k, before top_p": dict(temperature=0.9, top_k=8, top_p=0.9, min_p=0.0, typical_p=0.8),
 }
 
 
@@ -208,6 +227,25 @@ def test_top_p_without_top_k_on_large_vocab():
     assert set(drawn) <= allowed
 
 
+def test_typical_with_banned_tokens():
+    """typical_p over every token, some of them banned (-inf: no probability, no entropy term):
+    the draw follows the reference on 600 tokens; on SmolLM2's vocabulary size it stays in the
+    reference's set."""
+    rng = np.random.default_rng(9)
+    logits = rng.normal(0, 2.0, 600).astype(np.float32)
+    logits[5::11] = -np.inf
+    cfg = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=0.5)
+    probs = ref_probs(logits, **cfg)
+    assert 10 < (probs > 0).sum() < 300
+    assert_matches(empirical(make_sampler(seed=10, **cfg), logits), probs)
+    logits = rng.normal(0, 1.0, 49152).astype(np.float32)
+    logits[::7] = -np.inf
+    cfg = dict(temperature=1.0, top_k=0, top_p=0.95, min_p=0.0, typical_p=0.2)
+    allowed = set(np.nonzero(ref_probs(logits, **cfg))[0].tolist())
+    smpl = make_sampler(seed=11, **cfg)
+    assert {sample(smpl, logits) for _ in range(300)} <= allowed
+
+
 @pytest.mark.parametrize("temperature", [0.0, -1.0])
 def test_greedy_is_argmax(temperature):
     rng = np.random.default_rng(0)
@@ -271,6 +309,9 @@ def test_logits_not_modified():
     ("repeat_last_n", -2, "repeat_last_n"),
     ("frequency_penalty", float("inf"), "frequency_penalty"),
     ("presence_penalty", float("nan"), "presence_penalty"),
+    ("typical_p", 0.0, "typical_p"),
+    ("typical_p", 1.5, "typical_p"),
+    ("typical_p", float("nan"), "typical_p"),
     ("mirostat", 3, "mirostat"),
     ("mirostat", -1, "mirostat"),
     ("mirostat_tau", 0.0, "mirostat_tau"),

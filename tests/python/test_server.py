@@ -299,7 +299,7 @@ def test_grammars(served):
 
 
 def test_mirostat_fields(served):
-    """llama-cpp-python's mirostat_mode/_tau/_eta and llama-server's "mirostat" reach the sampler."""
+    """llama-cpp-python's mirostat_mode/_tau/_eta, llama-server's "mirostat" and typical_p reach the sampler."""
     url, llm = served
     args = dict(prompt="the cat", max_tokens=8, temperature=1.0, seed=3)
     want = llm.create_completion(**args, mirostat_mode=1, mirostat_tau=2.0, mirostat_eta=0.2)["choices"][0]["text"]
@@ -308,6 +308,8 @@ def test_mirostat_fields(served):
         assert got[0] == 200 and got[1]["choices"][0]["text"] == want
     status, body = request(url + "/v1/completions", dict(args, mirostat_mode="2"))
     assert status == 400 and "mirostat_mode" in body["error"]["message"]
+    want = llm.create_completion(**args, top_k=0, typical_p=0.4)["choices"][0]["text"]
+    assert request(url + "/v1/completions", dict(args, top_k=0, typical_p=0.4))[1]["choices"][0]["text"] == want
 
 
 def test_tools(served):
