@@ -107,10 +107,21 @@ def sampling_kwargs(args) -> dict:
                 seed=args.seed if args.seed >= 0 else None, stop=args.stop or None)
 
 
+def chat_template_arg(args):
+    """--chat-template's text, or --chat-template-file's; None for the GGUF's template."""
+    if getattr(args, "chat_template_file", None) is None:
+        return getattr(args, "chat_template", None)
+    try:
+        return Path(args.chat_template_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read --chat-template-file {args.chat_template_file}: {e}") from None
+
+
 def load_model(args, path, **extra):
-    """A Llama from the shared model, context and policy flags (extra: more Llama arguments)."""
+    """A Llama from the shared model, context, policy and chat template flags (extra: more
+    Llama arguments)."""
     from . import Llama
-    return Llama(str(path), n_ctx=args.ctx_size, n_threads=args.threads, n_batch=args.batch_size,
+    return Llama(str(path), chat_template=chat_template_arg(args), n_ctx=args.ctx_size, n_threads=args.threads, n_batch=args.batch_size,
                  n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
                  use_mmap=not args.no_mmap, policy=args.policy, budget=args.budget,
                  window=args.window, sink=args.sink, exact_matmul=args.exact_matmul, kv_type=args.cache_type,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import EXIT_OK, UsageError, model_path_arg
+from .cli import EXIT_OK, UsageError, add_chat_template_flags, model_path_arg
 
 
 def add_serve_parser(sub, add_model_flags):
@@ -25,6 +25,7 @@ def add_serve_parser(sub, add_model_flags):
     g.add_argument("--pooling", choices=["none", "mean", "cls", "last"], default=None,
                    help="pooling of /v1/embeddings (default: the model's, else none, which it refuses)")
     g.add_argument("-v", "--verbose", action="store_true", help="log each request; runtime logging; tracebacks")
+    add_chat_template_flags(p)
     p.set_defaults(run="serve")
 
 

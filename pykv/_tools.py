@@ -64,9 +64,10 @@ def choose(tools: Optional[List[dict]], tool_choice, function_call) -> Tuple[str
     call of one of those tools."""
     if tool_choice is not None and function_call is not None:
         raise errors.InvalidArgumentError("give tool_choice or function_call, not both")
-    if function_call is not None:   # the legacy form: "none", "auto" or {"name": ...}
-        tool_choice = function_call if isinstance(function_call, str) else \
-            {"type": "function", "function": function_call} if isinstance(function_call, dict) else function_call
+    if isinstance(function_call, dict):   # the legacy form: "none", "auto" or {"name": ...}
+        tool_choice = {"type": "function", "function": function_call}
+    elif function_call is not None:
+        tool_choice = function_call
     if tools is None:
         if tool_choice not in (None, "none"):
             raise errors.InvalidArgumentError("tool_choice needs tools")
@@ -77,8 +78,8 @@ def choose(tools: Optional[List[dict]], tool_choice, function_call) -> Tuple[str
         return "none", tools
     if tool_choice == "required":
         return "call", tools
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) and \
-        isinstance(tool_choice.get("function"), dict) else None
+    fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
     if name is None:
         raise errors.InvalidArgumentError(
             "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}, "

@@ -59,6 +59,29 @@ def _environment():
     return env
 
 
+TEMPLATE_NAMES = {"chatml": CHATML}
+
+
+def resolve_template(template: str) -> str:
+    """A chat template given by the user: Jinja2 text, or a name of TEMPLATE_NAMES; checked to
+    parse, so that a mistake is refused before any chat."""
+    import jinja2
+
+    if not isinstance(template, str) or not template:
+        raise errors.InvalidArgumentError(f"a chat template is Jinja2 text or a name, got {template!r}")
+    if template in TEMPLATE_NAMES:
+        return TEMPLATE_NAMES[template]
+    if "{" not in template:   # a bare word would render as itself: a name pykv does not know
+        raise errors.InvalidArgumentError(
+            f"unknown chat template name {template!r}: give Jinja2 text or one of {sorted(TEMPLATE_NAMES)}")
+    try:
+        _environment().from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise errors.InvalidArgumentError(f"the chat template does not parse: line {exc.lineno}: {exc.message}") \
+            from None
+    return template
+
+
 def render(template: Optional[str], messages, *, bos_token: str = "", eos_token: str = "",
            add_generation_prompt: bool = True, **extra) -> str:
     """The prompt text for messages: template (CHATML when None) rendered in a Jinja2 sandbox.

@@ -121,6 +121,13 @@ def _add_sampling_flags(p):
     g.add_argument("-jf", "--json-schema-file", metavar="FILE", help="read the JSON Schema from FILE")
 
 
+def add_chat_template_flags(p):
+    g = p.add_argument_group("chat template").add_mutually_exclusive_group()
+    g.add_argument("--chat-template", default=None, metavar="JINJA",
+                   help="use this chat template (Jinja2 text, or chatml) instead of the GGUF's")
+    g.add_argument("--chat-template-file", default=None, metavar="FILE", help="the same, read from FILE")
+
+
 def _add_chat(sub):
     p = sub.add_parser("chat", help="talk with a model, one message per line",
                        description="A conversation with the model's chat template: each line read from stdin "
@@ -134,6 +141,7 @@ def _add_chat(sub):
     g.add_argument("--stop", "-r", "--reverse-prompt", action="append", default=[], metavar="STR",
                    help="also end a reply when this text appears (repeatable)")
     g.add_argument("-v", "--verbose", action="store_true", help="log from the runtime; timings per reply; tracebacks")
+    add_chat_template_flags(p)
     _add_sampling_flags(p)
     p.set_defaults(run="chat")
 

@@ -18,6 +18,7 @@ from . import errors
 from ._ffi import call_string, check, ffi, lib, new_params
 from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logprob
 from ._textstream import TextStream
+from .chat import resolve_template
 from .grammar import LlamaGrammar, as_grammar, bind as bind_grammar, response_format_grammar
 from .policies import parse_budget, policy_args
 from .processors import LogitsProcessorList, StoppingCriteriaList, as_callback, processed_logits
@@ -80,9 +81,10 @@ class Llama:
                  policy: str = "full", budget=None, window: Optional[int] = None,
                  sink: Optional[int] = None, policy_kwargs: Optional[dict] = None,
                  exact_matmul: bool = False, kv_type: str = "f16", logits_all: bool = False,
-                 embedding: bool = False, pooling_type=None):
+                 embedding: bool = False, pooling_type=None, chat_template: Optional[str] = None):
         self._model = None
         self._ctx = None
+        self._chat_template = None if chat_template is None else resolve_template(chat_template)
         lib.pykv_log_set_level(3 if verbose else 0)
         self.model_path = _resolve_model_path(model_path)
         self.verbose = verbose
@@ -235,6 +237,9 @@ class Llama:
 
     @property
     def chat_template(self) -> Optional[str]:
+        """The chat template in use: the one given to the constructor, else the GGUF's (None: none)."""
+        if self._chat_template is not None:
+            return self._chat_template
         model = self._need_model()
         try:
             return call_string(lib.pykv_model_meta_string, model, b"tokenizer.chat_template").decode("utf-8", "replace")

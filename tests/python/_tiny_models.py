@@ -116,6 +116,19 @@ VARIANTS = {
 DEFAULT_VARIANT = "llama_f32_h4kv4"
 
 
+
+def grammar_takes(matcher, text: str) -> bool:
+    """Whether a grammar matcher (bound to a tiny model) takes text in full, fed as the tiny
+    vocabulary's byte tokens, from its start."""
+    from pykv._ffi import lib
+    names = tiny_vocab()[0]
+    if lib.pykv_grammar_reset(matcher) != lib.PYKV_OK:
+        raise AssertionError("pykv_grammar_reset failed")
+    for b in text.encode():
+        if lib.pykv_grammar_accept(matcher, names.index(f"<0x{b:02X}>")) != lib.PYKV_OK:
+            return False
+    return bool(lib.pykv_grammar_is_complete(matcher))
+
 def variant(name: str, **changes) -> TinySpec:
     spec = VARIANTS[name]
     return replace(spec, **changes) if changes else spec

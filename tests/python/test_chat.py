@@ -94,6 +94,32 @@ def test_template_helpers():
     assert out == '[{"role": "user", "content": "é"}]|4|'
 
 
+def test_a_given_template_replaces_the_ggufs(tiny_model, tmp_path):
+    """Llama(chat_template=...) and --chat-template/--chat-template-file: the given template (or
+    the name chatml) renders the chat; a bare word that is no known name, or text that does not
+    parse, is refused before the model loads."""
+    import subprocess
+    import sys
+    messages = [{"role": "user", "content": "hi"}]
+    mine = "{% for m in messages %}<<{{ m.role }}:{{ m.content }}>>{% endfor %}"
+    with Llama(str(tiny_model()), vocab_only=True, chat_template=mine) as llm:
+        assert llm.chat_template == mine
+        assert llm.detokenize(llm.chat_prompt(messages)).decode().endswith("<<user:hi>>")
+    with Llama(str(tiny_model()), vocab_only=True, chat_template="chatml") as llm:
+        assert llm.detokenize(llm.chat_prompt(messages), special=True).decode().endswith(render(None, messages))
+    for bad, needle in [("llama3", "unknown chat template name 'llama3'"), ("{% for m in messages %}", "does not parse"),
+                        ("", "Jinja2 text or a name")]:
+        with pytest.raises(InvalidArgumentError, match=needle):
+            Llama(str(tmp_path / "never-loaded.gguf"), chat_template=bad)
+    (tmp_path / "t.jinja").write_text(mine)
+    for flags, code, needle in [(["--chat-template-file", str(tmp_path / "t.jinja")], 0, ""),
+                                (["--chat-template-file", str(tmp_path / "none.jinja")], 1, "cannot read"),
+                                (["--chat-template", "llama3"], 1, "unknown chat template name")]:
+        r = subprocess.run([sys.executable, "-m", "pykv", "chat", str(tiny_model()), "-n", "2", "-c", "256", *flags],
+                           input="hi\n", capture_output=True, text=True, timeout=120)
+        assert r.returncode == code and needle in r.stderr, r.stderr
+
+
 @pytest.mark.model
 def test_bos_is_not_doubled(smollm2_path, tmp_path):
     """A model that adds BOS, with a template that writes BOS itself: one BOS, not two."""

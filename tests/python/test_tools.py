@@ -12,9 +12,8 @@ import jsonschema
 import pytest
 
 from _compare import EXACT
-from _tiny_models import tiny_vocab
+from _tiny_models import grammar_takes
 from pykv import InvalidArgumentError, Llama
-from pykv._ffi import check, lib
 from pykv._tools import CallStream, call_grammar, check_tools, choose, parse_calls
 from pykv.grammar import bind
 
@@ -38,16 +37,6 @@ TOOLS = [ADD, TREE, PAIR]
 def tiny_llm(tiny_model):
     with Llama(str(tiny_model()), n_ctx=4096, **EXACT) as llm:
         yield llm
-
-
-def accepts(llm, matcher, text: str) -> bool:
-    """Whether the grammar takes text in full, fed as the tiny vocabulary's byte tokens."""
-    names = tiny_vocab()[0]
-    check(lib.pykv_grammar_reset(matcher))
-    for b in text.encode():
-        if lib.pykv_grammar_accept(matcher, names.index(f"<0x{b:02X}>")) != lib.PYKV_OK:
-            return False
-    return bool(lib.pykv_grammar_is_complete(matcher))
 
 
 def valid_call(text: str, tools) -> bool:
@@ -83,7 +72,7 @@ CALLS = ['{"name": "add", "arguments": {"a": 3, "b": 1}}', '{"name":"add","argum
 @pytest.mark.parametrize("tools", [TOOLS, [ADD], [TREE, PAIR]], ids=["all", "add", "defs"])
 def test_call_grammar_accepts_what_the_validator_accepts(tiny_llm, tools):
     matcher = bind(tiny_llm._model, call_grammar(tools))
-    verdicts = [(text, accepts(tiny_llm, matcher, text), valid_call(text, tools)) for text in CALLS]
+    verdicts = [(text, grammar_takes(matcher, text), valid_call(text, tools)) for text in CALLS]
     assert any(want for _, _, want in verdicts) and any(not want for _, _, want in verdicts)
     assert [(t, got) for t, got, _ in verdicts] == [(t, want) for t, _, want in verdicts]
 
@@ -208,7 +197,7 @@ def test_auto_finds_calls_in_the_reply(tiny_llm, text):
     assert not any(c["delta"].get("content") for c in chunks)
 
 
-def test_tools_reach_the_template(tiny_llm, monkeypatch):
+def test_tools_reach_the_template(tiny_llm):
     """A template that reads tools gets them, and earlier calls' arguments as objects; one that
     does not (ChatML here) gets them described in the system message and earlier calls as JSON."""
     history = [{"role": "user", "content": "2+2?"},
@@ -223,8 +212,8 @@ def test_tools_reach_the_template(tiny_llm, monkeypatch):
     template = ("{% for t in tools %}T:{{ t.function.name }};{% endfor %}{% for m in messages %}"
                 "{% for c in m.tool_calls or [] %}C:{{ c.function.arguments.a }};{% endfor %}"
                 "{{ m.role }}:{{ m.content }};{% endfor %}")
-    monkeypatch.setattr(Llama, "chat_template", property(lambda self: template))
-    text = tiny_llm.detokenize(tiny_llm.chat_prompt(history, tools=[ADD]), special=True).decode()
+    with Llama(tiny_llm.model_path, vocab_only=True, chat_template=template) as llm:
+        text = llm.detokenize(llm.chat_prompt(history, tools=[ADD]), special=True).decode()
     assert text.endswith("T:add;user:2+2?;C:2;assistant:;tool:4;")
 
 
