@@ -72,6 +72,14 @@ def _resolve_model_path(model_path) -> str:
     raise errors.ModelLoadError(f"model file '{path}' does not exist")
 
 
+class Count(int):
+    """An int that may also be called: llama-cpp-python's llm.n_ctx() and llm.n_vocab() work
+    beside pykv's llm.n_ctx and llm.n_vocab."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
 class Llama:
     """A GGUF model with one context (KV cache) for evaluation and generation."""
 
@@ -88,8 +96,7 @@ class Llama:
         lib.pykv_log_set_level(3 if verbose else 0)
         self.model_path = _resolve_model_path(model_path)
         self.verbose = verbose
-        self._seed = seed
-        self._rng = random.Random(None if seed is None or seed < 0 else seed)
+        self.set_seed(seed)
 
         mparams = new_params("struct pykv_model_params", lib.pykv_model_default_params)
         mparams.use_mmap = int(bool(use_mmap))
@@ -98,7 +105,7 @@ class Llama:
         check(lib.pykv_model_load(self.model_path.encode(), mparams, out))
         self._model = out[0]
         self._info = self._read_info()
-        self.n_vocab = self._info["n_vocab"]
+        self.n_vocab = Count(self._info["n_vocab"])
         self.input_ids: List[int] = []   # the tokens evaluated in the context, in order
         self._after_prompt = None        # called by generate() once the prompt is evaluated
 
@@ -284,7 +291,16 @@ class Llama:
 
     @property
     def n_ctx(self) -> int:
-        return lib.pykv_n_ctx(self._need_ctx())
+        return Count(lib.pykv_n_ctx(self._need_ctx()))
+
+    @property
+    def n_embd(self) -> int:
+        return Count(self._info["n_embd"])
+
+    def set_seed(self, seed: int) -> None:
+        """The seed of the generations that are given none (as the constructor's; -1: random)."""
+        self._seed = seed
+        self._rng = random.Random(None if seed is None or seed < 0 else seed)
 
     @property
     def n_past(self) -> int:
