@@ -592,6 +592,34 @@ class Llama:
             rows = self._eval_logit_rows(tokens)
             return [None] + [token_logprob(rows[i - 1], tokens[i], n_top) for i in range(1, len(tokens))]
 
+    def _draw(self, sampler, processor, ids):
+        """(a token drawn by sampler from the last logits, after processor when given one, which
+        sees ids(); those logits as they were, a view valid until the next eval)."""
+        ptr = lib.pykv_get_logits(self._need_ctx())
+        if ptr == ffi.NULL:
+            raise errors.InvalidArgumentError("there are no logits to sample from: eval() some tokens first")
+        logits = np.frombuffer(ffi.buffer(ptr, 4 * self.n_vocab), dtype=np.float32)
+        scores = ptr if processor is None else ffi.from_buffer("float[]", processed_logits(processor, ids(), logits))
+        out = ffi.new("pykv_token *")
+        check(lib.pykv_sampler_sample(sampler, scores, self.n_vocab, out))
+        return out[0], logits
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.8, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, logits_processor=None, seed: Optional[int] = None) -> int:
+        """llama-cpp-python's low-level draw: a token from the last eval()'s logits under
+        generate()'s chain, the penalties looking at the context's last 64 tokens. Each call
+        starts a sampler afresh (Mirostat's state too); the token is not evaluated."""
+        sampler = self._make_sampler(seed, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                     typical_p=typical_p, repeat_penalty=repeat_penalty,
+                                     frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                     mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
+        for t in self.input_ids[-64:]:
+            lib.pykv_sampler_accept(sampler, t)
+        processor = as_callback(logits_processor, LogitsProcessorList, "logits_processor")
+        return self._draw(sampler, processor, lambda: np.array(self.input_ids, dtype=np.intc))[0]
+
     def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos, n_logprobs=None,
                         n_prompt_logprobs=None, grammar=None, callbacks=(None, None)) -> Iterator[GenerationChunk]:
         if n_prompt_logprobs is None:
@@ -633,14 +661,7 @@ class Llama:
             if grammar is not None:   # after the prompt: the grammar constrains generated text only
                 check(lib.pykv_sampler_set_grammar(sampler, grammar))
             while limit is None or len(generated) < limit:
-                token_out = ffi.new("pykv_token *")
-                logits_ptr = lib.pykv_get_logits(self._ctx)
-                logits = np.frombuffer(ffi.buffer(logits_ptr, 4 * self.n_vocab), dtype=np.float32)
-                scores = logits_ptr
-                if processor is not None:
-                    scores = ffi.from_buffer("float[]", processed_logits(processor, ids(), logits))
-                check(lib.pykv_sampler_sample(sampler, scores, self.n_vocab, token_out))
-                token = token_out[0]
+                token, logits = self._draw(sampler, processor, ids)
                 if grammar is not None:
                     check(lib.pykv_grammar_accept(grammar, token))
                 if not ignore_eos and self.is_eog(token):
