@@ -712,14 +712,22 @@ class Llama:
                           logit_bias: Optional[dict] = None, logprobs: Optional[int] = None,
                           echo: bool = False, grammar: Union[None, str, LlamaGrammar] = None,
                           mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-                          typical_p: float = 1.0, logits_processor=None, stopping_criteria=None):
+                          typical_p: float = 1.0, logits_processor=None, stopping_criteria=None,
+                          suffix: Optional[str] = None):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
         logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
         top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python.
         echo=True puts the prompt before the completion, and with logprobs its tokens' too
         (the first one's null, as OpenAI's): the whole prompt is then evaluated afresh.
-        grammar, logits_processor and stopping_criteria work as in generate()."""
+        grammar, logits_processor and stopping_criteria work as in generate(). suffix fills in
+        the middle: the completion is what goes between prompt and suffix (the model needs FIM
+        tokens; see pykv._fim)."""
         from ._openai import completion
+        if suffix is not None:
+            if echo:
+                raise errors.InvalidArgumentError("echo and suffix cannot go together")
+            from ._fim import infill_prompt
+            prompt = infill_prompt(self, prompt, suffix)
         return completion(self, prompt, stream, echo=echo, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,

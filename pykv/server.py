@@ -33,7 +33,7 @@ _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_pen
              "presence_penalty", "logit_bias", "seed", "stop", "stream", "mirostat_mode", "mirostat_tau",
              "mirostat_eta", "typical_p")
 FIELDS = {
-    "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo", "grammar", "json_schema"),
+    "/v1/completions": ("prompt",) + _SAMPLING + ("logprobs", "echo", "grammar", "json_schema", "suffix"),
     "/v1/chat/completions": ("messages",) + _SAMPLING + ("logprobs", "top_logprobs", "grammar", "response_format",
                                                          "tools", "tool_choice", "functions", "function_call"),
     "/v1/embeddings": ("input",),

@@ -75,6 +75,7 @@ class TinySpec:
     omit: tuple = ()            # tensor names left out (for bad-input tests)
     tensor_types: tuple = ()    # (name part, type): the first pair whose part is in a tensor's name wins
     pooling_type: int | None = None   # llama.pooling_type, when given (llama.cpp's enum)
+    fim: tuple = ()             # (prefix, suffix, middle) token ids written as the FIM markers
 
     @property
     def head_dim(self) -> int:
@@ -114,7 +115,6 @@ VARIANTS = {
     ]
 }
 DEFAULT_VARIANT = "llama_f32_h4kv4"
-
 
 
 def grammar_takes(matcher, text: str) -> bool:
@@ -229,6 +229,8 @@ def write_tiny_gguf(spec: TinySpec, path) -> Path:
     wr.add_file_type(_FILE_TYPE[spec.wtype])
     if spec.pooling_type is not None:
         wr.add_pooling_type(gguf.PoolingType(spec.pooling_type))
+    for role, token in zip(("pre", "suf", "mid"), spec.fim):
+        wr.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", token)
 
     tokens, scores, types = tiny_vocab()
     wr.add_tokenizer_model("llama")
