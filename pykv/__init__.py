@@ -18,6 +18,5 @@ def system_info() -> str:
 
 
 __all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "LlamaState", "LlamaGrammar",
-           "LogitsProcessorList", "StoppingCriteriaList",
-           "PykvError", "ModelLoadError", "ContextOverflowError", "InvalidArgumentError", "BackendError",
-           "system_info", "list_policies", "__version__"]
+           "LogitsProcessorList", "StoppingCriteriaList", "PykvError", "ModelLoadError", "ContextOverflowError",
+           "InvalidArgumentError", "BackendError", "system_info", "list_policies", "__version__"]

@@ -121,8 +121,8 @@ def load_model(args, path, **extra):
     """A Llama from the shared model, context, policy and chat template flags (extra: more
     Llama arguments)."""
     from . import Llama
-    return Llama(str(path), chat_template=chat_template_arg(args), n_ctx=args.ctx_size, n_threads=args.threads, n_batch=args.batch_size,
-                 n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
+    return Llama(str(path), chat_template=chat_template_arg(args), n_ctx=args.ctx_size, n_threads=args.threads,
+                 n_batch=args.batch_size, n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
                  use_mmap=not args.no_mmap, policy=args.policy, budget=args.budget,
                  window=args.window, sink=args.sink, exact_matmul=args.exact_matmul, kv_type=args.cache_type,
                  policy_kwargs=parse_policy_args(args.policy_arg) or None, **extra)
