@@ -37,7 +37,7 @@ struct pykv_sampler {
 
     // Scratch sized to the vocabulary of the last call.
     struct sampler_cand *cand;
-    struct sampler_shift *typical;  // typical_p's scratch (only when it is on)
+    struct sampler_cand *typical;   // typical_p's scratch (only when it is on)
     uint32_t            *mark;      // per-token stamp: count, then penalise, each distinct token once
     int32_t             *count;     // occurrences in the history (valid where mark is this call's)
     uint32_t             mark_epoch;

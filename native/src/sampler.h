@@ -22,13 +22,7 @@ void sampler_select_top(struct sampler_cand *c, int32_t n, int32_t k);
 int32_t sampler_mirostat(struct sampler_cand *c, int32_t n, int32_t n_vocab, int version, float temperature,
                          float tau, float eta, float *mu, double u);
 
-// A candidate's distance from typicality, for sampler_typical's scratch.
-struct sampler_shift {
-    double  shift;   // |surprise - entropy|
-    int32_t pos;     // its index in the candidates
-};
-
 // Locally typical sampling over c[0..n) (logits before temperature; scratch holds n): keeps,
 // in c[0..kept) in their original order, the tokens nearest the entropy in surprise until
 // their mass exceeds p, as llama.cpp's typical_p. Returns kept (>= 1) (sampler-typical.c).
-int32_t sampler_typical(struct sampler_cand *c, int32_t n, float p, struct sampler_shift *scratch);
+int32_t sampler_typical(struct sampler_cand *c, int32_t n, float p, struct sampler_cand *scratch);
