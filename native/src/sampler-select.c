@@ -83,3 +83,10 @@ void sampler_select_top(struct sampler_cand *c, int32_t n, int32_t k) {
     }
     qsort(c, (size_t)k, sizeof(*c), cmp_cand);
 }
+
+void sampler_sort_more(struct sampler_cand *c, int32_t n, int32_t *n_sorted) {
+    int32_t grow = *n_sorted < 64 ? 64 : *n_sorted * 3;
+    if (grow > n - *n_sorted) grow = n - *n_sorted;
+    sampler_select_top(c + *n_sorted, n - *n_sorted, grow);
+    *n_sorted += grow;
+}

@@ -30,17 +30,12 @@ int32_t sampler_typical(struct sampler_cand *c, int32_t n, float p, struct sampl
         scratch[i].logit = isfinite(log_p) ? (float)-fabs(-log_p - entropy) : -INFINITY;
         scratch[i].id = i;
     }
-    // Take the nearest in rank order until the mass exceeds p, selecting a growing prefix
-    // (64, 256, 1024, ...) instead of sorting every token: a few hundred usually suffice.
+    // Take the nearest in rank order until the mass exceeds p, ranking a growing prefix
+    // instead of sorting every token: a few hundred usually suffice.
     int32_t kept = 0, n_ranked = 0;
     double mass = 0.0;
     while (kept < n) {
-        if (kept == n_ranked) {
-            int32_t grow = n_ranked < 64 ? 64 : n_ranked * 3;
-            if (grow > n - n_ranked) grow = n - n_ranked;
-            sampler_select_top(scratch + n_ranked, n - n_ranked, grow);
-            n_ranked += grow;
-        }
+        if (kept == n_ranked) sampler_sort_more(scratch, n, &n_ranked);
         mass += exp((double)c[scratch[kept].id].logit - log_norm);
         kept++;
         if (mass > (double)p) break;

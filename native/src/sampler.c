@@ -301,12 +301,7 @@ static pykv_status grammar_best(pykv_sampler *s, int32_t n_vocab, int32_t k, int
     if (k > n_vocab) k = n_vocab;
     // c[0..kept): allowed, best first; c[kept..i): refused leftovers; c[i..): unchecked, all below.
     for (; kept < k && i < n_vocab && refused < GRAMMAR_REFUSALS_BEFORE_MASK; i++) {
-        if (i == n_sorted) {
-            int32_t grow = n_sorted < 64 ? 64 : n_sorted * 3;
-            if (grow > n_vocab - n_sorted) grow = n_vocab - n_sorted;
-            sampler_select_top(c + n_sorted, n_vocab - n_sorted, grow);
-            n_sorted += grow;
-        }
+        if (i == n_sorted) sampler_sort_more(c, n_vocab, &n_sorted);
         if (isinf(c[i].logit)) {   // the rest are -inf too
             *n_out = kept;
             return PYKV_OK;
@@ -386,12 +381,7 @@ static int32_t apply_top_p(struct sampler_cand *c, int32_t n, int32_t n_sorted, 
     double cum = 0.0;
     int32_t i = 0;
     while (i < n) {
-        if (i == n_sorted) {
-            int32_t grow = n_sorted < 64 ? 64 : n_sorted * 3;  // sorted prefix: 64, 256, 1024, ...
-            if (grow > n - n_sorted) grow = n - n_sorted;
-            sampler_select_top(c + n_sorted, n - n_sorted, grow);
-            n_sorted += grow;
-        }
+        if (i == n_sorted) sampler_sort_more(c, n, &n_sorted);
         cum += exp((double)c[i].logit - (double)max_logit);
         i++;
         if (cum >= target) break;

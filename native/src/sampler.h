@@ -17,6 +17,10 @@ static inline int sampler_cand_before(const struct sampler_cand *a, const struct
 // O(n + k log k) on average (quickselect, then a sort of the k).
 void sampler_select_top(struct sampler_cand *c, int32_t n, int32_t k);
 
+// Grow the rank-ordered prefix c[0..*n_sorted) of c[0..n) geometrically (to 64, 256, 1024,
+// ...): for loops that walk the candidates best first and usually stop early.
+void sampler_sort_more(struct sampler_cand *c, int32_t n, int32_t *n_sorted);
+
 // Mirostat version 1 or 2 over c[0..n) (logits before temperature; reorders c): the token
 // drawn with u in [0, 1), and *mu moved toward the target surprise tau (sampler-mirostat.c).
 int32_t sampler_mirostat(struct sampler_cand *c, int32_t n, int32_t n_vocab, int version, float temperature,
