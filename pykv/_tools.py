@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from functools import lru_cache
 from typing import List, Optional, Tuple
 
 from . import errors
@@ -128,6 +129,7 @@ def call_grammar(tools: List[dict]) -> LlamaGrammar:
     return LlamaGrammar.from_json_schema(schema)
 
 
+@lru_cache(maxsize=8)   # asked on every chat prompt; a long template takes a while to parse
 def template_reads_tools(template: Optional[str]) -> bool:
     """Whether a chat template renders `tools` itself (None: pykv's ChatML, which does not)."""
     if template is None:
@@ -140,15 +142,19 @@ def template_reads_tools(template: Optional[str]) -> bool:
         return False   # the render refuses it with its own message
 
 
-def _call_text(call) -> str:
-    fn = call.get("function", {}) if isinstance(call, dict) else {}
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
+def _decoded(arguments):
+    """A call's arguments given as JSON text (OpenAI's form), decoded; anything else as it is."""
+    if isinstance(arguments, str):
         try:
-            args = json.loads(args)
+            return json.loads(arguments)
         except json.JSONDecodeError:
             pass
-    return json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+    return arguments
+
+
+def _call_text(call) -> str:
+    fn = call.get("function", {}) if isinstance(call, dict) else {}
+    return json.dumps({"name": fn.get("name"), "arguments": _decoded(fn.get("arguments", {}))}, ensure_ascii=False)
 
 
 def _tools_text(tools: List[dict]) -> str:
@@ -185,13 +191,9 @@ def _with_object_arguments(call):
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
         return call
     args = call["function"].get("arguments")
-    if isinstance(args, str):
-        try:
-            parsed = json.loads(args)
-        except json.JSONDecodeError:
-            return call
-        if isinstance(parsed, dict):
-            return dict(call, function=dict(call["function"], arguments=parsed))
+    parsed = _decoded(args)
+    if isinstance(args, str) and isinstance(parsed, dict):
+        return dict(call, function=dict(call["function"], arguments=parsed))
     return call
 
 
@@ -220,12 +222,7 @@ def parse_calls(text: str, tools: List[dict]) -> Optional[List[Tuple[str, str]]]
         for call in value if isinstance(value, list) else [value]:
             if not isinstance(call, dict) or call.get("name") not in names:
                 return None
-            args = call.get("arguments", call.get("parameters"))
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    return None
+            args = _decoded(call.get("arguments", call.get("parameters")))
             if not isinstance(args, dict):
                 return None
             calls.append((call["name"], json.dumps(args, ensure_ascii=False)))

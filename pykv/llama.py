@@ -337,10 +337,14 @@ class Llama:
 
     def logits(self) -> np.ndarray:
         """Logits of the last evaluated token, float32 (n_vocab,), a copy."""
+        return self._last_logits()[1].copy()
+
+    def _last_logits(self):
+        """(C pointer, float32 view) of the last evaluated token's logits, valid until the next eval."""
         ptr = lib.pykv_get_logits(self._need_ctx())
         if ptr == ffi.NULL:
             raise errors.InvalidArgumentError("no logits yet: eval() some tokens first")
-        return np.frombuffer(ffi.buffer(ptr, 4 * self.n_vocab), dtype=np.float32).copy()
+        return ptr, np.frombuffer(ffi.buffer(ptr, 4 * self.n_vocab), dtype=np.float32)
 
     def _rows(self, getter, width: int, what: str) -> np.ndarray:
         """The last call's rows in the context's memory (valid until the next eval or reset)."""
@@ -595,10 +599,7 @@ class Llama:
     def _draw(self, sampler, processor, ids):
         """(a token drawn by sampler from the last logits, after processor when given one, which
         sees ids(); those logits as they were, a view valid until the next eval)."""
-        ptr = lib.pykv_get_logits(self._need_ctx())
-        if ptr == ffi.NULL:
-            raise errors.InvalidArgumentError("there are no logits to sample from: eval() some tokens first")
-        logits = np.frombuffer(ffi.buffer(ptr, 4 * self.n_vocab), dtype=np.float32)
+        ptr, logits = self._last_logits()
         scores = ptr if processor is None else ffi.from_buffer("float[]", processed_logits(processor, ids(), logits))
         out = ffi.new("pykv_token *")
         check(lib.pykv_sampler_sample(sampler, scores, self.n_vocab, out))
