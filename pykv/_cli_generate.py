@@ -64,9 +64,7 @@ def check_model_flags(args) -> None:
     if args.n_predict < -1:
         raise UsageError(f"-n/--n-predict must be -1 (until the end), 0 (the prompt only) or more, got {args.n_predict}")
     from ._sampling import make_sampler   # its range checks, before the model is loaded
-    make_sampler(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.repeat_last_n,
-                 frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
-                 logit_bias=parse_logit_bias(args.logit_bias))
+    make_sampler(**sampler_kwargs(args))
 
 
 def parse_logit_bias(items) -> dict:
@@ -89,21 +87,31 @@ def grammar_arg(args):
         return LlamaGrammar.from_file(args.grammar_file)
     schema = args.json_schema
     if args.json_schema_file is not None:
-        try:
-            schema = Path(args.json_schema_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"cannot read --json-schema-file {args.json_schema_file}: {e}") from None
+        schema = read_flag_file("--json-schema-file", args.json_schema_file)
     return None if schema is None else LlamaGrammar.from_json_schema(schema)
+
+
+def read_flag_file(flag: str, path) -> str:
+    """The UTF-8 text of a file a flag names; UsageError when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {flag} {path}: {e}") from None
+
+
+def sampler_kwargs(args) -> dict:
+    """The sampler chain's arguments from the shared flags (make_sampler's and generate's names)."""
+    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, typical_p=args.typical,
+                repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+                logit_bias=parse_logit_bias(args.logit_bias) or None, mirostat_mode=args.mirostat,
+                mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr)
 
 
 def sampling_kwargs(args) -> dict:
     """Llama.generate's length, sampling, grammar and stop arguments from the shared flags."""
-    return dict(grammar=grammar_arg(args), max_tokens=args.n_predict if args.n_predict > 0 else None,
-                temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, typical_p=args.typical,
-                repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
-                logit_bias=parse_logit_bias(args.logit_bias) or None, mirostat_mode=args.mirostat,
-                mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr,
+    return dict(sampler_kwargs(args), grammar=grammar_arg(args),
+                max_tokens=args.n_predict if args.n_predict > 0 else None,
                 seed=args.seed if args.seed >= 0 else None, stop=args.stop or None)
 
 
@@ -111,10 +119,7 @@ def chat_template_arg(args):
     """--chat-template's text, or --chat-template-file's; None for the GGUF's template."""
     if getattr(args, "chat_template_file", None) is None:
         return getattr(args, "chat_template", None)
-    try:
-        return Path(args.chat_template_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read --chat-template-file {args.chat_template_file}: {e}") from None
+    return read_flag_file("--chat-template-file", args.chat_template_file)
 
 
 def load_model(args, path, **extra):

@@ -289,7 +289,7 @@ def test_ctrl_c_stops_cleanly(smollm2_path):
 def test_mirostat_and_typical_flags_match_python_api(tiny_model):
     """--mirostat, --mirostat-ent (tau) and --mirostat-lr (eta) with a seed give what
     generate(mirostat_mode=, mirostat_tau=, mirostat_eta=) gives; a bad mode is a usage error;
-    --typical gives what typical_p= gives."""
+    --typical gives what typical_p= gives; bad values of both are refused before the model loads."""
     from _compare import EXACT
     from pykv import Llama
     path = tiny_model()
@@ -310,3 +310,6 @@ def test_mirostat_and_typical_flags_match_python_api(tiny_model):
         want = llm.generate("a", max_tokens=12, temperature=1.2, seed=7, top_k=0, typical_p=0.3)
         plain = llm.generate("a", max_tokens=12, temperature=1.2, seed=7, top_k=0)
     assert json.loads(r.stdout)["tokens"] == want.tokens != plain.tokens
+    for flag, value in (("--typical", 2), ("--mirostat-ent", 0)):   # refused before the model is looked for
+        r = run_cli("generate", str(path) + ".missing", "-p", "a", flag, value)
+        assert r.returncode == 1 and ("typical_p" if flag == "--typical" else "mirostat_tau") in r.stderr, r.stderr
