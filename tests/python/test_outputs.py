@@ -8,7 +8,6 @@ last_hidden_state, log-softmax of the prompt's tokens).
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
