@@ -46,8 +46,8 @@ def _add_model_flags(p):
                    help="physical prefill chunk; overrides -b when given")
     g.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     g.add_argument("--exact-matmul", action="store_true",
-                   help="float activations in every matrix product (slower; by default a decode step "
-                        "quantises them to 8 bits, as llama.cpp does)")
+                   help="float activations in every matrix product (slower; by default decode steps and "
+                        "prefill chunks quantise them to 8 bits, as llama.cpp does)")
 
     k = p.add_argument_group("KV cache policy")
     k.add_argument("--policy", default="full", help="eviction policy (default full; see 'pykv info --policies')")

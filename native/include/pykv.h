@@ -188,8 +188,9 @@ struct pykv_context_params {
     int32_t     sink;         /* -1 = the policy's default */
     const char *policy_args;  /* "k=v,k=v" policy-specific options, or NULL */
     int32_t     exact_matmul; /* 1 = float activations in every matrix product (the reference
-                                 path); 0 (default) = a decode step quantises activations to
-                                 8 bits and takes integer dot products, as llama.cpp does */
+                                 path); 0 (default) = decode steps and prefill chunks
+                                 quantise activations to 8 bits and take integer dot products
+                                 for the quantised weight types, as llama.cpp does */
     int32_t     kv_type;      /* how keys and values are stored: PYKV_TYPE_F16 (default, half
                                  the memory, as llama.cpp) or PYKV_TYPE_F32 (the exact path) */
 };

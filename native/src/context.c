@@ -2,6 +2,7 @@
 #include "context.h"
 #include "attention.h"
 #include "error.h"
+#include "gemm-q8.h"
 #include "log.h"
 #include "ops.h"
 #include "perf.h"
@@ -70,9 +71,10 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->part_o = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS * hp->head_dim, &failed);
     b->matmul.dequant = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
     b->matmul.xq = calloc(matmul_max_cols(hp) / QK8_ACT + 1, sizeof(block_q8_act));
+    b->matmul.xpk = calloc(T * (matmul_max_cols(hp) / PK_ELEMS) + 1, sizeof(pk_act));
     b->segments_left = calloc((size_t)hp->n_head_kv, sizeof(atomic_int));
     b->segments = calloc((size_t)hp->n_head_kv, sizeof(int));
-    failed |= !b->matmul.xq || !b->segments_left || !b->segments;
+    failed |= !b->matmul.xq || !b->matmul.xpk || !b->segments_left || !b->segments;
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
     b->rope_cs = alloc_floats(T * (size_t)hp->n_rot, &failed);
     if (ctx->policy->ops->wants_attention_sums || ctx->policy->ops->wants_decode_attention_sums)
@@ -88,7 +90,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
 
 static void free_scratch(struct scratch *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->gate); free(b->up); free(b->scores); free(b->matmul.dequant); free(b->matmul.xq); free(b->rope_inv_freq); free(b->rope_cs); free(b->attn_colsum);
+    free(b->gate); free(b->up); free(b->scores); free(b->matmul.dequant); free(b->matmul.xq); free(b->matmul.xpk); free(b->rope_inv_freq); free(b->rope_cs); free(b->attn_colsum);
     free(b->flash_work); free(b->part_m); free(b->part_l); free(b->part_o); free(b->segments_left); free(b->segments);
 }
 

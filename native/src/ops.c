@@ -1,6 +1,7 @@
 // ops.c - RoPE and the threaded matrix multiply (softmax: softmax.c; RMSNorm, SwiGLU: elementwise.c).
 #include "ops.h"
 #include "gemm.h"
+#include "gemm-q8.h"
 #include "quant.h"
 #include "quant-q8.h"
 #include "types.h"
@@ -81,17 +82,21 @@ struct matmul_job {
     float               *out;
     const struct tensor *w;
     const float         *x;
+    const pk_act        *xpk;   // x packed for the integer path; NULL: the float path
     int                  T;
     float               *scratch;
 };
 
-// Many tokens: dequantize a block of rows once, then take its dot products with every token,
-// so the weights are read once per chunk rather than once per token.
+// Many tokens: unpack a block of rows once, then take its dot products with every token, so
+// the weights are read once per chunk rather than once per token. The block is either
+// dequantized to floats or, on the integer path, repacked (gemm-q8.h).
 static void matmul_batch_task(void *arg, int ith, int nth) {
     const struct matmul_job *job = arg;
     const struct tensor *w = job->w;
     int64_t cols = w->ne[0], rows = w->ne[1], row_bytes = type_row_bytes(w->type, cols);
     float *block = job->scratch + (size_t)ith * MATMUL_SCRATCH_FLOATS(cols);
+    pk_weight *packed = (pk_weight *)block;   // 1.5 bytes per element, in the 4 of the floats
+    const int run = gemm_q8_run(w->type);
     long n_blocks = (long)((rows + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK);
     long b0, b1;
     split_range(n_blocks, ith, nth, &b0, &b1);
@@ -99,19 +104,53 @@ static void matmul_batch_task(void *arg, int ith, int nth) {
     for (long b = b0; b < b1; b++) {
         long r0 = b * MATMUL_ROW_BLOCK;
         long nr = rows - r0 < MATMUL_ROW_BLOCK ? rows - r0 : MATMUL_ROW_BLOCK;
-        for (long i = 0; i < nr; i++)
-            dequant_row(w->type, base + (r0 + i) * row_bytes, block + i * cols, cols);
-        gemm_rows_f32(block, (int)nr, job->x, job->T, (int)cols, job->out + r0, rows);
+        if (job->xpk) {
+            for (long i = 0; i < nr; i++)
+                pack_weight_row(w->type, base + (r0 + i) * row_bytes, packed + i * (cols / PK_ELEMS), cols);
+            gemm_q8_rows(packed, (int)nr, job->xpk, job->T, cols, run, job->out + r0, rows);
+        } else {
+            for (long i = 0; i < nr; i++)
+                dequant_row(w->type, base + (r0 + i) * row_bytes, block + i * cols, cols);
+            gemm_rows_f32(block, (int)nr, job->x, job->T, (int)cols, job->out + r0, rows);
+        }
+    }
+}
+
+struct pack_job {
+    const float *x;
+    pk_act      *out;
+    int          T;
+    int64_t      cols;
+};
+
+static void pack_act_task(void *arg, int ith, int nth) {
+    const struct pack_job *job = arg;
+    long t0, t1;
+    split_range(job->T, ith, nth, &t0, &t1);
+    const int64_t n_super = job->cols / PK_ELEMS;
+    if (t1 > t0) pack_act_rows(job->x + t0 * job->cols, (int)(t1 - t0), job->cols, job->out + t0 * n_super);
+}
+
+// Prefill: each matrix in turn over all T tokens; x is packed once for those on the integer path.
+static void matmul_batch(struct threadpool *pool, int n, float *const *outs, const struct tensor *const *ws,
+                         const float *x, int T, const struct matmul_buf *buf) {
+    const pk_act *xpk = NULL;
+    for (int m = 0; m < n; m++) {
+        const int packed = !buf->exact && gemm_q8_supports(ws[m]->type, ws[m]->ne[0]);
+        if (packed && !xpk) {
+            struct pack_job pj = { x, buf->xpk, T, ws[m]->ne[0] };
+            threadpool_run(pool, pack_act_task, &pj);
+            xpk = buf->xpk;
+        }
+        struct matmul_job job = { outs[m], ws[m], x, packed ? xpk : NULL, T, buf->dequant };
+        threadpool_run(pool, matmul_batch_task, &job);
     }
 }
 
 void matmul_many(struct threadpool *pool, int n, float *const *outs, const struct tensor *const *ws,
                  const float *x, int T, const struct matmul_buf *buf) {
     if (T > 1) {
-        for (int m = 0; m < n; m++) {
-            struct matmul_job job = { outs[m], ws[m], x, T, buf->dequant };
-            threadpool_run(pool, matmul_batch_task, &job);
-        }
+        matmul_batch(pool, n, outs, ws, x, T, buf);
         return;
     }
     struct matvec_job job = { .n = n, .x = x };

@@ -35,14 +35,17 @@ void swiglu_scalar(float *out, const float *gate, const float *up, int n);
 pykv_status tensor_get_row(const struct tensor *t, int64_t row, float *out);
 
 // out[T][rows] = x[T][cols] @ W^T for a weight of ne = (cols, rows), split across the pool.
-// One token (decode) takes the fast path unless buf->exact: x is quantised to 8 bits once
-// and each row's dot product is taken in integers (quant-q8.h), for the weight types that
-// have such kernels. Several tokens (prefill) and exact mode use float activations.
+// Unless buf->exact, the products take 8-bit activations and integer dot products, as
+// llama.cpp does: one token (decode) has x quantised once and each row's dot product taken
+// in integers (quant-q8.h), for the weight types with such kernels; several tokens (prefill)
+// have x and each block of rows repacked for an integer GEMM (gemm-q8.h), for the types and
+// widths it takes, and a float GEMM on dequantized rows otherwise. Exact mode is float.
 #define MATMUL_ROW_BLOCK 16
 #define MATMUL_SCRATCH_FLOATS(cols) ((size_t)MATMUL_ROW_BLOCK * (size_t)(cols))
 struct matmul_buf {
     float *dequant;   // threadpool_size(pool) * MATMUL_SCRATCH_FLOATS(cols) floats
     void  *xq;        // cols / 32 block_q8_act
+    void  *xpk;       // n_ubatch * cols / 256 pk_act (prefill's packed activations)
     int    exact;     // float activations everywhere
 };
 void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,

@@ -153,6 +153,11 @@ INT8_ACT_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K"
                   "IQ4_XS"}
 
 
+# Weight types whose prefill product (several tokens) pykv takes with 8-bit activations too,
+# for rows of whole 256-element super-blocks (gemm-q8.h); the others take float activations.
+INT8_PREFILL_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+
+
 def q8_roundtrip(x: np.ndarray) -> np.ndarray:
     """Rows of x quantised as pykv's fast path does (blocks of 32, d = max|x| / 127,
     round half to even, in float32) and turned back into numbers."""
@@ -163,13 +168,17 @@ def q8_roundtrip(x: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
-def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False) -> np.ndarray:
+def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8_prefill=False) -> np.ndarray:
     """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context; with
     hidden=True, the hidden states after the output norm instead, (len(tokens), n_embd).
 
     int8_rows_from=i: tokens i.. are decode steps on pykv's fast path, so the inputs of
     their products with Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights are quantised first (the logits
     product too, for every row: pykv computes logits one row at a time).
+    int8_prefill=True: the tokens before int8_rows_from (all of them without it) are one
+    prefill chunk on pykv's fast path: the inputs of their products with INT8_PREFILL_TYPES
+    weights of whole 256-element rows are quantised the same way (the logits product, one
+    row at a time, as for decode steps).
     kv_f16=True: keys (after RoPE) and values are rounded to IEEE halves, as pykv's default
     cache stores them."""
     if not isinstance(model, RefModel):
@@ -177,8 +186,12 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False) -> n
     hp = model.hp
 
     def lin(h, name, rows_from=int8_rows_from):
-        if rows_from is not None and model.types.get(name) in INT8_ACT_TYPES:
-            h = h.copy()
+        wtype = model.types.get(name)
+        h = h.copy()
+        if int8_prefill and wtype in INT8_PREFILL_TYPES and h.shape[1] % 256 == 0:
+            stop = len(h) if rows_from is None else rows_from
+            h[:stop] = q8_roundtrip(h[:stop])
+        if rows_from is not None and wtype in INT8_ACT_TYPES:
             h[rows_from:] = q8_roundtrip(h[rows_from:])
         return h @ model.w(name).T
     tokens = np.asarray(tokens, dtype=np.int64)
@@ -211,4 +224,4 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False) -> n
     if hidden:
         return x
     out_name = "output.weight" if model.has("output.weight") else "token_embd.weight"
-    return lin(x, out_name, None if int8_rows_from is None else 0)
+    return lin(x, out_name, None if int8_rows_from is None and not int8_prefill else 0)

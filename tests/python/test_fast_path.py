@@ -1,5 +1,8 @@
 """The default (fast) decode path: 8-bit activations and integer dot products.
 
+Prefill chunks (several tokens) take 8-bit activations too, for the weight types and widths
+of the integer GEMM (gemm-q8.h), and are checked the same way.
+
 Two independent checks:
 - Tiny random GGUFs against the NumPy reference with the same activation quantisation
   emulated (_reference.forward(..., int8_rows_from=...)): only float rounding separates
@@ -26,7 +29,8 @@ from _tiny_models import N_VOCAB, VARIANTS
 from _torch_reference import reference_logits
 from pykv import Llama
 
-EXACT_REL = 1e-6   # measured 2e-7..4e-7 x max|logit| where no rounding tie is hit
+EXACT_REL = 2e-6   # measured 2e-7..4e-7 x max|logit| where no rounding tie is hit; up to 1.5e-6
+                   # on the K-quant model after a prefill on the integer GEMM
 TIE_REL = 0.05     # measured up to 1.3e-2 after a tie; float activations differ by 1-2e-2
 KL_MEAN_MAX = 0.004
 KL_MAX = 0.012
@@ -55,7 +59,7 @@ def test_tiny_fast_decode_matches_int8_reference(tiny_model, name):
     for seed in (21, 23, 24):
         tokens = _tokens(seed)
         got = _decode_logits(path, tokens, start)
-        ref = _reference.forward(path, tokens, int8_rows_from=start)[start:]
+        ref = _reference.forward(path, tokens, int8_rows_from=start, int8_prefill=True)[start:]
         float_ref = _reference.forward(path, tokens)[start:]
         scale = np.max(np.abs(ref), axis=1)
         rel += list(np.max(np.abs(got - ref), axis=1) / scale)
@@ -67,6 +71,44 @@ def test_tiny_fast_decode_matches_int8_reference(tiny_model, name):
     assert np.mean(rel <= EXACT_REL) >= 0.75, rel
     assert np.all(rel <= TIE_REL), rel
     # Against float activations every step is off by the quantisation noise itself.
+    assert np.median(rel_float) > 100 * EXACT_REL, rel_float
+
+
+# The K-quant variant as written (Q2_K, Q3_K, Q5_K on the integer prefill; IQ4 on the float
+# one), and with every other type the integer prefill takes.
+PREFILL_TYPE_SETS = {
+    "kquants": (),
+    "q4k_q6k_and_32_blocks": (("attn_q", "Q4_K"), ("attn_k", "Q6_K"), ("attn_v", "Q4_0"), ("attn_output", "Q4_1"),
+                              ("ffn_gate", "Q5_0"), ("ffn_up", "Q5_1"), ("ffn_down", "Q4_K"),
+                              ("output.weight", "Q8_0")),
+}
+
+
+@pytest.mark.parametrize("types", sorted(PREFILL_TYPE_SETS))
+def test_tiny_fast_prefill_matches_int8_reference(tiny_model, types):
+    """A prefill chunk takes the integer GEMM for the packed types: its logits are the NumPy
+    reference's with those products' inputs quantised, to float rounding."""
+    changes = {"tensor_types": PREFILL_TYPE_SETS[types]} if PREFILL_TYPE_SETS[types] else {}
+    path = tiny_model("llama_kquants_h4kv2", **changes)
+    model = _reference.load(path)
+    packed = {model.types[n] for n in model.types if model.types[n] in _reference.INT8_PREFILL_TYPES}
+    assert len(packed) >= (3 if not changes else 6), packed
+    rel, rel_float = [], []
+    with Llama(str(path), n_ctx=64, verbose=False, kv_type="f32") as llm:
+        for seed in (31, 32):
+            tokens = _tokens(seed, 24)
+            ref = _reference.forward(model, tokens, int8_prefill=True)
+            float_ref = _reference.forward(model, tokens)
+            for n in (2, 9, 24):
+                llm.reset()
+                llm.eval(tokens[:n])
+                got = llm.logits().astype(np.float64)
+                scale = np.max(np.abs(ref[n - 1]))
+                rel.append(np.max(np.abs(got - ref[n - 1])) / scale)
+                rel_float.append(np.max(np.abs(got - float_ref[n - 1])) / scale)
+    rel, rel_float = np.array(rel), np.array(rel_float)
+    assert np.mean(rel <= EXACT_REL) >= 0.75, rel
+    assert np.all(rel <= TIE_REL), rel
     assert np.median(rel_float) > 100 * EXACT_REL, rel_float
 
 

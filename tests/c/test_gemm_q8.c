@@ -1,0 +1,155 @@
+// test_gemm_q8.c - prefill's integer GEMM (gemm-q8.h): packing and the products.
+//
+// Each product must equal (within float rounding, 1e-5 * sum|terms|) a double dot of the
+// dequantized weights with the activations quantised as the decode step quantises them
+// (quantize_row_q8_act, turned back into q * d): the activation quantisation is the only
+// approximation. The AVX2 kernel and the scalar reference are held to that, each, on shapes
+// with rows and tokens left over from the kernel's tiles.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "gemm-q8.h"
+#include "quant-blocks.h"
+#include "random-rows.h"
+
+static const int32_t packed_types[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1,
+                                        PYKV_TYPE_Q2_K, PYKV_TYPE_Q3_K, PYKV_TYPE_Q4_K, PYKV_TYPE_Q5_K,
+                                        PYKV_TYPE_Q6_K };
+
+static void random_activations(float *x, int64_t n, int t) {
+    for (int64_t i = 0; i < n; i++) x[i] = uniform(-3, 3);
+    if (t == 1) for (int64_t i = 32; i < 64 && i < n; i++) x[i] = 0.0f;   // an all-zero group
+    if (t == 2) for (int64_t i = 0; i < n; i++) x[i] = i % 7 == 0 ? 100.0f : 0.01f;   // peaked groups
+}
+
+// Products of n_rows random rows of `type` with T random tokens, against the double reference.
+static void check_products(int32_t type, int64_t cols, int n_rows, int T) {
+    const int64_t n_super = cols / PK_ELEMS, row_bytes = type_row_bytes(type, cols);
+    uint8_t *rows = malloc((size_t)(row_bytes * n_rows));
+    float *w = malloc(sizeof(float) * (size_t)(cols * n_rows)), *x = malloc(sizeof(float) * (size_t)(cols * T));
+    pk_weight *pw = malloc(sizeof(pk_weight) * (size_t)(n_super * n_rows));
+    pk_act *px = malloc(sizeof(pk_act) * (size_t)(n_super * T));
+    block_q8_act *xq = malloc(sizeof(block_q8_act) * (size_t)(cols / 32));
+    float *simd = malloc(sizeof(float) * (size_t)(n_rows * T)), *scal = malloc(sizeof(float) * (size_t)(n_rows * T));
+    for (int i = 0; i < n_rows; i++) {
+        random_row(type, rows + i * row_bytes, cols);
+        CHECK(dequant_row(type, rows + i * row_bytes, w + i * cols, cols) == PYKV_OK);
+        pack_weight_row(type, rows + i * row_bytes, pw + i * n_super, cols);
+    }
+    for (int t = 0; t < T; t++) random_activations(x + t * cols, cols, t);
+    pack_act_rows(x, T, cols, px);
+    gemm_q8_rows(pw, n_rows, px, T, cols, gemm_q8_run(type), simd, n_rows);
+    gemm_q8_rows_scalar(pw, n_rows, px, T, cols, scal, n_rows);
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        quantize_row_q8_act(x + t * cols, xq, cols);
+        for (int i = 0; i < n_rows; i++) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < cols; k++) {
+                const double term = (double)w[i * cols + k] * xq[k / 32].qs[k % 32] * xq[k / 32].d;
+                ref += term;
+                mag += fabs(term);
+            }
+            const double tol = 1e-5 * mag + 1e-30;
+            bad += !(fabs(simd[t * n_rows + i] - ref) <= tol) || !(fabs(scal[t * n_rows + i] - ref) <= tol);
+            CHECK_NEAR(simd[t * n_rows + i], ref, tol);
+            CHECK_NEAR(scal[t * n_rows + i], ref, tol);
+        }
+    }
+    if (bad) fprintf(stderr, "  type %s cols=%lld rows=%d T=%d\n", pykv_type_name(type), (long long)cols, n_rows, T);
+    free(rows); free(w); free(x); free(pw); free(px); free(xq); free(simd); free(scal);
+}
+
+static void test_products(void) {
+    for (size_t i = 0; i < sizeof packed_types / sizeof packed_types[0]; i++) {
+        CHECK(gemm_q8_supports(packed_types[i], 512));
+        CHECK(gemm_q8_run(packed_types[i]) >= 2 && gemm_q8_run(packed_types[i]) <= 8);
+        check_products(packed_types[i], 256, 5, 7);
+        check_products(packed_types[i], 768, 4, 6);
+        check_products(packed_types[i], 512, 1, 1);
+    }
+}
+
+static int largest_quant(int32_t type) {
+    switch (type) {
+    case PYKV_TYPE_Q6_K: return 63;
+    case PYKV_TYPE_Q5_0: case PYKV_TYPE_Q5_1: case PYKV_TYPE_Q5_K: return 31;
+    case PYKV_TYPE_Q3_K: return 7;
+    case PYKV_TYPE_Q2_K: return 3;
+    default: return 15;
+    }
+}
+
+// The largest quants against the largest activations: the int16 sums of a run stay in range.
+static void test_extremes(void) {
+    for (size_t i = 0; i < sizeof packed_types / sizeof packed_types[0]; i++) {
+        const int32_t type = packed_types[i];
+        const int64_t cols = 256;
+        uint8_t row[256];
+        float x[256];
+        pk_weight pw;
+        pk_act px;
+        random_row(type, row, cols);
+        pack_weight_row(type, row, &pw, cols);
+        const int qmax = largest_quant(type);
+        CHECK(2 * 127 * qmax * gemm_q8_run(type) <= 32767);
+        memset(pw.q, qmax, sizeof pw.q);
+        for (int sign = -1; sign <= 1; sign += 2) {
+            for (int k = 0; k < cols; k++) x[k] = (float)sign;
+            pack_act_rows(x, 1, cols, &px);
+            float simd, scal;
+            gemm_q8_rows(&pw, 1, &px, 1, cols, gemm_q8_run(type), &simd, 1);
+            gemm_q8_rows_scalar(&pw, 1, &px, 1, cols, &scal, 1);
+            double ref = 0;   // every quant at its largest, every activation +-127 * d
+            for (int g = 0; g < 8; g++)
+                for (int p = 2 * g; p < 2 * g + 2; p++)
+                    ref += (double)px.dx[g] * (pw.dw[g] * (double)pw.sc[p] * pw.q[0] * 16 * 127 * sign -
+                                               pw.dm[g] * (double)pw.mn[p] * px.bsum[p]);
+            CHECK_NEAR(simd, ref, 1e-5 * fabs(ref) + 1e-6);
+            CHECK_NEAR(scal, ref, 1e-5 * fabs(ref) + 1e-6);
+        }
+    }
+}
+
+// Packed activations: the group scales and quants are quantize_row_q8_act's, interleaved.
+static void test_pack_act(void) {
+    const int64_t cols = 512;
+    float x[512];
+    block_q8_act q[16];
+    pk_act p[2];
+    random_activations(x, cols, 0);
+    quantize_row_q8_act(x, q, cols);
+    pack_act_rows(x, 1, cols, p);
+    for (int64_t k = 0; k < cols; k++) {
+        const int s = (int)(k / PK_ELEMS), e = (int)(k % PK_ELEMS), sub = e / 16, w = e % 16;
+        CHECK(p[s].q[32 * (w / 2) + 2 * sub + w % 2] == q[k / 32].qs[k % 32]);
+        CHECK(p[s].dx[e / 32] == q[k / 32].d);
+    }
+    for (int s = 0; s < 2; s++)
+        for (int sub = 0; sub < 16; sub++) {
+            int sum = 0;
+            for (int w = 0; w < 16; w++) sum += q[(s * PK_ELEMS + sub * 16 + w) / 32].qs[(sub * 16 + w) % 32];
+            CHECK(p[s].bsum[sub] == sum);
+        }
+}
+
+static void test_supports(void) {
+    CHECK(!gemm_q8_supports(PYKV_TYPE_Q4_K, 576));   // not whole super-blocks
+    CHECK(!gemm_q8_supports(PYKV_TYPE_Q4_1, 288));
+    CHECK(!gemm_q8_supports(PYKV_TYPE_Q8_0, 256));    // signed quants: the float GEMM
+    CHECK(!gemm_q8_supports(PYKV_TYPE_IQ4_XS, 256));
+    CHECK(!gemm_q8_supports(PYKV_TYPE_F16, 256));
+    CHECK(!gemm_q8_supports(PYKV_TYPE_F32, 256));
+    CHECK(gemm_q8_run(PYKV_TYPE_F32) == 0);
+}
+
+int main(void) {
+    test_pack_act();
+    test_products();
+    test_extremes();
+    test_supports();
+    return check_report("test_gemm_q8");
+}
