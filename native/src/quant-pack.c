@@ -36,16 +36,21 @@ static void unit_scales(struct unpacked *u) {
     for (int p = 0; p < 16; p++) u->sc[p] = u->mn[p] = 1;
 }
 
+// Q4_0 and Q4_1: byte j holds element j in its low nibble, element j + 16 in its high one.
+static void q4_quants(const uint8_t *qs, uint8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = qs[j] & 0xF;
+        q[j + 16] = qs[j] >> 4;
+    }
+}
+
 static void unpack_q4_0(const block_q4_0 *b, struct unpacked *u) {
     unit_scales(u);
     for (int g = 0; g < 8; g++) {
         const float d = fp16_to_fp32(b[g].d);
         u->dw[g] = d;
         u->dm[g] = 8.0f * d;   // x = (q - 8) * d
-        for (int j = 0; j < 16; j++) {
-            u->q[32 * g + j] = b[g].qs[j] & 0xF;
-            u->q[32 * g + j + 16] = b[g].qs[j] >> 4;
-        }
+        q4_quants(b[g].qs, u->q + 32 * g);
     }
 }
 
@@ -54,10 +59,7 @@ static void unpack_q4_1(const block_q4_1 *b, struct unpacked *u) {
     for (int g = 0; g < 8; g++) {
         u->dw[g] = fp16_to_fp32(b[g].d);
         u->dm[g] = -fp16_to_fp32(b[g].m);   // x = q * d + m
-        for (int j = 0; j < 16; j++) {
-            u->q[32 * g + j] = b[g].qs[j] & 0xF;
-            u->q[32 * g + j + 16] = b[g].qs[j] >> 4;
-        }
+        q4_quants(b[g].qs, u->q + 32 * g);
     }
 }
 
