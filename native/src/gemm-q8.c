@@ -94,8 +94,7 @@ tile_avx2(const pk_weight *W, const pk_act *X, int64_t n_super, const int R, con
                                         float *out, int64_t stride) {                \
         if (run >= 8) tile_avx2(W, X, n, R, C, 8, out, stride);                      \
         else if (run >= 4) tile_avx2(W, X, n, R, C, 4, out, stride);                 \
-        else if (run >= 2) tile_avx2(W, X, n, R, C, 2, out, stride);                 \
-        else tile_avx2(W, X, n, R, C, 1, out, stride);                               \
+        else tile_avx2(W, X, n, R, C, 2, out, stride);   /* the shortest run (Q6_K) */ \
     }
 TILE_FOR_RUN(2, 3)
 TILE_FOR_RUN(1, 1)

@@ -83,6 +83,11 @@ _Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs layout");
 // The 16 levels of the IQ4 types (ggml's kvalues_iq4nl).
 static const int8_t iq4_levels[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
 
+// Q5_0/Q5_1: the little-endian 32-bit qh, whose bit j is element j's fifth bit.
+static inline uint32_t q5_high_bits(const uint8_t qh[4]) {
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
 // Sub-block j (0..15) of a Q3_K block: its signed scale. Bytes 0-7 hold the low 4 bits (of j
 // in the low nibble of byte j%8 for j < 8, the high nibble for j >= 8); bytes 8-11 the top 2
 // bits, byte 8 + j%4 at bit 2*(j/4).

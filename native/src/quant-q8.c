@@ -30,10 +30,6 @@ void quantize_row_q8_act_scalar(const float *x, block_q8_act *y, int64_t n) {
 
 // ---- scalar dots: sum over blocks of d_w * d * isum (+ m_w * s) ----
 
-static uint32_t qh32(const uint8_t qh[4]) {
-    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
-}
-
 // sum(q_w * q_x) of a Q4/Q5 block whose quant j is low/high nibble of qs[j % 16] plus, for
 // Q5, bit j of qh shifted to 16.
 static int isum_nibbles(const uint8_t *qs, uint32_t qh, const int8_t *x) {
@@ -69,7 +65,7 @@ static float q8dot_q5_0(const void *row, const block_q8_act *x, int64_t n) {
     float acc = 0.0f;
     for (int64_t i = 0; i < n / QK8_ACT; i++) {
         const float d = fp16_to_fp32(b[i].d);
-        acc += d * x[i].d * (float)isum_nibbles(b[i].qs, qh32(b[i].qh), x[i].qs) - 16.0f * d * x[i].s;
+        acc += d * x[i].d * (float)isum_nibbles(b[i].qs, q5_high_bits(b[i].qh), x[i].qs) - 16.0f * d * x[i].s;
     }
     return acc;
 }
@@ -78,7 +74,7 @@ static float q8dot_q5_1(const void *row, const block_q8_act *x, int64_t n) {
     const block_q5_1 *b = row;
     float acc = 0.0f;
     for (int64_t i = 0; i < n / QK8_ACT; i++)
-        acc += fp16_to_fp32(b[i].d) * x[i].d * (float)isum_nibbles(b[i].qs, qh32(b[i].qh), x[i].qs) +
+        acc += fp16_to_fp32(b[i].d) * x[i].d * (float)isum_nibbles(b[i].qs, q5_high_bits(b[i].qh), x[i].qs) +
                fp16_to_fp32(b[i].m) * x[i].s;
     return acc;
 }

@@ -45,16 +45,11 @@ static void deq_q4_1(const void *src, float *y, int64_t n) {
     }
 }
 
-// Q5: bit j of the little-endian 32-bit qh is the fifth bit of element j.
-static uint32_t load_qh(const uint8_t qh[4]) {
-    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
-}
-
 static void deq_q5_0(const void *src, float *y, int64_t n) {
     const block_q5_0 *b = src;
     for (int64_t i = 0; i < n / QK5_0; i++, y += QK5_0) {
         const float d = fp16_to_fp32(b[i].d);
-        const uint32_t qh = load_qh(b[i].qh);
+        const uint32_t qh = q5_high_bits(b[i].qh);
         for (int j = 0; j < QK5_0 / 2; j++) {
             const int q0 = (b[i].qs[j] & 0xF) | (int)((qh >> j) & 1) << 4;
             const int q1 = (b[i].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
@@ -68,7 +63,7 @@ static void deq_q5_1(const void *src, float *y, int64_t n) {
     const block_q5_1 *b = src;
     for (int64_t i = 0; i < n / QK5_1; i++, y += QK5_1) {
         const float d = fp16_to_fp32(b[i].d), m = fp16_to_fp32(b[i].m);
-        const uint32_t qh = load_qh(b[i].qh);
+        const uint32_t qh = q5_high_bits(b[i].qh);
         for (int j = 0; j < QK5_1 / 2; j++) {
             const int q0 = (b[i].qs[j] & 0xF) | (int)((qh >> j) & 1) << 4;
             const int q1 = (b[i].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
