@@ -2,9 +2,11 @@
 each run is a fresh `pykv generate -n 1` process (model load included), alternating a cold
 run (no cache file: the prompt is evaluated and saved) and a warm one (the file is read and
 nothing is evaluated), and a run with the document plus a new question (the document's
-tokens come from the file, the question's are evaluated).
+tokens come from the file, the question's are evaluated; with an evicting policy the file is
+of the document alone, so the question's run evaluates everything again).
 
     python bench/prompt_cache.py --model M.gguf --words 6000 --threads 2 --reps 3
+    python bench/prompt_cache.py --model M.gguf --words 6000 --policy take --budget 256
 
 Reported: median wall seconds per kind (with the spread), the prompt's tokens, the cache
 file's size, and warm / cold.
@@ -25,7 +27,10 @@ from compare_llamacpp import raise_priority  # noqa: E402
 
 def run(args, prompt_file, cache):
     cmd = [sys.executable, "-m", "pykv", "generate", args.model, "-f", str(prompt_file), "-n", "1", "--temp", "0",
-           "-t", str(args.threads), "-c", str(args.n_ctx), "--no-display-prompt", "--prompt-cache", str(cache)]
+           "-t", str(args.threads), "-c", str(args.n_ctx), "--no-display-prompt", "--prompt-cache", str(cache),
+           "--policy", args.policy]
+    if args.budget:
+        cmd += ["--budget", str(args.budget)]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -42,6 +47,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n-ctx", type=int, default=8448)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--policy", default="full")
+    p.add_argument("--budget", type=int, default=0)
     args = p.parse_args()
     raise_priority()
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,8 +66,9 @@ def main():
             times["warm"].append(s)
             s, reused_q, n_q = run(args, question, cache)
             times["new question"].append(s)
-    print(f"prompt: {n_prompt} tokens ({args.words} words), cache file {size / 2**20:.1f} MiB, "
-          f"{args.threads} threads, {args.reps} runs each; the question run reuses {reused_q} of {n_q}")
+    print(f"policy {args.policy}{f' budget {args.budget}' if args.budget else ''}: prompt {n_prompt} tokens "
+          f"({args.words} words), cache file {size / 2**20:.2f} MiB, {args.threads} threads, {args.reps} runs "
+          f"each; the question run reuses {reused_q} of {n_q}")
     print("| run | seconds, median (min..max) |")
     print("|---|---|")
     for kind, values in times.items():

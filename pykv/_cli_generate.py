@@ -144,9 +144,6 @@ def run_generate(args) -> int:
     check_model_flags(args)
     if args.prompt_cache_ro and not args.prompt_cache:
         raise UsageError("--prompt-cache-ro needs --prompt-cache FILE")
-    if args.prompt_cache and (args.policy or "full") != "full":
-        raise UsageError(f"--prompt-cache needs the full policy: the '{args.policy}' policy keeps per-entry "
-                         "scores that a saved cache does not hold")
     parse_policy_args(args.policy_arg)
     sampling = sampling_kwargs(args)   # a bad grammar or bias is refused before the model loads
     path = model_path_arg(args)

@@ -1,6 +1,7 @@
 """Saved context states (Llama.save_state / load_state) and the prompt-cache files of
 `pykv generate --prompt-cache` (llama.cpp's): the tokens a context holds with the C library's
-bytes for their keys, values and logits, and, in a file, which model they belong to."""
+bytes for their keys, values, logits and the policy's own state, and, in a file, which model
+they belong to."""
 from __future__ import annotations
 
 import hashlib
@@ -22,7 +23,7 @@ _FINGERPRINT_BYTES = 4 << 20
 class LlamaState:
     """What Llama.save_state() returns: the tokens the context holds, in order, and the C
     library's state bytes (pykv_state_save; any bytes-like object), to give to load_state()
-    of a Llama on the same model with the same KV type."""
+    of a Llama on the same model with the same KV type, policy and policy settings."""
     input_ids: List[int]
     data: Union[bytes, bytearray, memoryview]
 

@@ -82,7 +82,7 @@ def _add_generate(sub):
     c.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
     c.add_argument("--prompt-cache", metavar="FILE",
                    help="keep the evaluated prompt in FILE and reuse its longest common prefix with the next "
-                        "run's prompt (full policy)")
+                        "run's prompt (an evicting policy: the compressed cache, reused for the same prompt only)")
     c.add_argument("--prompt-cache-ro", action="store_true", help="use --prompt-cache FILE but do not update it")
     c.add_argument("--no-stream", action="store_true", help="print the text once, at the end")
     c.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, timings) at the end")

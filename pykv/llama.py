@@ -418,16 +418,17 @@ class Llama:
         check(status)
 
     def save_state(self):
-        """The context as it stands (tokens, their keys and values, the last logits), as a
-        LlamaState for load_state(). The `full` policy only: an evicting policy's per-entry
-        scores are not saved (InvalidArgumentError)."""
+        """The context as it stands (tokens, their keys and values, the last logits, the
+        policy's own state), as a LlamaState for load_state() of a Llama made with the same
+        model, KV type, policy and policy settings. With an evicting policy the state holds
+        the compressed cache: it is as small as the cache."""
         from ._state import save_state
         return save_state(self)
 
     def load_state(self, state) -> None:
-        """Put back a state from save_state() of a Llama on the same model and KV type (its
-        n_ctx large enough): the context continues as the saved one would. A refused state
-        leaves the context as it was."""
+        """Put back a state from save_state() of a Llama on the same model and KV type, with
+        the same policy and settings (its n_ctx large enough): the context continues as the
+        saved one would. A refused state leaves the context as it was."""
         from ._state import load_state
         load_state(self, state)
 
@@ -567,14 +568,12 @@ class Llama:
         """Make the context hold a prefix of tokens, ready to evaluate the rest: the longest
         one it already holds when the policy allows cutting back to it (`full`), else none.
         At least the last token is left to evaluate, for its logits, unless the context holds
-        exactly these tokens and their logits (a loaded state, an eval() of the prompt). Returns
-        the prefix's length (llama-cpp-python's prefix match)."""
-        if self.input_ids == tokens and lib.pykv_get_logits(self._ctx) != ffi.NULL:
-            try:
-                self.truncate(len(tokens))   # cuts nothing: checks the policy allows reuse
-                return len(tokens)
-            except errors.InvalidArgumentError:
-                pass
+        exactly these tokens and their logits as a fresh evaluation of them would leave them
+        (a loaded state, an eval() of the prompt; with an evicting policy, one eval() of all of
+        them). Returns the prefix's length (llama-cpp-python's prefix match)."""
+        if (self.input_ids == tokens and lib.pykv_get_logits(self._ctx) != ffi.NULL
+                and lib.pykv_is_single_run(self._ctx)):
+            return len(tokens)
         keep = 0
         for held, wanted in zip(self.input_ids, tokens[:-1]):
             if held != wanted:

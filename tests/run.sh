@@ -49,7 +49,7 @@ LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stackt
 # Python logits processors handing their arrays to the sampler, tiny models only.
 LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     PYKV_LIBRARY="$PWD/$ASAN_BUILD/libpykv.so" \
-    "$PYTHON" -m pytest -q -p no:cacheprovider -m "not model" tests/python/test_state.py tests/python/test_prefix_reuse.py tests/python/test_outputs.py tests/python/test_perplexity.py \
+    "$PYTHON" -m pytest -q -p no:cacheprovider -m "not model" tests/python/test_state.py tests/python/test_state_policies.py tests/python/test_prefix_reuse.py tests/python/test_outputs.py tests/python/test_perplexity.py \
     tests/python/test_grammar.py tests/python/test_json_schema.py tests/python/test_tools.py \
     tests/python/test_processors.py
 

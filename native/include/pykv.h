@@ -228,6 +228,12 @@ PYKV_API const float *pykv_get_embeddings(const pykv_context *ctx, int32_t *n_ro
 /* Tokens evaluated so far (the next position). */
 PYKV_API int32_t     pykv_n_past(const pykv_context *ctx);
 PYKV_API int32_t     pykv_n_ctx(const pykv_context *ctx);
+/* Nonzero when the cache is what a single pykv_decode() of its pykv_n_past tokens on an empty
+ * context would leave, so that the context can stand for a fresh evaluation of exactly those
+ * tokens: always with the `full` policy; with an evicting policy only when they came in one
+ * call (or a state saved from such a context was loaded), as a later call, a decode step
+ * included, meets a cache the earlier ones already compressed. */
+PYKV_API int32_t     pykv_is_single_run(const pykv_context *ctx);
 /* Forget every token; the cache's memory is returned. */
 PYKV_API void        pykv_reset(pykv_context *ctx);
 /* Forget the tokens from position n_keep on (0 <= n_keep <= pykv_n_past), so that the next
@@ -237,13 +243,14 @@ PYKV_API void        pykv_reset(pykv_context *ctx);
  * with the later tokens in view. n_keep = 0 is pykv_reset (any policy). The logits are gone
  * unless n_keep is pykv_n_past; as pykv_reset, it forgets a pending cancel. */
 PYKV_API pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep);
-/* Save and restore a context's state: its tokens' keys, values and positions, pykv_n_past
- * and the last logits, as bytes (native byte order) that pykv_state_load puts back into a
- * context of the same model shape and KV type whose n_ctx holds them; the context then
- * continues exactly as the saved one would. Only the `full` policy allows it: an evicting
- * policy keeps per-entry scores that are not part of the state (PYKV_ERR_INVALID_ARG).
- * A load checks the whole buffer before it changes anything; a refused one leaves the
- * context as it was, and one that runs out of memory leaves it empty. */
+/* Save and restore a context's state: its tokens' keys, values and positions (merged
+ * entries too), pykv_n_past, the last logits and the policy's own state (per-entry scores,
+ * budgets fixed by the last prefill), as bytes (native byte order) that pykv_state_load puts
+ * back into a context of the same model shape and KV type whose n_ctx holds them, made with
+ * the same policy and settings (budget, window, sink, policy arguments, probe); the context
+ * then continues exactly as the saved one would. A load checks the whole buffer before it
+ * changes anything; a refused one leaves the context as it was, and one that runs out of
+ * memory leaves it empty. States of earlier pykv versions (format 1) are refused. */
 PYKV_API pykv_status pykv_state_size(const pykv_context *ctx, size_t *size);
 PYKV_API pykv_status pykv_state_save(const pykv_context *ctx, void *dst, size_t size, size_t *written);
 PYKV_API pykv_status pykv_state_load(pykv_context *ctx, const void *src, size_t size);

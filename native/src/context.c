@@ -283,7 +283,7 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
     if (n_tokens == 0) return PYKV_OK;
 
     const struct policy_ops *ops = ctx->policy->ops;
-    const int is_prefill = n_tokens > 1;
+    const int is_prefill = n_tokens > 1, was_empty = ctx->n_past == 0;
     const pykv_token *probe;
     int32_t n_probe;
     PYKV_TRY(choose_probe(ctx, tokens, n_tokens, &probe, &n_probe));
@@ -291,6 +291,7 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
     double t0 = perf_now_ms();
     ctx->event = (struct policy_event){ .cache = &ctx->cache, .hp = &ctx->model->hp, .pool = ctx->pool,
                                         .layer = -1, .n_prompt = n_tokens };
+    ctx->single_run = 0;   // until this call completes on an empty context
     for (int32_t done = 0; done < n_tokens;) {
         int T = next_chunk_size(ctx, n_tokens - done, n_probe);
         int last = done + T == n_tokens, p = last ? 0 : n_probe;
@@ -314,6 +315,7 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
     pykv_status hook = run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode);
     if (hook != PYKV_OK) { ctx->out.n = 0; return hook; }
 
+    ctx->single_run = was_empty;
     double ms = perf_now_ms() - t0;
     if (is_prefill) { ctx->timings.t_prefill_ms += ms; ctx->timings.n_prefill += n_tokens; }
     else            { ctx->timings.t_decode_ms += ms;  ctx->timings.n_decode += n_tokens; }
@@ -329,6 +331,10 @@ const float *pykv_get_logits(pykv_context *ctx) { return ctx && ctx->has_logits 
 int32_t pykv_n_past(const pykv_context *ctx) { return ctx ? ctx->n_past : 0; }
 
 int32_t pykv_n_ctx(const pykv_context *ctx) { return ctx ? ctx->n_ctx : 0; }
+
+int32_t pykv_is_single_run(const pykv_context *ctx) {
+    return ctx && (ctx->policy->ops->keeps_every_entry || ctx->n_past == 0 || ctx->single_run);
+}
 
 void pykv_reset(pykv_context *ctx) {
     if (!ctx) return;

@@ -51,6 +51,9 @@ struct pykv_context {
     int32_t            n_past;
     float             *logits;          // (n_vocab)
     int                has_logits;
+    // The cache is what one pykv_decode() of its n_past tokens on an empty context leaves:
+    // a later call sees a cache an evicting policy already compressed (pykv_is_single_run).
+    int                single_run;
     struct token_outputs out;          // every token's logits / hidden state, when asked
     struct policy_event event;          // what the policy hooks see of the current call
     char              *policy_args;     // the context's own copy of params->policy_args

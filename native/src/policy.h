@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include "kv-cache.h"
 #include "pykv.h"
+#include "state-io.h"
 
 struct policy_config {
     int32_t     budget;        // entries per (layer, KV head) on average; 0 = from budget_frac
@@ -79,6 +80,15 @@ struct policy_ops {
     int32_t     (*probe_len)(const struct kv_policy *p, int32_t n_tokens);
     // The cache was cleared (pykv_reset): forget per-entry state. NULL if there is none.
     void        (*reset)(struct kv_policy *p);
+    // Saved states (pykv_state_save / load) of a policy that keeps state of its own between
+    // calls (scores per entry, a budget fixed by the last prefill); NULL for none.
+    // state_write puts it through w, which may only count. state_read takes back what
+    // state_write put, for a cache whose list i will hold list_n[i] entries (the cache's
+    // order): with apply = 0 it checks every value and changes nothing; with apply = 1, on
+    // bytes it has passed, it replaces the policy's state (failing only for memory).
+    void        (*state_write)(const struct kv_policy *p, const struct kv_cache *c, struct state_writer *w);
+    pykv_status (*state_read)(struct kv_policy *p, const struct kv_cache *c, const int32_t *list_n,
+                              struct state_reader *r, int apply);
     // Nonzero: the forward pass sums each entry's attention for after_layer (costs a pass
     // over the weights it already computes, and splits attention by head).
     int           wants_attention_sums;

@@ -4,8 +4,9 @@
 A restored context must continue as the saved one would: evaluating more tokens after a load
 gives the independent reference's logits for the saved tokens plus the new ones (NumPy
 float64 on tiny models), and greedy generation after a load equals transformers'. A state
-that does not fit (another model shape, KV type, a short n_ctx, damaged bytes, an evicting
-policy) is refused with a message and the context stays as it was.
+that does not fit (another model shape, KV type, a short n_ctx, damaged bytes, an earlier
+format) is refused with a message and the context stays as it was. Evicting policies' states:
+test_state_policies.py.
 """
 
 from __future__ import annotations
@@ -98,9 +99,10 @@ def test_damaged_bytes_are_refused(tiny_model):
                           np.random.default_rng(0).integers(0, len(data), 20).tolist()))
         for cut in cuts:
             _refused(llm, LlamaState(state.input_ids, data[:cut]), "not a usable state")
-        _refused(llm, LlamaState(state.input_ids, data + b"\0"), "bytes past the last list")
+        _refused(llm, LlamaState(state.input_ids, data + b"\0"), "not where the state ends")
         bad_magic = b"X" + data[1:]
         _refused(llm, LlamaState(state.input_ids, bad_magic), "header")
+        _refused(llm, LlamaState(state.input_ids, b"PYKVSTA1" + data[8:]), "earlier pykv")
         header = 8 + 4   # magic, byte order; then n_layer .. has_logits
         for field, value, needle in ((5, 1 << 30, "more than n_ctx"), (5, -1, "out of range"),
                                      (6, 2, "out of range"), (0, 5, "layers")):   # n_past, has_logits, n_layer
@@ -124,7 +126,7 @@ def test_token_count_from_the_header(tiny_model):
         data = bytes(llm.save_state().data)
     n = ffi.new("int32_t *", -5)
     assert lib.pykv_state_n_tokens(ffi.from_buffer(data), len(data), n) == lib.PYKV_OK and n[0] == 17
-    header_end = 8 + 4 + 7 * 4
+    header_end = 8 + 4 + 8 * 4
     assert lib.pykv_state_n_tokens(ffi.from_buffer(data), header_end, n) == lib.PYKV_OK and n[0] == 17
     assert lib.pykv_state_n_tokens(ffi.from_buffer(data), header_end - 1, n) == lib.PYKV_ERR_INVALID_ARG
     assert "cut short" in ffi.string(lib.pykv_last_error()).decode() and n[0] == 0
@@ -134,19 +136,6 @@ def test_token_count_from_the_header(tiny_model):
     with Llama(path, n_ctx=64, **EXACT) as llm:
         llm.eval(random_tokens(3, 9))
         _refused(llm, LlamaState(random_tokens(17, 8), negative), "negative")
-
-
-@pytest.mark.parametrize("policy", ["snapkv", "h2o", "ems"])
-def test_evicting_policies_refuse(tiny_model, policy):
-    path = str(tiny_model())
-    with Llama(path, n_ctx=128, **EXACT) as full:
-        full.eval(random_tokens(20, 8))
-        state = full.save_state()
-    with Llama(path, n_ctx=256, policy=policy, budget=40, **EXACT) as llm:
-        llm.eval(random_tokens(120, 8))
-        with pytest.raises(InvalidArgumentError, match=f"'{policy}' policy keeps per-entry scores"):
-            llm.save_state()
-        _refused(llm, state, "per-entry scores")
 
 
 def test_state_file_names_its_model(tiny_model, tmp_path):
@@ -218,5 +207,28 @@ def test_cli_prompt_cache(smollm2_path, tmp_path):
     assert damaged.returncode == 0 and "pykv: warning: prompt cache" in damaged.stderr
     assert damaged.stdout == fresh.stdout and cache.read_bytes().startswith(b"PYKVPC1\n")
 
-    refused = _generate(smollm2_path, "-f", doc, "--prompt-cache", cache, "--policy", "snapkv", "--budget", 64)
-    assert refused.returncode == 1 and "needs the full policy" in refused.stderr
+
+@pytest.mark.model
+def test_cli_prompt_cache_with_an_evicting_policy(smollm2_path, tmp_path):
+    """The file holds the compressed cache: the same prompt reuses all of it and answers as a
+    run without the file; other settings or a longer prompt evaluate afresh."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Paris is the capital of France. " * 30 + "What is the capital of France?")
+    cache = tmp_path / "doc.cache"
+    snap = ("--policy", "snapkv", "--budget", 64)
+    fresh = _generate(smollm2_path, "-f", doc, *snap)
+    first = _generate(smollm2_path, "-f", doc, "--prompt-cache", cache, *snap)
+    assert first.returncode == 0 and "prompt cache: 0 of" in first.stderr, first.stderr
+    second = _generate(smollm2_path, "-f", doc, "--prompt-cache", cache, *snap)
+    n_prompt = second.stderr.split("prompt cache: ")[1].split(" of ")[1].split()[0]
+    assert f"prompt cache: {n_prompt} of {n_prompt} prompt tokens reused" in second.stderr, second.stderr
+    assert fresh.stdout == first.stdout == second.stdout
+
+    full_size = cache.stat().st_size
+    other = _generate(smollm2_path, "-f", doc, "--prompt-cache", cache, "--prompt-cache-ro", "--policy", "snapkv",
+                      "--budget", 48)
+    assert other.returncode == 0 and "saved with the policy 'snapkv budget=64" in other.stderr, other.stderr
+    assert "prompt cache: 0 of" in other.stderr
+    with Llama(str(smollm2_path), n_ctx=2048) as full:
+        full.eval(full.tokenize(doc.read_text(), add_bos=True, special=True))
+        assert full_size < len(full.save_state().data) / 2   # the compressed cache, not the prompt's

@@ -44,6 +44,7 @@
 #include "cake-budget.h"
 #include "cake-score.h"
 #include "policy-args.h"
+#include "policy-state.h"
 #include "../error.h"
 #include "../model.h"
 
@@ -123,11 +124,11 @@ static pykv_status cake_init(const struct policy_config *cfg, struct kv_policy *
 }
 
 // Per-call state, allocated on the first prefill end (the model's shape is known then).
-static pykv_status cake_alloc(struct cake *p, const struct hparams *hp) {
+static pykv_status cake_alloc(struct cake *p, int32_t n_layer, int32_t n_head_kv) {
     if (p->layers) return PYKV_OK;
-    p->n_layer = hp->n_layer;
-    p->n_head_kv = hp->n_head_kv;
-    const size_t L = (size_t)hp->n_layer;
+    p->n_layer = n_layer;
+    p->n_head_kv = n_head_kv;
+    const size_t L = (size_t)n_layer;
     p->layers = calloc(L, sizeof(*p->layers));
     p->log_pref = calloc(L, sizeof(double));
     p->cap = calloc(L, sizeof(int64_t));
@@ -178,7 +179,7 @@ static void freeze(struct cake *p, int uniform, int32_t B) {
 
 static pykv_status cake_prefill_layer(struct cake *p, const struct policy_event *ev) {
     const int m = ev->layer, L = ev->hp->n_layer;
-    PYKV_TRY(cake_alloc(p, ev->hp));
+    PYKV_TRY(cake_alloc(p, ev->hp->n_layer, ev->hp->n_head_kv));
     if (m == 0) {   // a new call: reset
         drop_scores(p);
         const int32_t B = ws_budget(&p->base.cfg, ev);
@@ -244,6 +245,28 @@ static pykv_status cake_after_layer(struct kv_policy *base, const struct policy_
     return PYKV_OK;   // decode steps: cake_decode_list
 }
 
+// pykv_reset: decoding goes back to the size a fresh context would use.
+static void cake_reset(struct kv_policy *base) { ((struct cake *)base)->has_frozen = 0; }
+
+// Saved state: whether a prefill froze the list sizes, and each layer's size.
+static void cake_state_write(const struct kv_policy *base, const struct kv_cache *c, struct state_writer *w) {
+    const struct cake *p = (const struct cake *)base;
+    state_put_i32(w, p->has_frozen);
+    for (int32_t l = 0; l < c->n_layer; l++) state_put_i32(w, p->has_frozen ? p->frozen[l] : 0);
+}
+
+static pykv_status cake_state_read(struct kv_policy *base, const struct kv_cache *c, const int32_t *list_n,
+                                   struct state_reader *r, int apply) {
+    (void)list_n;
+    struct cake *p = (struct cake *)base;
+    int32_t has_frozen;
+    PYKV_TRY(policy_state_ints("cake", "frozen flag", r, &has_frozen, 1, 0, 1));
+    if (apply) PYKV_TRY(cake_alloc(p, c->n_layer, c->n_head_kv));
+    PYKV_TRY(policy_state_ints("cake", "layer size", r, apply ? p->frozen : NULL, c->n_layer, 0, c->max_entries));
+    if (apply) p->has_frozen = has_frozen;
+    return PYKV_OK;
+}
+
 static int32_t cake_last_chunk_min(const struct kv_policy *base) { return ((const struct cake *)base)->o.window; }
 
 const struct policy_ops policy_cake = {
@@ -255,5 +278,8 @@ const struct policy_ops policy_cake = {
     .after_layer = cake_after_layer,
     .decode_list = cake_decode_list,
     .last_chunk_min = cake_last_chunk_min,
+    .reset = cake_reset,
+    .state_write = cake_state_write,
+    .state_read = cake_state_read,
     .wants_decode_attention_sums = 1,
 };

@@ -32,6 +32,7 @@
 //    bytes, as for h2o.
 #include "ems.h"
 #include "policy-args.h"
+#include "policy-state.h"
 #include "window-scores.h"
 #include "../error.h"
 #include "../model.h"
@@ -214,16 +215,19 @@ static pykv_status ems_decode_step(struct kv_policy *base, const struct policy_e
     return ems_decode_list(ev, &p->o, p->budget, g, s, p->steps[ev->layer] % p->o.window == 0);
 }
 
+static pykv_status ems_alloc(struct ems *p, int32_t n_layer, int32_t n_head_kv) {
+    if (p->lists) return PYKV_OK;
+    p->n_lists = n_layer * n_head_kv;
+    p->lists = calloc((size_t)p->n_lists, sizeof(struct ems_list));
+    p->n_layer = n_layer;
+    p->steps = calloc((size_t)n_layer, sizeof(int32_t));
+    return p->lists && p->steps ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
+}
+
 static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     struct ems *p = (struct ems *)base;
     const int32_t hkv = ev->hp->n_head_kv;
-    if (!p->lists) {
-        p->n_lists = ev->hp->n_layer * hkv;
-        p->lists = calloc((size_t)p->n_lists, sizeof(struct ems_list));
-        p->n_layer = ev->hp->n_layer;
-        p->steps = calloc((size_t)ev->hp->n_layer, sizeof(int32_t));
-        if (!p->lists || !p->steps) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for scores");
-    }
+    PYKV_TRY(ems_alloc(p, ev->hp->n_layer, hkv));
     if (!ev->attn_colsum) return pykv_error(PYKV_ERR_INTERNAL, "ems: the forward pass gave no attention sums");
     if (ev->n_prompt == 1) {   // before the layer's attention: decode_list does the lists
         if (p->budget == 0 && base->cfg.budget > 0) p->budget = base->cfg.budget;
@@ -238,6 +242,49 @@ static pykv_status ems_after_layer(struct kv_policy *base, const struct policy_e
     return ev->is_last_chunk ? prefill_end(p, ev) : PYKV_OK;
 }
 
+// ---- saved state -----------------------------------------------------------------------
+
+// The budget, each layer's decode steps, then every list's score arrays (one value per
+// entry each; an entry not tracked yet gets what ems_list_track would give it).
+static void ems_state_write(const struct kv_policy *base, const struct kv_cache *c, struct state_writer *w) {
+    const struct ems *p = (const struct ems *)base;
+    state_put_i32(w, p->budget);
+    for (int32_t l = 0; l < c->n_layer; l++) state_put_i32(w, p->steps ? p->steps[l] : 0);
+    static const float untracked[EMS_SCORE_ARRAYS] = { 0.0f, 0.0f, 0.0f, 0.0f, 1.0f, -1.0f };
+    for (int32_t i = 0; i < c->n_layer * c->n_head_kv; i++) {
+        const int32_t n = c->lists[i].n;
+        struct ems_list *s = p->lists ? &p->lists[i] : NULL;
+        const int32_t tracked = s ? (s->n < n ? s->n : n) : 0;
+        float **f[EMS_SCORE_ARRAYS];
+        if (s) score_arrays(s, f);
+        for (int a = 0; a < EMS_SCORE_ARRAYS; a++) {
+            if (tracked) state_put(w, *f[a], (size_t)tracked * sizeof(float));
+            for (int32_t j = tracked; j < n; j++) state_put(w, &untracked[a], sizeof(float));
+        }
+    }
+}
+
+static pykv_status ems_state_read(struct kv_policy *base, const struct kv_cache *c, const int32_t *list_n,
+                                  struct state_reader *r, int apply) {
+    struct ems *p = (struct ems *)base;
+    int32_t budget;
+    PYKV_TRY(policy_state_ints("ems", "budget", r, &budget, 1, 0, INT32_MAX));
+    if (apply) PYKV_TRY(ems_alloc(p, c->n_layer, c->n_head_kv));
+    PYKV_TRY(policy_state_ints("ems", "step count", r, apply ? p->steps : NULL, c->n_layer, 0, INT32_MAX));
+    if (apply) p->budget = budget;
+    for (int32_t i = 0; i < c->n_layer * c->n_head_kv; i++) {
+        struct ems_list *s = apply ? &p->lists[i] : NULL;
+        float **f[EMS_SCORE_ARRAYS];
+        if (s) {
+            s->n = 0;
+            PYKV_TRY(ems_list_track(s, list_n[i]));
+            score_arrays(s, f);
+        }
+        for (int a = 0; a < EMS_SCORE_ARRAYS; a++) PYKV_TRY(policy_state_floats("ems", r, s ? *f[a] : NULL, list_n[i]));
+    }
+    return PYKV_OK;
+}
+
 const struct policy_ops policy_ems = {
     .name = "ems",
     .description = "evict-then-merge: global-local score, redundant tokens merged into class centres; fixed budget",
@@ -247,5 +294,7 @@ const struct policy_ops policy_ems = {
     .decode_list = ems_decode_step,
     .last_chunk_min = ems_last_chunk_min,
     .reset = ems_reset,
+    .state_write = ems_state_write,
+    .state_read = ems_state_read,
     .wants_attention_sums = 1,
 };

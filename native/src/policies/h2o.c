@@ -17,6 +17,7 @@
 #include "../model.h"
 #include "../policy.h"
 #include "policy-args.h"
+#include "policy-state.h"
 #include "window-scores.h"
 
 #include <stdlib.h>
@@ -74,6 +75,15 @@ static void h2o_reset(struct kv_policy *base) {
     struct h2o *p = (struct h2o *)base;
     if (p->n_scored) memset(p->n_scored, 0, (size_t)p->n_lists * sizeof(int32_t));
     p->budget = 0;
+}
+
+static pykv_status h2o_lists(struct h2o *p, int32_t n_lists) {
+    if (p->scores) return PYKV_OK;
+    p->n_lists = n_lists;
+    p->scores = calloc((size_t)n_lists, sizeof(float *));
+    p->n_scored = calloc((size_t)n_lists, sizeof(int32_t));
+    p->cap = calloc((size_t)n_lists, sizeof(int32_t));
+    return p->scores && p->n_scored && p->cap ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "out of memory for H2O scores");
 }
 
 // Give the list's new entries (appended by this chunk) a zero accumulator. A list shorter
@@ -148,13 +158,7 @@ static pykv_status evict_one(struct h2o *p, const struct policy_event *ev, int32
 static pykv_status h2o_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     struct h2o *p = (struct h2o *)base;
     const int32_t n_head_kv = ev->hp->n_head_kv;
-    if (!p->scores) {
-        p->n_lists = ev->hp->n_layer * n_head_kv;
-        p->scores = calloc((size_t)p->n_lists, sizeof(float *));
-        p->n_scored = calloc((size_t)p->n_lists, sizeof(int32_t));
-        p->cap = calloc((size_t)p->n_lists, sizeof(int32_t));
-        if (!p->scores || !p->n_scored || !p->cap) return pykv_error(PYKV_ERR_NOMEM, "out of memory for H2O scores");
-    }
+    PYKV_TRY(h2o_lists(p, ev->hp->n_layer * n_head_kv));
     const int prefill_end = ev->n_prompt > 1 && ev->is_last_chunk;
     if (prefill_end) {
         p->budget = policy_budget(&base->cfg, ev->n_prompt);
@@ -178,6 +182,39 @@ static pykv_status h2o_after_layer(struct kv_policy *base, const struct policy_e
     return PYKV_OK;
 }
 
+// Saved state: the budget, then every list's accumulators (one per entry; 0 for entries
+// not scored yet, as the next step would give them).
+static void h2o_state_write(const struct kv_policy *base, const struct kv_cache *c, struct state_writer *w) {
+    const struct h2o *p = (const struct h2o *)base;
+    state_put_i32(w, p->budget);
+    for (int32_t i = 0; i < c->n_layer * c->n_head_kv; i++) {
+        const int32_t n = c->lists[i].n, scored = p->scores ? (p->n_scored[i] < n ? p->n_scored[i] : n) : 0;
+        if (scored) state_put(w, p->scores[i], (size_t)scored * sizeof(float));
+        for (int32_t j = scored; j < n; j++) state_put(w, &(float){ 0.0f }, sizeof(float));
+    }
+}
+
+static pykv_status h2o_state_read(struct kv_policy *base, const struct kv_cache *c, const int32_t *list_n,
+                                  struct state_reader *r, int apply) {
+    struct h2o *p = (struct h2o *)base;
+    const int32_t n_lists = c->n_layer * c->n_head_kv;
+    int32_t budget;
+    PYKV_TRY(policy_state_ints("h2o", "budget", r, &budget, 1, 0, INT32_MAX));
+    if (apply) {
+        PYKV_TRY(h2o_lists(p, n_lists));
+        p->budget = budget;
+    }
+    for (int32_t i = 0; i < n_lists; i++) {
+        const int32_t n = list_n[i];
+        if (apply) {
+            p->n_scored[i] = 0;
+            PYKV_TRY(track_new_entries(p, i, &(struct kv_list){ .n = n }));
+        }
+        PYKV_TRY(policy_state_floats("h2o", r, apply ? p->scores[i] : NULL, n));
+    }
+    return PYKV_OK;
+}
+
 const struct policy_ops policy_h2o = {
     .name = "h2o",
     .description = "heavy hitters: accumulated attention plus a recent window; fixed budget while decoding",
@@ -185,5 +222,7 @@ const struct policy_ops policy_h2o = {
     .free = h2o_free,
     .after_layer = h2o_after_layer,
     .reset = h2o_reset,
+    .state_write = h2o_state_write,
+    .state_read = h2o_state_read,
     .wants_attention_sums = 1,
 };

@@ -12,6 +12,7 @@
 //  * With a fractional budget, B is fixed at each prefill call from the sequence length
 //    then; decode steps keep that B.
 #include "policy-args.h"
+#include "policy-state.h"
 #include "window-scores.h"
 #include "../error.h"
 #include "../model.h"
@@ -115,10 +116,35 @@ static pykv_status streaming_after_layer(struct kv_policy *base, const struct po
     return PYKV_OK;
 }
 
+// pykv_reset: the budget a fresh context starts with (sink + window when no budget is given).
+static void streaming_reset(struct kv_policy *base) {
+    struct streaming *p = (struct streaming *)base;
+    const struct policy_config *cfg = &base->cfg;
+    p->B = cfg->budget <= 0 && !(cfg->budget_frac > 0.0f) ? p->sink + p->recent : 0;
+}
+
+// Saved state: the budget the last prefill fixed.
+static void streaming_state_write(const struct kv_policy *base, const struct kv_cache *c, struct state_writer *w) {
+    (void)c;
+    state_put_i32(w, ((const struct streaming *)base)->B);
+}
+
+static pykv_status streaming_state_read(struct kv_policy *base, const struct kv_cache *c, const int32_t *list_n,
+                                        struct state_reader *r, int apply) {
+    (void)list_n;
+    int32_t B;
+    PYKV_TRY(policy_state_ints("streamingllm", "budget", r, &B, 1, 0, c->max_entries));
+    if (apply) ((struct streaming *)base)->B = B;
+    return PYKV_OK;
+}
+
 const struct policy_ops policy_streamingllm = {
     .name = "streamingllm",
     .description = "StreamingLLM: keep the first sink tokens and the most recent ones",
     .init = streaming_init,
     .free = streaming_free,
     .after_layer = streaming_after_layer,
+    .reset = streaming_reset,
+    .state_write = streaming_state_write,
+    .state_read = streaming_state_read,
 };

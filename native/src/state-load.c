@@ -1,0 +1,198 @@
+// state-load.c - reading a saved state back (pykv_state_load, pykv_state_n_tokens). The
+// whole buffer is checked against the context first, policy part included, so that a state
+// that does not fit changes nothing; only then is the context replaced. Layout: state.h.
+#include "state.h"
+#include "error.h"
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pykv_status corrupt(const char *why) {
+    return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_state_load: not a usable state: %s", why);
+}
+
+// The magic, the byte order and the header's integers.
+static pykv_status read_header(struct state_reader *r, int32_t *head) {
+    char magic[STATE_MAGIC_LEN];
+    uint32_t order = 0;
+    if (!state_take(r, magic, sizeof(magic))) return corrupt("it does not start with pykv's state header");
+    if (memcmp(magic, STATE_MAGIC_V1, sizeof(magic)) == 0)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_state_load: the state was written by an earlier pykv (state "
+                          "format 1), which this one does not read: evaluate its tokens again");
+    if (memcmp(magic, STATE_MAGIC, sizeof(magic)) != 0) return corrupt("it does not start with pykv's state header");
+    if (!state_take(r, &order, sizeof(order)) || order != STATE_BYTE_ORDER)
+        return corrupt("it was written on a machine of another byte order");
+    if (!state_take(r, head, HEADER_I32 * sizeof(int32_t))) return corrupt("its header is cut short");
+    return PYKV_OK;
+}
+
+pykv_status pykv_state_n_tokens(const void *src, size_t size, int32_t *n_tokens) {
+    pykv_clear_error();
+    if ((!src && size) || !n_tokens) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_state_n_tokens: NULL argument");
+    *n_tokens = 0;
+    int32_t head[HEADER_I32];
+    struct state_reader r = { src, size };
+    PYKV_TRY(read_header(&r, head));
+    if (head[H_N_PAST] < 0) return corrupt("its token count is negative");
+    *n_tokens = head[H_N_PAST];
+    return PYKV_OK;
+}
+
+// The state's policy identity against the context's.
+static pykv_status check_identity(const pykv_context *ctx, struct state_reader *r) {
+    int32_t len = -1;
+    if (!state_take_i32(r, &len) || len < 0 || (size_t)len > r->left) return corrupt("its policy is cut short");
+    const char *saved = (const char *)r->at;
+    state_take(r, NULL, (size_t)len);
+    size_t n = 0;
+    char *mine = state_identity(ctx, &n);
+    if (!mine) return PYKV_ERR_NOMEM;
+    pykv_status st = PYKV_OK;
+    if (n != (size_t)len || memcmp(saved, mine, n) != 0)
+        st = pykv_error(PYKV_ERR_INVALID_ARG,
+                        "pykv_state_load: the state was saved with the policy '%.*s'; this context has '%.*s' "
+                        "(a state continues only in a context with the same policy and settings)",
+                        len < 300 ? (int)len : 300, saved, (int)(n < 300 ? n : 300), mine);
+    free(mine);
+    return st;
+}
+
+// One list's bytes: its length, positions and keys and values, and merged entries' counts
+// and norms (counts at least 1, norms finite and not negative). Skips over them.
+static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, int32_t n_past, int32_t *n_out) {
+    const struct kv_cache *c = &ctx->cache;
+    int32_t n = -1, merged = -1;
+    if (!state_take_i32(r, &n) || n < 0 || n > n_past) return corrupt("a list length is out of range");
+    if (!state_take_i32(r, &merged) || (merged != 0 && merged != 1)) return corrupt("a list's merged flag is bad");
+    for (int32_t j = 0; j < n; j++) {
+        int32_t pos;
+        if (!state_take_i32(r, &pos) || pos < 0 || pos >= n_past) return corrupt("a position is out of range");
+    }
+    if (!state_take(r, NULL, 2 * (size_t)n * state_row_bytes(c))) return corrupt("its keys and values are cut short");
+    *n_out = n;
+    if (!merged) return PYKV_OK;
+    int64_t norms = 0;
+    for (int32_t j = 0; j < n; j++) {
+        int32_t m;
+        if (!state_take_i32(r, &m) || m < 1 || m > n_past) return corrupt("a merged entry's member count is bad");
+        if (m > 1) norms += m;
+    }
+    if (norms > n_past * (int64_t)n) return corrupt("a list's merged entries hold too many members");
+    for (int64_t i = 0; i < norms; i++) {
+        float x;
+        if (!state_take(r, &x, sizeof(x))) return corrupt("a list's member norms are cut short");
+        if (!isfinite(x) || x < 0.0f) return corrupt("a member norm is not a finite length");
+    }
+    return PYKV_OK;
+}
+
+// The policy's own part: its length, then the policy's check of it (apply = 0).
+static pykv_status check_policy(pykv_context *ctx, struct state_reader *r, const int32_t *list_n) {
+    int64_t len = -1;
+    if (!state_take(r, &len, sizeof(len)) || len < 0 || (uint64_t)len != r->left)
+        return corrupt("the policy's part is not where the state ends");
+    const struct policy_ops *ops = ctx->policy->ops;
+    if (!ops->state_read) return len == 0 ? PYKV_OK : corrupt("it holds policy state this policy does not keep");
+    struct state_reader sub = *r;
+    PYKV_TRY(ops->state_read(ctx->policy, &ctx->cache, list_n, &sub, 0));
+    return sub.left == 0 ? PYKV_OK : corrupt("the policy's part has bytes past its end");
+}
+
+// The whole buffer against this context, changing nothing. Fills head and list_n (each
+// list's length) and leaves *policy at the policy's part.
+static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, int32_t *head, int32_t *list_n,
+                               struct state_reader *policy) {
+    const struct kv_cache *c = &ctx->cache;
+    struct state_reader r = { src, size };
+    PYKV_TRY(read_header(&r, head));
+    const int32_t want[5] = { c->n_layer, c->n_head_kv, c->head_dim, ctx->model->hp.n_vocab, c->f16 };
+    if (memcmp(head, want, sizeof(want)) != 0)
+        return pykv_error(PYKV_ERR_INVALID_ARG,
+                          "pykv_state_load: the state is of a model with %d layers, %d KV heads of %d, %d tokens "
+                          "and an %s cache; this context has %d, %d of %d, %d and %s",
+                          head[0], head[1], head[2], head[3], head[4] ? "f16" : "f32", want[0], want[1], want[2],
+                          want[3], want[4] ? "f16" : "f32");
+    const int32_t n_past = head[H_N_PAST], has_logits = head[H_HAS_LOGITS], single = head[H_SINGLE_RUN];
+    if (n_past < 0 || (has_logits != 0 && has_logits != 1) || (has_logits && n_past == 0) ||
+        (single != 0 && single != 1))
+        return corrupt("its token count or a flag is out of range");
+    if (n_past > ctx->n_ctx)
+        return pykv_error(PYKV_ERR_CONTEXT_FULL, "pykv_state_load: the state holds %d tokens, more than n_ctx=%d",
+                          n_past, ctx->n_ctx);
+    int64_t counters[2];
+    if (!state_take(&r, counters, sizeof(counters)) || counters[0] < 0 || counters[1] < 0)
+        return corrupt("its cache counters are bad");
+    PYKV_TRY(check_identity(ctx, &r));
+    if (has_logits && !state_take(&r, NULL, (size_t)want[3] * sizeof(float))) return corrupt("its logits are cut short");
+    for (int i = 0; i < c->n_layer * c->n_head_kv; i++) PYKV_TRY(check_list(ctx, &r, n_past, &list_n[i]));
+    *policy = r;
+    return check_policy(ctx, &r, list_n);
+}
+
+// Fill an empty list from checked bytes.
+static pykv_status load_list(struct kv_cache *c, struct kv_list *l, struct state_reader *r) {
+    int32_t n = 0, merged = 0;
+    state_take_i32(r, &n);
+    state_take_i32(r, &merged);
+    PYKV_TRY(kv_list_reserve(c, l, n));
+    state_take(r, l->pos, (size_t)n * sizeof(int32_t));
+    state_take(r, l->k, (size_t)n * state_row_bytes(c));
+    state_take(r, l->v, (size_t)n * state_row_bytes(c));
+    l->n = n;
+    if (!merged) return PYKV_OK;
+    PYKV_TRY(kv_list_enable_members(c, l));
+    int32_t *counts = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    if (!counts) return pykv_error(PYKV_ERR_NOMEM, "out of memory loading merged KV entries");
+    state_take(r, counts, (size_t)n * sizeof(int32_t));
+    pykv_status st = PYKV_OK;
+    for (int32_t j = 0; j < n && st == PYKV_OK; j++) {
+        if (counts[j] == 1) continue;
+        st = kv_list_set_members(c, l, j, (const float *)r->at, counts[j]);   // copies the norms
+        state_take(r, NULL, (size_t)counts[j] * sizeof(float));
+    }
+    free(counts);
+    return st;
+}
+
+pykv_status pykv_state_load(pykv_context *ctx, const void *src, size_t size) {
+    pykv_clear_error();
+    if (!ctx || (!src && size)) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_state_load: NULL argument");
+    struct kv_cache *c = &ctx->cache;
+    int32_t head[HEADER_I32];
+    int32_t *list_n = malloc((size_t)c->n_layer * c->n_head_kv * sizeof(int32_t));
+    if (!list_n) return pykv_error(PYKV_ERR_NOMEM, "out of memory loading a state");
+    struct state_reader policy;
+    pykv_status st = check_state(ctx, src, size, head, list_n, &policy);
+    if (st != PYKV_OK) {
+        free(list_n);
+        return st;
+    }
+
+    // Checked: from here on only memory can fail, and then the context is left empty.
+    struct state_reader r = { src, size };
+    int64_t counters[2];
+    int32_t id_len = 0;
+    state_take(&r, NULL, STATE_MAGIC_LEN + sizeof(uint32_t) + sizeof(head));
+    state_take(&r, counters, sizeof(counters));
+    state_take_i32(&r, &id_len);
+    state_take(&r, NULL, (size_t)id_len);
+    pykv_reset(ctx);
+    if (head[H_HAS_LOGITS]) state_take(&r, ctx->logits, (size_t)head[H_N_VOCAB] * sizeof(float));
+    for (int i = 0; i < c->n_layer * c->n_head_kv && st == PYKV_OK; i++) st = load_list(c, &c->lists[i], &r);
+    state_take(&policy, NULL, sizeof(int64_t));
+    if (st == PYKV_OK && ctx->policy->ops->state_read)
+        st = ctx->policy->ops->state_read(ctx->policy, c, list_n, &policy, 1);
+    free(list_n);
+    if (st != PYKV_OK) {
+        pykv_reset(ctx);
+        return st;
+    }
+    c->evicted = counters[0];
+    c->merged = counters[1];
+    ctx->n_past = head[H_N_PAST];
+    ctx->has_logits = head[H_HAS_LOGITS];
+    ctx->single_run = head[H_SINGLE_RUN];
+    return PYKV_OK;
+}
