@@ -18,6 +18,7 @@
 #include "../error.h"
 #include "../model.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +34,10 @@ static int by_score_desc(const void *a, const void *b) {
 static pykv_status rank(const float *score, int32_t n, int32_t *order) {
     struct ranked *r = malloc((size_t)(n ? n : 1) * sizeof(*r));
     if (!r) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory ranking entries");
-    for (int32_t j = 0; j < n; j++) { r[j].s = score[j]; r[j].i = j; }
+    for (int32_t j = 0; j < n; j++) {   // NaN ranks last (a total order for qsort), as in ws_select_top
+        r[j].s = isnan(score[j]) ? -INFINITY : score[j];
+        r[j].i = j;
+    }
     qsort(r, (size_t)n, sizeof(*r), by_score_desc);
     for (int32_t j = 0; j < n; j++) order[j] = r[j].i;
     free(r);

@@ -173,7 +173,8 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
         for (int32_t j = 0; j < nc; j++) {
             ll->s[g][j] = sg[j] * vbar;
             sum += ll->s[g][j];
-            r[st.offset_kv[g] + j] = (struct ranked){ ll->s[g][j], st.offset_kv[g] + j };
+            const float rs = isnan(ll->s[g][j]) ? -INFINITY : ll->s[g][j];   // NaN last: a total order
+            r[st.offset_kv[g] + j] = (struct ranked){ rs, st.offset_kv[g] + j };
         }
     }
     double ent = 0.0;
