@@ -32,7 +32,8 @@
 //    lists (its window = its last min(W, tokens) tokens).
 //  * Decode (decode_evict=fixed): the list size of layer l is frozen at the end of the
 //    prefill call (b_l + window; B for every layer when the prompt was not compressed;
-//    before any prefill call, B when the budget is absolute, none when it is a fraction).
+//    before any prefill call and after pykv_reset, B when the budget is absolute, none
+//    when it is a fraction). Saved states keep the frozen sizes.
 //    In a decode step, as soon as a list has attended (decode_list), a list longer than its
 //    size S keeps its top S - Wd of the first n - Wd entries (Wd = min(W, S); the last Wd
 //    entries are protected) ranked by the new token's attention row over the whole list

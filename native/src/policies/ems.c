@@ -29,7 +29,8 @@
 //    0.6), gamma (integer >= 1, default 4). No sinks. Unknown keys are errors.
 //  * Merge metadata (member norms, flags) is allocated by the cache and counted in its bytes;
 //    the policy's own score arrays (6 floats per entry, and 2 of scratch) are not cache
-//    bytes, as for h2o.
+//    bytes, as for h2o. A saved state (pykv_state_save) keeps them with the budget and the
+//    per-layer step counts, so a loaded context merges and evicts as the saved one would.
 #include "ems.h"
 #include "policy-args.h"
 #include "policy-state.h"

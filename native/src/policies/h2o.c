@@ -13,6 +13,7 @@
 //
 // [decide] recent (the heavy/recent split) defaults to B / 2, the even split of the H2O
 // paper; --policy-arg recent=N sets it (0 <= N < B). Ties go to the lower position.
+// A saved state (pykv_state_save) keeps the accumulators and the budget.
 #include "../error.h"
 #include "../model.h"
 #include "../policy.h"

@@ -10,7 +10,7 @@
 //    holds S + R + 1 entries and loses its oldest non-sink entry).
 //  * Original positions are kept (no key re-rotation).
 //  * With a fractional budget, B is fixed at each prefill call from the sequence length
-//    then; decode steps keep that B.
+//    then; decode steps keep that B (saved states too); pykv_reset forgets it.
 #include "policy-args.h"
 #include "policy-state.h"
 #include "window-scores.h"
