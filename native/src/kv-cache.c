@@ -10,11 +10,9 @@
 #define KV_MIN_CAP 16
 #define KV_DECODE_DROP 2   // evictions this small are decode steps (see kv_list_retain)
 
-static int64_t elem_bytes(const struct kv_cache *c) { return c->f16 ? 2 : 4; }
-
 // Bytes per allocated entry: key, value, position, and the merge bookkeeping if enabled.
 static int64_t entry_bytes(const struct kv_cache *c, const struct kv_list *l) {
-    int64_t b = (int64_t)2 * c->head_dim * elem_bytes(c) + (int64_t)sizeof(int32_t);
+    int64_t b = (int64_t)(2 * kv_cache_row_bytes(c)) + (int64_t)sizeof(int32_t);
     if (l->n_members) b += (int64_t)2 * sizeof(int32_t);
     return b;
 }
@@ -75,7 +73,7 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
         l->cap = 0;
         return PYKV_OK;
     }
-    size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
+    const size_t row = kv_cache_row_bytes(c);
     void *k = realloc(l->k, (size_t)cap * row);
     if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->k = k;
@@ -259,7 +257,7 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
             else free_members(c, l, d);
         }
     }
-    const size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
+    const size_t row = kv_cache_row_bytes(c);
     kv_compact_rows(l->k, row, keep, n_keep);
     kv_compact_rows(l->v, row, keep, n_keep);
     kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
@@ -275,7 +273,7 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
 
 pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
     if (j < 0 || j >= l->n || tail < 0) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
-    const size_t row = (size_t)c->head_dim * (size_t)elem_bytes(c);
+    const size_t row = kv_cache_row_bytes(c);
     free_members(c, l, j);
     kv_drop_row(l->k, row, l->n, j, tail);
     kv_drop_row(l->v, row, l->n, j, tail);

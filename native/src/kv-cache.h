@@ -53,6 +53,11 @@ pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, in
 void            kv_cache_free(struct kv_cache *c);
 void            kv_cache_clear(struct kv_cache *c);   // drops every entry and its memory
 
+// Bytes of one key (or value) as stored.
+static inline size_t kv_cache_row_bytes(const struct kv_cache *c) {
+    return (size_t)c->head_dim * (c->f16 ? 2 : 4);
+}
+
 static inline struct kv_list *kv_cache_list(struct kv_cache *c, int layer, int head) {
     return &c->lists[(size_t)layer * c->n_head_kv + head];
 }

@@ -70,7 +70,7 @@ static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, i
         int32_t pos;
         if (!state_take_i32(r, &pos) || pos < 0 || pos >= n_past) return corrupt("a position is out of range");
     }
-    if (!state_take(r, NULL, 2 * (size_t)n * state_row_bytes(c))) return corrupt("its keys and values are cut short");
+    if (!state_take(r, NULL, 2 * (size_t)n * kv_cache_row_bytes(c))) return corrupt("its keys and values are cut short");
     *n_out = n;
     if (!merged) return PYKV_OK;
     int64_t norms = 0;
@@ -88,22 +88,33 @@ static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, i
     return PYKV_OK;
 }
 
-// The policy's own part: its length, then the policy's check of it (apply = 0).
-static pykv_status check_policy(pykv_context *ctx, struct state_reader *r, const int32_t *list_n) {
+// The policy's own part: its length, then the policy's check of it (apply = 0); *policy is
+// left at its bytes.
+static pykv_status check_policy(pykv_context *ctx, struct state_reader *r, const int32_t *list_n,
+                                struct state_reader *policy) {
     int64_t len = -1;
     if (!state_take(r, &len, sizeof(len)) || len < 0 || (uint64_t)len != r->left)
         return corrupt("the policy's part is not where the state ends");
+    *policy = *r;
     const struct policy_ops *ops = ctx->policy->ops;
     if (!ops->state_read) return len == 0 ? PYKV_OK : corrupt("it holds policy state this policy does not keep");
-    struct state_reader sub = *r;
-    PYKV_TRY(ops->state_read(ctx->policy, &ctx->cache, list_n, &sub, 0));
-    return sub.left == 0 ? PYKV_OK : corrupt("the policy's part has bytes past its end");
+    PYKV_TRY(ops->state_read(ctx->policy, &ctx->cache, list_n, r, 0));
+    return r->left == 0 ? PYKV_OK : corrupt("the policy's part has bytes past its end");
 }
 
-// The whole buffer against this context, changing nothing. Fills head and list_n (each
-// list's length) and leaves *policy at the policy's part.
-static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, int32_t *head, int32_t *list_n,
-                               struct state_reader *policy) {
+// What a checked state holds for the load: its header's integers, the cache's counters,
+// each list's length, a reader at the logits (the lists follow) and one at the policy's part.
+struct checked_state {
+    int32_t             head[HEADER_I32];
+    int64_t             counters[2];
+    int32_t            *list_n;
+    struct state_reader body, policy;
+};
+
+// The whole buffer against this context, changing nothing.
+static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, struct checked_state *out) {
+    int32_t *head = out->head, *list_n = out->list_n;
+    int64_t *counters = out->counters;
     const struct kv_cache *c = &ctx->cache;
     struct state_reader r = { src, size };
     PYKV_TRY(read_header(&r, head));
@@ -121,14 +132,13 @@ static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, 
     if (n_past > ctx->n_ctx)
         return pykv_error(PYKV_ERR_CONTEXT_FULL, "pykv_state_load: the state holds %d tokens, more than n_ctx=%d",
                           n_past, ctx->n_ctx);
-    int64_t counters[2];
-    if (!state_take(&r, counters, sizeof(counters)) || counters[0] < 0 || counters[1] < 0)
+    if (!state_take(&r, counters, 2 * sizeof(*counters)) || counters[0] < 0 || counters[1] < 0)
         return corrupt("its cache counters are bad");
     PYKV_TRY(check_identity(ctx, &r));
+    out->body = r;
     if (has_logits && !state_take(&r, NULL, (size_t)want[3] * sizeof(float))) return corrupt("its logits are cut short");
     for (int i = 0; i < c->n_layer * c->n_head_kv; i++) PYKV_TRY(check_list(ctx, &r, n_past, &list_n[i]));
-    *policy = r;
-    return check_policy(ctx, &r, list_n);
+    return check_policy(ctx, &r, list_n, &out->policy);
 }
 
 // Fill an empty list from checked bytes.
@@ -138,8 +148,8 @@ static pykv_status load_list(struct kv_cache *c, struct kv_list *l, struct state
     state_take_i32(r, &merged);
     PYKV_TRY(kv_list_reserve(c, l, n));
     state_take(r, l->pos, (size_t)n * sizeof(int32_t));
-    state_take(r, l->k, (size_t)n * state_row_bytes(c));
-    state_take(r, l->v, (size_t)n * state_row_bytes(c));
+    state_take(r, l->k, (size_t)n * kv_cache_row_bytes(c));
+    state_take(r, l->v, (size_t)n * kv_cache_row_bytes(c));
     l->n = n;
     if (!merged) return PYKV_OK;
     PYKV_TRY(kv_list_enable_members(c, l));
@@ -160,39 +170,29 @@ pykv_status pykv_state_load(pykv_context *ctx, const void *src, size_t size) {
     pykv_clear_error();
     if (!ctx || (!src && size)) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_state_load: NULL argument");
     struct kv_cache *c = &ctx->cache;
-    int32_t head[HEADER_I32];
-    int32_t *list_n = malloc((size_t)c->n_layer * c->n_head_kv * sizeof(int32_t));
-    if (!list_n) return pykv_error(PYKV_ERR_NOMEM, "out of memory loading a state");
-    struct state_reader policy;
-    pykv_status st = check_state(ctx, src, size, head, list_n, &policy);
+    struct checked_state s = { .list_n = malloc((size_t)c->n_layer * c->n_head_kv * sizeof(int32_t)) };
+    if (!s.list_n) return pykv_error(PYKV_ERR_NOMEM, "out of memory loading a state");
+    pykv_status st = check_state(ctx, src, size, &s);
     if (st != PYKV_OK) {
-        free(list_n);
+        free(s.list_n);
         return st;
     }
 
     // Checked: from here on only memory can fail, and then the context is left empty.
-    struct state_reader r = { src, size };
-    int64_t counters[2];
-    int32_t id_len = 0;
-    state_take(&r, NULL, STATE_MAGIC_LEN + sizeof(uint32_t) + sizeof(head));
-    state_take(&r, counters, sizeof(counters));
-    state_take_i32(&r, &id_len);
-    state_take(&r, NULL, (size_t)id_len);
     pykv_reset(ctx);
-    if (head[H_HAS_LOGITS]) state_take(&r, ctx->logits, (size_t)head[H_N_VOCAB] * sizeof(float));
-    for (int i = 0; i < c->n_layer * c->n_head_kv && st == PYKV_OK; i++) st = load_list(c, &c->lists[i], &r);
-    state_take(&policy, NULL, sizeof(int64_t));
+    if (s.head[H_HAS_LOGITS]) state_take(&s.body, ctx->logits, (size_t)s.head[H_N_VOCAB] * sizeof(float));
+    for (int i = 0; i < c->n_layer * c->n_head_kv && st == PYKV_OK; i++) st = load_list(c, &c->lists[i], &s.body);
     if (st == PYKV_OK && ctx->policy->ops->state_read)
-        st = ctx->policy->ops->state_read(ctx->policy, c, list_n, &policy, 1);
-    free(list_n);
+        st = ctx->policy->ops->state_read(ctx->policy, c, s.list_n, &s.policy, 1);
+    free(s.list_n);
     if (st != PYKV_OK) {
         pykv_reset(ctx);
         return st;
     }
-    c->evicted = counters[0];
-    c->merged = counters[1];
-    ctx->n_past = head[H_N_PAST];
-    ctx->has_logits = head[H_HAS_LOGITS];
-    ctx->single_run = head[H_SINGLE_RUN];
+    c->evicted = s.counters[0];
+    c->merged = s.counters[1];
+    ctx->n_past = s.head[H_N_PAST];
+    ctx->has_logits = s.head[H_HAS_LOGITS];
+    ctx->single_run = s.head[H_SINGLE_RUN];
     return PYKV_OK;
 }

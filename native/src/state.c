@@ -54,8 +54,8 @@ static void write_list(struct state_writer *w, const struct kv_cache *c, const s
     state_put_i32(w, l->n);
     state_put_i32(w, merged);
     state_put(w, l->pos, (size_t)l->n * sizeof(int32_t));
-    state_put(w, l->k, (size_t)l->n * state_row_bytes(c));
-    state_put(w, l->v, (size_t)l->n * state_row_bytes(c));
+    state_put(w, l->k, (size_t)l->n * kv_cache_row_bytes(c));
+    state_put(w, l->v, (size_t)l->n * kv_cache_row_bytes(c));
     if (!merged) return;
     state_put(w, l->n_members, (size_t)l->n * sizeof(int32_t));
     for (int32_t j = 0; j < l->n; j++)

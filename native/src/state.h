@@ -29,7 +29,3 @@ enum { H_N_LAYER, H_N_HEAD_KV, H_HEAD_DIM, H_N_VOCAB, H_KV_F16, H_N_PAST, H_HAS_
 // decided what the cache kept. Allocated (the caller frees it), its length in *len; NULL
 // with the error set when out of memory.
 char *state_identity(const pykv_context *ctx, size_t *len);
-
-static inline size_t state_row_bytes(const struct kv_cache *c) {
-    return (size_t)c->head_dim * (c->f16 ? 2 : 4);
-}

@@ -87,19 +87,20 @@ static pykv_status h2o_lists(struct h2o *p, int32_t n_lists) {
     return p->scores && p->n_scored && p->cap ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "out of memory for H2O scores");
 }
 
-// Give the list's new entries (appended by this chunk) a zero accumulator. A list shorter
-// than before was rolled back after a cancelled chunk: its surviving entries keep theirs.
-static pykv_status track_new_entries(struct h2o *p, int32_t i, const struct kv_list *l) {
-    if (l->n < p->n_scored[i]) p->n_scored[i] = l->n;
-    if (l->n > p->cap[i]) {
-        int32_t cap = l->n + l->n / 4 + 16;
+// List i now holds n entries: give the new ones (appended by this chunk) a zero accumulator.
+// A list shorter than before was rolled back after a cancelled chunk: its surviving entries
+// keep theirs.
+static pykv_status track_new_entries(struct h2o *p, int32_t i, int32_t n) {
+    if (n < p->n_scored[i]) p->n_scored[i] = n;
+    if (n > p->cap[i]) {
+        int32_t cap = n + n / 4 + 16;
         float *s = realloc(p->scores[i], (size_t)cap * sizeof(float));
         if (!s) return pykv_error(PYKV_ERR_NOMEM, "out of memory for H2O scores");
         p->scores[i] = s;
         p->cap[i] = cap;
     }
-    memset(p->scores[i] + p->n_scored[i], 0, (size_t)(l->n - p->n_scored[i]) * sizeof(float));
-    p->n_scored[i] = l->n;
+    memset(p->scores[i] + p->n_scored[i], 0, (size_t)(n - p->n_scored[i]) * sizeof(float));
+    p->n_scored[i] = n;
     return PYKV_OK;
 }
 
@@ -174,7 +175,7 @@ static pykv_status h2o_after_layer(struct kv_policy *base, const struct policy_e
     for (int32_t g = 0; g < n_head_kv; g++) {
         int32_t i = ev->layer * n_head_kv + g;
         struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
-        PYKV_TRY(track_new_entries(p, i, l));
+        PYKV_TRY(track_new_entries(p, i, l->n));
         accumulate(p->scores[i], ev, g, l->n);
         if (p->budget == 0 || l->n <= p->budget || recent >= p->budget) continue;
         if (prefill_end) PYKV_TRY(evict_to_budget(p, ev, i, l, recent));
@@ -209,7 +210,7 @@ static pykv_status h2o_state_read(struct kv_policy *base, const struct kv_cache 
         const int32_t n = list_n[i];
         if (apply) {
             p->n_scored[i] = 0;
-            PYKV_TRY(track_new_entries(p, i, &(struct kv_list){ .n = n }));
+            PYKV_TRY(track_new_entries(p, i, n));
         }
         PYKV_TRY(policy_state_floats("h2o", r, apply ? p->scores[i] : NULL, n));
     }
