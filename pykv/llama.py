@@ -521,7 +521,8 @@ class Llama:
                  logits_processor=None, stopping_criteria=None):
         """Generate text after prompt (text or token ids). With the `full` policy the context
         keeps the longest prefix of the prompt it already holds and evaluates the rest
-        (result.cached_tokens); otherwise, or after reset(), it starts afresh.
+        (result.cached_tokens); otherwise, or after reset(), it starts afresh, unless the context
+        holds exactly the prompt from one eval() of it or a loaded state.
 
         max_tokens <= 0 or None generates until an end-of-generation token or a full context.
         The sampler is llama.cpp's chain: logit_bias ({token id: bias}, -inf bans), the repeat,
