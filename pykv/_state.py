@@ -4,7 +4,6 @@ bytes for their keys, values, logits and the policy's own state, and, in a file,
 they belong to."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
@@ -59,6 +58,7 @@ def load_state(llm, state: LlamaState) -> None:
 def model_fingerprint(model_path) -> str:
     """The model file's size and a hash of its first 4 MiB (header, metadata, first tensors):
     enough to tell two GGUFs of the same shape apart without reading all of either."""
+    import hashlib   # here: importing it maps OpenSSL's libcrypto, ~4 MiB of every process's RSS
     path = Path(model_path)
     h = hashlib.sha256()
     with open(path, "rb") as f:

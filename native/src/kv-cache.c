@@ -1,6 +1,7 @@
 // kv-cache.c - per-(layer, KV head) entry lists with real allocation accounting.
 #include "kv-cache.h"
 #include "error.h"
+#include "pages.h"
 #include "quant.h"
 
 #include <stdatomic.h>
@@ -64,7 +65,8 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
     if (cap == l->cap) return PYKV_OK;
     if (cap == 0) {
         if (l->member_pool) pool_free(c, l);
-        free(l->k); free(l->v); free(l->pos); free(l->n_members); free(l->member_at);
+        pages_free(l->k); pages_free(l->v); pages_free(l->pos);
+        free(l->n_members); free(l->member_at);
         l->k = l->v = NULL;
         l->pos = NULL;
         account(c, -(int64_t)l->cap * entry_bytes(c, l));
@@ -74,13 +76,13 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
         return PYKV_OK;
     }
     const size_t row = kv_cache_row_bytes(c);
-    void *k = realloc(l->k, (size_t)cap * row);
+    void *k = pages_realloc(l->k, (size_t)cap * row);
     if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->k = k;
-    void *v = realloc(l->v, (size_t)cap * row);
+    void *v = pages_realloc(l->v, (size_t)cap * row);
     if (!v) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->v = v;
-    int32_t *pos = realloc(l->pos, (size_t)cap * sizeof(int32_t));
+    int32_t *pos = pages_realloc(l->pos, (size_t)cap * sizeof(int32_t));
     if (!pos) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->pos = pos;
     if (l->n_members) {
