@@ -1,0 +1,110 @@
+// test_matmul.c - matmul() as the forward pass calls it, on a pool of threads: each path
+// against a double-precision reference.
+//   - exact mode (float activations): the plain dot of the dequantized rows, 1e-5 of the terms;
+//   - one token (decode): the activations quantised per 32 (quantize_row_q8_act);
+//   - several tokens (prefill) on the integer GEMM (rows of whole 256-element super-blocks of
+//     a type it packs): the activations quantised per 32 as well;
+//   - several tokens otherwise (SmolLM2's rows of 576, Q8_0, rows under 256): float.
+// Shapes leave rows over from the 16-row blocks and tokens over from the kernels' tiles.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "gemm-q8.h"
+#include "ops.h"
+#include "quant-q8.h"
+#include "random-rows.h"
+
+enum { ROWS = 37 };
+
+struct fixture {
+    struct threadpool *pool;
+    struct matmul_buf  buf;
+};
+
+static void fixture_init(struct fixture *f, int64_t max_cols, int max_T) {
+    f->pool = threadpool_create(2);
+    f->buf.dequant = calloc((size_t)threadpool_size(f->pool) * MATMUL_SCRATCH_FLOATS(max_cols), sizeof(float));
+    f->buf.xq = calloc((size_t)(max_cols / 32 + 1), sizeof(block_q8_act));
+    f->buf.xpk = calloc((size_t)(max_T * (max_cols / PK_ELEMS) + 1), sizeof(pk_act));
+    f->buf.exact = 0;
+}
+
+static void fixture_free(struct fixture *f) {
+    threadpool_free(f->pool);
+    free(f->buf.dequant); free(f->buf.xq); free(f->buf.xpk);
+}
+
+// Activation k of a token as the path being checked sees it: quantised per 32 below
+// quant_cols, float from there on.
+static double seen(const float *x, const block_q8_act *xq, int64_t k, int64_t quant_cols) {
+    return k < quant_cols ? (double)xq[k / 32].qs[k % 32] * xq[k / 32].d : (double)x[k];
+}
+
+// out of matmul(W, x) for T tokens against the reference that quantises x below quant_cols.
+static void check_case(struct fixture *f, int32_t type, int64_t cols, int T, int exact, int64_t quant_cols) {
+    const int64_t row_bytes = type_row_bytes(type, cols);
+    uint8_t *data = malloc((size_t)(row_bytes * ROWS));
+    float *w = malloc(sizeof(float) * (size_t)(cols * ROWS)), *x = malloc(sizeof(float) * (size_t)(cols * T));
+    float *out = malloc(sizeof(float) * (size_t)(ROWS * T));
+    block_q8_act *xq = malloc(sizeof(block_q8_act) * (size_t)(cols / 32 + 1));
+    for (int i = 0; i < ROWS; i++) {
+        random_row(type, data + i * row_bytes, cols);
+        dequant_row(type, data + i * row_bytes, w + i * cols, cols);
+    }
+    for (int64_t i = 0; i < cols * T; i++) x[i] = uniform(-2, 2);
+    const struct tensor t = { data, type, { cols, ROWS } };
+    f->buf.exact = exact;
+    matmul(f->pool, out, &t, x, T, &f->buf);
+    int bad = 0;
+    for (int tok = 0; tok < T; tok++) {
+        const float *xt = x + tok * cols;
+        if (quant_cols) quantize_row_q8_act(xt, xq, quant_cols);
+        for (int i = 0; i < ROWS; i++) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < cols; k++) {
+                const double term = (double)w[i * cols + k] * seen(xt, xq, k, quant_cols);
+                ref += term;
+                mag += fabs(term);
+            }
+            const double got = out[tok * ROWS + i], tol = 1e-5 * mag + 1e-30;
+            bad += !(fabs(got - ref) <= tol);
+            CHECK_NEAR(got, ref, tol);
+        }
+    }
+    if (bad)
+        fprintf(stderr, "  %s cols=%lld T=%d exact=%d: %d bad\n", pykv_type_name(type), (long long)cols, T, exact, bad);
+    free(data); free(w); free(x); free(out); free(xq);
+}
+
+int main(void) {
+    struct fixture f;
+    fixture_init(&f, 1024, 29);
+    const int32_t packed[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q4_K,
+                               PYKV_TYPE_Q6_K };
+    const int64_t widths[] = { 512, 768 };
+    for (size_t i = 0; i < sizeof packed / sizeof packed[0]; i++)
+        for (size_t j = 0; j < sizeof widths / sizeof widths[0]; j++) {
+            const int32_t type = packed[i];
+            const int64_t cols = widths[j];
+            CHECK(gemm_q8_supports(type, cols));
+            check_case(&f, type, cols, 29, 0, cols);   // prefill: the integer GEMM
+            check_case(&f, type, cols, 7, 0, cols);
+            check_case(&f, type, cols, 1, 0, cols);    // decode
+            check_case(&f, type, cols, 7, 1, 0);       // exact: float, prefill and decode
+            check_case(&f, type, cols, 1, 1, 0);
+        }
+    // Rows the integer GEMM leaves to the float one: decode still quantises them.
+    const int32_t float_prefill[] = { PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q8_0 };
+    for (size_t i = 0; i < sizeof float_prefill / sizeof float_prefill[0]; i++) {
+        const int64_t cols = float_prefill[i] == PYKV_TYPE_Q8_0 ? 512 : 576;
+        CHECK(!gemm_q8_supports(float_prefill[i], cols));
+        check_case(&f, float_prefill[i], cols, 29, 0, 0);
+        check_case(&f, float_prefill[i], cols, 1, 0, cols);
+    }
+    CHECK(!gemm_q8_supports(PYKV_TYPE_Q4_1, 160));
+    check_case(&f, PYKV_TYPE_Q4_1, 160, 7, 0, 0);
+    fixture_free(&f);
+    return check_report("test_matmul");
+}
