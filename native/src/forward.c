@@ -264,7 +264,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->attn_norm, dim, hp->rms_eps);
         float *qkv[3] = { b->q, b->k, b->v };
         const struct tensor *w_qkv[3] = { &w->wq, &w->wk, &w->wv };
-        matmul_many(ctx->pool, 3, qkv, w_qkv, b->xb, T, &b->matmul);
+        matmul_many(ctx->pool, 3, qkv, w_qkv, b->xb, T, &b->matmul, MATMUL_SHORT_FLOAT);
         for (int t = 0; t < T; t++) {
             const float *cs = b->rope_cs + (size_t)t * hp->n_rot;
             rope_rotate(b->q + (size_t)t * q_dim, hp->n_head, hd, hp->n_rot, cs);
@@ -305,7 +305,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->ffn_norm, dim, hp->rms_eps);
         float *gate_up[2] = { b->gate, b->up };
         const struct tensor *w_gate_up[2] = { &w->w_gate, &w->w_up };
-        matmul_many(ctx->pool, 2, gate_up, w_gate_up, b->xb, T, &b->matmul);
+        matmul_many(ctx->pool, 2, gate_up, w_gate_up, b->xb, T, &b->matmul, MATMUL_SHORT_INT8);
         swiglu(b->gate, b->gate, b->up, T * hp->n_ff);
         matmul(ctx->pool, b->xb, &w->w_down, b->gate, T, &b->matmul);
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];

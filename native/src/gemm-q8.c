@@ -22,9 +22,10 @@ static float dot_packed_scalar(const pk_weight *w, const pk_act *x, int64_t n_su
     return sum;
 }
 
+// A short last super-block's bytes past its width are zero in both operands (quant-pack.c).
 void gemm_q8_rows_scalar(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, float *out,
                          int64_t stride) {
-    const int64_t n_super = cols / PK_ELEMS;
+    const int64_t n_super = pk_blocks(cols);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < n_rows; i++)
             out[t * stride + i] = dot_packed_scalar(W + i * n_super, X + t * n_super, n_super);
@@ -34,67 +35,79 @@ void gemm_q8_rows_scalar(const pk_weight *W, int n_rows, const pk_act *X, int T,
 #define GEMM_Q8_R 2
 #define GEMM_Q8_C 3
 
-// R rows x C tokens; `run` vectors' products add up in int16 before each scale multiply.
-// Inlined with constant R, C and run so that the accumulators stay in registers.
+// One super-block (nv vectors of it: 8, or fewer for a row's short last one) of R rows x C
+// tokens into acc; `run` vectors' products add up in int16 before each scale multiply.
 static inline __attribute__((always_inline)) AVX2_TGT void
-tile_avx2(const pk_weight *W, const pk_act *X, int64_t n_super, const int R, const int C, const int run,
-          float *out, int64_t stride) {
-    __m256 acc[GEMM_Q8_R][GEMM_Q8_C];
+super_block_avx2(const pk_weight *const *w, const pk_act *const *x, const int nv, const int R, const int C,
+                 const int run, __m256 acc[GEMM_Q8_R][GEMM_Q8_C]) {
+    __m256i i1[GEMM_Q8_R][GEMM_Q8_C];
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < n_super; s++) {
-        const pk_weight *w[GEMM_Q8_R];
-        const pk_act *x[GEMM_Q8_C];
-        for (int r = 0; r < R; r++) w[r] = W + r * n_super + s;
-        for (int c = 0; c < C; c++) x[c] = X + c * n_super + s;
-        __m256i i1[GEMM_Q8_R][GEMM_Q8_C];
+        for (int c = 0; c < C; c++) i1[r][c] = _mm256_setzero_si256();
+    for (int v0 = 0; v0 < nv; v0 += run) {
+        const int v1 = v0 + run < nv ? v0 + run : nv;
+        __m256i a16[GEMM_Q8_R][GEMM_Q8_C];
         for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++) i1[r][c] = _mm256_setzero_si256();
-        for (int v0 = 0; v0 < 8; v0 += run) {
-            __m256i a16[GEMM_Q8_R][GEMM_Q8_C];
-            for (int r = 0; r < R; r++)
-                for (int c = 0; c < C; c++) a16[r][c] = _mm256_setzero_si256();
-            // Not unrolled: unrolled, the compiler computes every product first and spills them.
+            for (int c = 0; c < C; c++) a16[r][c] = _mm256_setzero_si256();
+        // Not unrolled: unrolled, the compiler computes every product first and spills them.
 #pragma GCC unroll 1
-            for (int v = v0; v < v0 + run; v++) {
-                __m256i wv[GEMM_Q8_R];
+        for (int v = v0; v < v1; v++) {
+            __m256i wv[GEMM_Q8_R];
 #pragma GCC unroll 4
-                for (int r = 0; r < R; r++) wv[r] = _mm256_loadu_si256((const __m256i *)(w[r]->q + 32 * v));
+            for (int r = 0; r < R; r++) wv[r] = _mm256_loadu_si256((const __m256i *)(w[r]->q + 32 * v));
 #pragma GCC unroll 4
-                for (int c = 0; c < C; c++) {
-                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x[c]->q + 32 * v));
-                    __asm__("" : "+x"(xv));   // one load per token, not one per row
+            for (int c = 0; c < C; c++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[c]->q + 32 * v));
+                __asm__("" : "+x"(xv));   // one load per token, not one per row
 #pragma GCC unroll 4
-                    for (int r = 0; r < R; r++)
-                        a16[r][c] = _mm256_add_epi16(a16[r][c], _mm256_maddubs_epi16(wv[r], xv));
-                }
-            }
-            for (int r = 0; r < R; r++) {
-                const __m256i sc = _mm256_loadu_si256((const __m256i *)w[r]->sc);
-                for (int c = 0; c < C; c++) i1[r][c] = _mm256_add_epi32(i1[r][c], _mm256_madd_epi16(a16[r][c], sc));
+                for (int r = 0; r < R; r++)
+                    a16[r][c] = _mm256_add_epi16(a16[r][c], _mm256_maddubs_epi16(wv[r], xv));
             }
         }
         for (int r = 0; r < R; r++) {
-            const __m256 dw = _mm256_loadu_ps(w[r]->dw), dm = _mm256_loadu_ps(w[r]->dm);
-            const __m256i mn = _mm256_loadu_si256((const __m256i *)w[r]->mn);
-            for (int c = 0; c < C; c++) {
-                const __m256i i2 = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)x[c]->bsum));
-                const __m256 t = _mm256_fmsub_ps(_mm256_cvtepi32_ps(i1[r][c]), dw,
-                                                 _mm256_mul_ps(_mm256_cvtepi32_ps(i2), dm));
-                acc[r][c] = _mm256_fmadd_ps(t, _mm256_loadu_ps(x[c]->dx), acc[r][c]);
-            }
+            const __m256i sc = _mm256_loadu_si256((const __m256i *)w[r]->sc);
+            for (int c = 0; c < C; c++) i1[r][c] = _mm256_add_epi32(i1[r][c], _mm256_madd_epi16(a16[r][c], sc));
         }
+    }
+    for (int r = 0; r < R; r++) {
+        const __m256 dw = _mm256_loadu_ps(w[r]->dw), dm = _mm256_loadu_ps(w[r]->dm);
+        const __m256i mn = _mm256_loadu_si256((const __m256i *)w[r]->mn);
+        for (int c = 0; c < C; c++) {
+            const __m256i i2 = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)x[c]->bsum));
+            const __m256 t = _mm256_fmsub_ps(_mm256_cvtepi32_ps(i1[r][c]), dw,
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(i2), dm));
+            acc[r][c] = _mm256_fmadd_ps(t, _mm256_loadu_ps(x[c]->dx), acc[r][c]);
+        }
+    }
+}
+
+// R rows x C tokens over n_super super-blocks, the last of them last_nv vectors long. Inlined
+// with constant R, C and run, and the whole super-blocks apart from a short last one, so that
+// the accumulators stay in registers and the whole blocks' loops have constant bounds.
+static inline __attribute__((always_inline)) AVX2_TGT void
+tile_avx2(const pk_weight *W, const pk_act *X, int64_t n_super, int last_nv, const int R, const int C,
+          const int run, float *out, int64_t stride) {
+    __m256 acc[GEMM_Q8_R][GEMM_Q8_C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const pk_weight *w[GEMM_Q8_R];
+    const pk_act *x[GEMM_Q8_C];
+    const int64_t n_whole = last_nv == 8 ? n_super : n_super - 1;
+    for (int64_t s = 0; s < n_super; s++) {
+        for (int r = 0; r < R; r++) w[r] = W + r * n_super + s;
+        for (int c = 0; c < C; c++) x[c] = X + c * n_super + s;
+        if (s < n_whole) super_block_avx2(w, x, 8, R, C, run, acc);
+        else             super_block_avx2(w, x, last_nv, R, C, run, acc);
     }
     for (int c = 0; c < C; c++)
         for (int r = 0; r < R; r++) out[c * stride + r] = hsum_ps(acc[r][c]);
 }
 
-#define TILE_FOR_RUN(R, C)                                                           \
-    AVX2_TGT static void tile_##R##x##C(const pk_weight *W, const pk_act *X, int64_t n, int run, \
-                                        float *out, int64_t stride) {                \
-        if (run >= 8) tile_avx2(W, X, n, R, C, 8, out, stride);                      \
-        else if (run >= 4) tile_avx2(W, X, n, R, C, 4, out, stride);                 \
-        else tile_avx2(W, X, n, R, C, 2, out, stride);   /* the shortest run (Q6_K) */ \
+#define TILE_FOR_RUN(R, C)                                                                       \
+    AVX2_TGT static void tile_##R##x##C(const pk_weight *W, const pk_act *X, int64_t n, int last_nv, int run, \
+                                        float *out, int64_t stride) {                            \
+        if (run >= 8) tile_avx2(W, X, n, last_nv, R, C, 8, out, stride);                         \
+        else if (run >= 4) tile_avx2(W, X, n, last_nv, R, C, 4, out, stride);                    \
+        else tile_avx2(W, X, n, last_nv, R, C, 2, out, stride);   /* the shortest run (Q6_K) */   \
     }
 TILE_FOR_RUN(2, 3)
 TILE_FOR_RUN(1, 1)
@@ -103,7 +116,7 @@ TILE_FOR_RUN(1, 1)
 #define GEMM_Q8_TOKEN_TILE 24
 
 AVX2_TGT static void gemm_q8_avx2(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t n_super,
-                                  int run, float *out, int64_t stride) {
+                                  int last_nv, int run, float *out, int64_t stride) {
     for (int t0 = 0; t0 < T; t0 += GEMM_Q8_TOKEN_TILE) {
         const int nt = T - t0 < GEMM_Q8_TOKEN_TILE ? T - t0 : GEMM_Q8_TOKEN_TILE;
         for (int i = 0; i < n_rows; i += GEMM_Q8_R) {
@@ -111,10 +124,10 @@ AVX2_TGT static void gemm_q8_avx2(const pk_weight *W, int n_rows, const pk_act *
             int t = t0;
             if (i + GEMM_Q8_R <= n_rows)
                 for (; t + GEMM_Q8_C <= t0 + nt; t += GEMM_Q8_C)
-                    tile_2x3(w, X + t * n_super, n_super, run, out + t * stride + i, stride);
+                    tile_2x3(w, X + t * n_super, n_super, last_nv, run, out + t * stride + i, stride);
             for (; t < t0 + nt; t++)
                 for (int r = i; r < n_rows && r < i + GEMM_Q8_R; r++)
-                    tile_1x1(W + r * n_super, X + t * n_super, n_super, run, out + t * stride + r, stride);
+                    tile_1x1(W + r * n_super, X + t * n_super, n_super, last_nv, run, out + t * stride + r, stride);
         }
     }
 }
@@ -124,7 +137,7 @@ void gemm_q8_rows(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_
                   int64_t stride) {
 #ifdef GEMM_Q8_X86
     if (cpu_has_avx2()) {
-        gemm_q8_avx2(W, n_rows, X, T, cols / PK_ELEMS, run, out, stride);
+        gemm_q8_avx2(W, n_rows, X, T, pk_blocks(cols), pk_tail_width(cols) / 32, run, out, stride);
         return;
     }
 #endif

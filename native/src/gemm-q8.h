@@ -14,6 +14,15 @@
 // the 32-element types (Q4_0..Q5_1) their block scale in dw and their offset in dm with
 // sc = mn = 1. The product of a weight row with a token is then, per group g,
 //   dx[g] * (dw[g] * sum_p sc[p] * sum(q * qx) - dm[g] * sum_p mn[p] * bsum[p]).
+//
+// A row that is not whole super-blocks (the 32-element types only: SmolLM2's rows are 576 =
+// 2 x 256 + 64) ends with a short super-block of its last elements, zero-padded to a width of
+// 32, 64 or 128 (pk_tail_width), in width / 32 vectors. m = 256 / width lanes then share each
+// sub-block, so that a lane still sees one sub-block in every vector: byte b of vector v holds
+// element 16 * (L / m) + 2 * (m * v + L % m) + b % 2 of the short block, L = b / 2 (m = 1 is
+// the layout above). Its scales are spread the same way: sc and mn per lane (lane L: sub-block
+// L / m), dw, dm and dx per pair of lanes (pair k: group k / m), and a sub-block's bsum on its
+// first lane, zero on the others. Only the short block's own vectors are multiplied.
 #pragma once
 #include <stdint.h>
 
@@ -33,17 +42,25 @@ typedef struct {
     int8_t  q[PK_ELEMS];      // interleaved as above
 } pk_act;
 
+// Packed super-blocks in a row of `cols` elements, a short last one included.
+static inline int64_t pk_blocks(int64_t cols) { return (cols + PK_ELEMS - 1) / PK_ELEMS; }
+// The padded width of a row's last super-block: 256 when the row is whole super-blocks.
+static inline int pk_tail_width(int64_t cols) {
+    const int tail = (int)(cols % PK_ELEMS);
+    return tail == 0 ? PK_ELEMS : tail <= 32 ? 32 : tail <= 64 ? 64 : tail <= 128 ? 128 : PK_ELEMS;
+}
+
 // Whether a row of `cols` elements of `type` can be packed; 0: the float GEMM is used.
 int gemm_q8_supports(int32_t type, int64_t cols);
 // How many vectors' products add up in int16 before they must be scaled: the largest quant
 // times 127 times 2 per lane, at most 32767 in all.
 int gemm_q8_run(int32_t type);
 
-// One weight row (cols / 256 packed super-blocks) and T rows of activations.
+// One weight row (pk_blocks(cols) packed super-blocks) and T rows of activations.
 void pack_weight_row(int32_t type, const void *row, pk_weight *out, int64_t cols);
 void pack_act_rows(const float *x, int T, int64_t cols, pk_act *out);
 
-// out[t * stride + i] = dot(W row i, X row t) for i < n_rows, t < T; each row is cols / 256
+// out[t * stride + i] = dot(W row i, X row t) for i < n_rows, t < T; each row is pk_blocks(cols)
 // packed super-blocks. AVX2 where the CPU has it; the scalar reference gives the same
 // integer sums, the float part in another order.
 void gemm_q8_rows(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, int run, float *out,

@@ -95,7 +95,7 @@ static void matmul_batch_task(void *arg, int ith, int nth) {
     const struct tensor *w = job->w;
     int64_t cols = w->ne[0], rows = w->ne[1], row_bytes = type_row_bytes(w->type, cols);
     float *block = job->scratch + (size_t)ith * MATMUL_SCRATCH_FLOATS(cols);
-    pk_weight *packed = (pk_weight *)block;   // 1.5 bytes per element, in the 4 of the floats
+    pk_weight *packed = (pk_weight *)block;   // MATMUL_SCRATCH_FLOATS has room for either
     const int run = gemm_q8_run(w->type);
     long n_blocks = (long)((rows + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK);
     long b0, b1;
@@ -106,7 +106,7 @@ static void matmul_batch_task(void *arg, int ith, int nth) {
         long nr = rows - r0 < MATMUL_ROW_BLOCK ? rows - r0 : MATMUL_ROW_BLOCK;
         if (job->xpk) {
             for (long i = 0; i < nr; i++)
-                pack_weight_row(w->type, base + (r0 + i) * row_bytes, packed + i * (cols / PK_ELEMS), cols);
+                pack_weight_row(w->type, base + (r0 + i) * row_bytes, packed + i * pk_blocks(cols), cols);
             gemm_q8_rows(packed, (int)nr, job->xpk, job->T, cols, run, job->out + r0, rows);
         } else {
             for (long i = 0; i < nr; i++)
@@ -127,18 +127,19 @@ static void pack_act_task(void *arg, int ith, int nth) {
     const struct pack_job *job = arg;
     long t0, t1;
     split_range(job->T, ith, nth, &t0, &t1);
-    const int64_t n_super = job->cols / PK_ELEMS;
-    if (t1 > t0) pack_act_rows(job->x + t0 * job->cols, (int)(t1 - t0), job->cols, job->out + t0 * n_super);
+    if (t1 > t0) pack_act_rows(job->x + t0 * job->cols, (int)(t1 - t0), job->cols, job->out + t0 * pk_blocks(job->cols));
 }
 
 // Prefill: each matrix in turn over all T tokens; x is packed once for those on the integer path.
 static void matmul_batch(struct threadpool *pool, int n, float *const *outs, const struct tensor *const *ws,
-                         const float *x, int T, const struct matmul_buf *buf) {
+                         const float *x, int T, const struct matmul_buf *buf, enum matmul_short_rows short_rows) {
     const pk_act *xpk = NULL;
     for (int m = 0; m < n; m++) {
-        const int packed = !buf->exact && gemm_q8_supports(ws[m]->type, ws[m]->ne[0]);
+        const int64_t cols = ws[m]->ne[0];
+        const int packed = !buf->exact && gemm_q8_supports(ws[m]->type, cols) &&
+                           (cols % PK_ELEMS == 0 || short_rows == MATMUL_SHORT_INT8);
         if (packed && !xpk) {
-            struct pack_job pj = { x, buf->xpk, T, ws[m]->ne[0] };
+            struct pack_job pj = { x, buf->xpk, T, cols };
             threadpool_run(pool, pack_act_task, &pj);
             xpk = buf->xpk;
         }
@@ -148,9 +149,9 @@ static void matmul_batch(struct threadpool *pool, int n, float *const *outs, con
 }
 
 void matmul_many(struct threadpool *pool, int n, float *const *outs, const struct tensor *const *ws,
-                 const float *x, int T, const struct matmul_buf *buf) {
+                 const float *x, int T, const struct matmul_buf *buf, enum matmul_short_rows short_rows) {
     if (T > 1) {
-        matmul_batch(pool, n, outs, ws, x, T, buf);
+        matmul_batch(pool, n, outs, ws, x, T, buf, short_rows);
         return;
     }
     struct matvec_job job = { .n = n, .x = x };
@@ -172,5 +173,5 @@ void matmul_many(struct threadpool *pool, int n, float *const *outs, const struc
 
 void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,
             const struct matmul_buf *buf) {
-    matmul_many(pool, 1, &out, &w, x, T, buf);
+    matmul_many(pool, 1, &out, &w, x, T, buf, MATMUL_SHORT_INT8);
 }

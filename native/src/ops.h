@@ -1,6 +1,7 @@
 // ops.h - the neural-net building blocks of the forward pass (float32 activations).
 #pragma once
 #include <stdint.h>
+#include "gemm-q8.h"
 #include "model.h"
 #include "threadpool.h"
 
@@ -41,17 +42,30 @@ pykv_status tensor_get_row(const struct tensor *t, int64_t row, float *out);
 // have x and each block of rows repacked for an integer GEMM (gemm-q8.h), for the types and
 // widths it takes, and a float GEMM on dequantized rows otherwise. Exact mode is float.
 #define MATMUL_ROW_BLOCK 16
-#define MATMUL_SCRATCH_FLOATS(cols) ((size_t)MATMUL_ROW_BLOCK * (size_t)(cols))
+// Per thread, room for a block of rows either dequantized or packed (short super-blocks
+// take a whole pk_weight, so narrow rows need more than their floats).
+static inline size_t matmul_scratch_floats(int64_t cols) {
+    const size_t dequant = (size_t)MATMUL_ROW_BLOCK * (size_t)cols;
+    const size_t packed = (size_t)MATMUL_ROW_BLOCK * (size_t)pk_blocks(cols) * (sizeof(pk_weight) / sizeof(float));
+    return dequant > packed ? dequant : packed;
+}
+#define MATMUL_SCRATCH_FLOATS(cols) matmul_scratch_floats(cols)
 struct matmul_buf {
     float *dequant;   // threadpool_size(pool) * MATMUL_SCRATCH_FLOATS(cols) floats
     void  *xq;        // cols / 32 block_q8_act
-    void  *xpk;       // n_ubatch * cols / 256 pk_act (prefill's packed activations)
+    void  *xpk;       // n_ubatch * pk_blocks(cols) pk_act (prefill's packed activations)
     int    exact;     // float activations everywhere
 };
 void matmul(struct threadpool *pool, float *out, const struct tensor *w, const float *x, int T,
             const struct matmul_buf *buf);
 // The same for n <= MATMUL_MANY matrices with the same input (q/k/v, gate/up): one token's
-// products run as one dispatch over all their rows, with x quantised once.
+// products run as one dispatch over all their rows, with x quantised once. With
+// MATMUL_SHORT_FLOAT a prefill keeps float activations for rows that end in a short
+// super-block (matmul takes them in 8 bits): the forward pass asks it for q/k/v, whose keys
+// and values every later token attends to. On SmolLM2 (rows of 576) 8-bit inputs to q/k/v
+// alone raised the mean KL of the next-token distribution from transformers' from 0.0018 to
+// 0.0023 nats; to the other products, nothing measurable (BENCHMARKS.md).
 #define MATMUL_MANY 3
+enum matmul_short_rows { MATMUL_SHORT_INT8, MATMUL_SHORT_FLOAT };
 void matmul_many(struct threadpool *pool, int n, float *const *outs, const struct tensor *const *ws,
-                 const float *x, int T, const struct matmul_buf *buf);
+                 const float *x, int T, const struct matmul_buf *buf, enum matmul_short_rows short_rows);

@@ -7,17 +7,36 @@
 #include "quant-blocks.h"
 #include "types.h"
 
-// Element 16p + w (sub-block p, 0..15; w 0..15) goes to byte 32 * (w / 2) + 2p + w % 2.
-static void interleave(uint8_t *dst, const uint8_t *src) {
-    for (int p = 0; p < 16; p++)
-        for (int w = 0; w < 16; w += 2) {
-            dst[16 * w + 2 * p] = src[16 * p + w];
-            dst[16 * w + 2 * p + 1] = src[16 * p + w + 1];
+// Natural order to the lanes of a super-block `width` elements wide (gemm-q8.h): with m lanes
+// per sub-block, byte b of vector v takes element 16 * (L / m) + 2 * (m * v + L % m) + b % 2.
+static void interleave(uint8_t *dst, const uint8_t *src, int width) {
+    const int m = PK_ELEMS / width;
+    for (int v = 0; v < width / 32; v++)
+        for (int L = 0; L < 16; L++) {
+            const int e = 16 * (L / m) + 2 * (m * v + L % m);
+            dst[32 * v + 2 * L] = src[e];
+            dst[32 * v + 2 * L + 1] = src[e + 1];
         }
 }
 
+// A short super-block's scales from sub-block and group order to lane order (gemm-q8.h).
+static void spread_weight_scales(pk_weight *o, int width) {
+    const int m = PK_ELEMS / width;
+    const pk_weight n = *o;
+    for (int L = 0; L < 16; L++) { o->sc[L] = n.sc[L / m]; o->mn[L] = n.mn[L / m]; }
+    for (int k = 0; k < 8; k++) { o->dw[k] = n.dw[k / m]; o->dm[k] = n.dm[k / m]; }
+}
+
+static void spread_act_scales(pk_act *a, int width) {
+    const int m = PK_ELEMS / width;
+    const pk_act n = *a;
+    for (int L = 0; L < 16; L++) a->bsum[L] = L % m == 0 ? n.bsum[L / m] : 0;
+    for (int k = 0; k < 8; k++) a->dx[k] = n.dx[k / m];
+}
+
 // Each unpack_* fills a packed super-block's scales and its quants in natural order (q), which
-// pack_weight_row then interleaves.
+// pack_weight_row then interleaves. The 32-element types unpack n_groups blocks: 8, or fewer
+// for a row's short last super-block.
 
 // The 32-element types: x = dw * q - dm with one scale per block and sc = mn = 1.
 static void unit_scales(pk_weight *o) {
@@ -33,9 +52,9 @@ static void nibble_quants(const uint8_t *qs, uint32_t qh, uint8_t *q) {
     }
 }
 
-static void unpack_q4_0(const block_q4_0 *b, pk_weight *o, uint8_t *q) {
+static void unpack_q4_0(const block_q4_0 *b, pk_weight *o, uint8_t *q, int n_groups) {
     unit_scales(o);
-    for (int g = 0; g < 8; g++) {
+    for (int g = 0; g < n_groups; g++) {
         const float d = fp16_to_fp32(b[g].d);
         o->dw[g] = d;
         o->dm[g] = 8.0f * d;   // x = (q - 8) * d
@@ -43,18 +62,18 @@ static void unpack_q4_0(const block_q4_0 *b, pk_weight *o, uint8_t *q) {
     }
 }
 
-static void unpack_q4_1(const block_q4_1 *b, pk_weight *o, uint8_t *q) {
+static void unpack_q4_1(const block_q4_1 *b, pk_weight *o, uint8_t *q, int n_groups) {
     unit_scales(o);
-    for (int g = 0; g < 8; g++) {
+    for (int g = 0; g < n_groups; g++) {
         o->dw[g] = fp16_to_fp32(b[g].d);
         o->dm[g] = -fp16_to_fp32(b[g].m);   // x = q * d + m
         nibble_quants(b[g].qs, 0, q + 32 * g);
     }
 }
 
-static void unpack_q5_0(const block_q5_0 *b, pk_weight *o, uint8_t *q) {
+static void unpack_q5_0(const block_q5_0 *b, pk_weight *o, uint8_t *q, int n_groups) {
     unit_scales(o);
-    for (int g = 0; g < 8; g++) {
+    for (int g = 0; g < n_groups; g++) {
         const float d = fp16_to_fp32(b[g].d);
         o->dw[g] = d;
         o->dm[g] = 16.0f * d;   // x = (q - 16) * d
@@ -62,9 +81,9 @@ static void unpack_q5_0(const block_q5_0 *b, pk_weight *o, uint8_t *q) {
     }
 }
 
-static void unpack_q5_1(const block_q5_1 *b, pk_weight *o, uint8_t *q) {
+static void unpack_q5_1(const block_q5_1 *b, pk_weight *o, uint8_t *q, int n_groups) {
     unit_scales(o);
-    for (int g = 0; g < 8; g++) {
+    for (int g = 0; g < n_groups; g++) {
         o->dw[g] = fp16_to_fp32(b[g].d);
         o->dm[g] = -fp16_to_fp32(b[g].m);
         nibble_quants(b[g].qs, q5_high_bits(b[g].qh), q + 32 * g);
@@ -147,8 +166,14 @@ static int largest_quant(int32_t type) {
     }
 }
 
+// Whether rows of `type` may end in a short super-block: the types of 32-element blocks.
+static int small_block_type(int32_t type) {
+    return type == PYKV_TYPE_Q4_0 || type == PYKV_TYPE_Q4_1 || type == PYKV_TYPE_Q5_0 || type == PYKV_TYPE_Q5_1;
+}
+
 int gemm_q8_supports(int32_t type, int64_t cols) {
-    return cols > 0 && cols % PK_ELEMS == 0 && largest_quant(type) > 0;
+    if (cols <= 0 || largest_quant(type) == 0) return 0;
+    return cols % PK_ELEMS == 0 || (small_block_type(type) && cols % 32 == 0);
 }
 
 int gemm_q8_run(int32_t type) {
@@ -158,43 +183,72 @@ int gemm_q8_run(int32_t type) {
     return run > 8 ? 8 : run;
 }
 
-void pack_weight_row(int32_t type, const void *row, pk_weight *out, int64_t cols) {
-    const int64_t bytes = type_row_bytes(type, PK_ELEMS);
-    const uint8_t *src = row;
-    for (int64_t s = 0; s < cols / PK_ELEMS; s++, src += bytes) {
-        uint8_t q[PK_ELEMS];
-        switch (type) {
-        case PYKV_TYPE_Q4_0: unpack_q4_0((const block_q4_0 *)src, out + s, q); break;
-        case PYKV_TYPE_Q4_1: unpack_q4_1((const block_q4_1 *)src, out + s, q); break;
-        case PYKV_TYPE_Q5_0: unpack_q5_0((const block_q5_0 *)src, out + s, q); break;
-        case PYKV_TYPE_Q5_1: unpack_q5_1((const block_q5_1 *)src, out + s, q); break;
-        case PYKV_TYPE_Q2_K: unpack_q2_K((const block_q2_K *)src, out + s, q); break;
-        case PYKV_TYPE_Q3_K: unpack_q3_K((const block_q3_K *)src, out + s, q); break;
-        case PYKV_TYPE_Q4_K: unpack_q4_K((const block_q4_K *)src, out + s, q); break;
-        case PYKV_TYPE_Q5_K: unpack_q5_K((const block_q5_K *)src, out + s, q); break;
-        case PYKV_TYPE_Q6_K: unpack_q6_K((const block_q6_K *)src, out + s, q); break;
-        default: return;
-        }
-        interleave(out[s].q, q);
+// A super-block of a 32-element type: n_groups of its blocks. 0 for another type.
+static int unpack_small_blocks(int32_t type, const uint8_t *src, pk_weight *o, uint8_t *q, int n_groups) {
+    switch (type) {
+    case PYKV_TYPE_Q4_0: unpack_q4_0((const block_q4_0 *)src, o, q, n_groups); return 1;
+    case PYKV_TYPE_Q4_1: unpack_q4_1((const block_q4_1 *)src, o, q, n_groups); return 1;
+    case PYKV_TYPE_Q5_0: unpack_q5_0((const block_q5_0 *)src, o, q, n_groups); return 1;
+    case PYKV_TYPE_Q5_1: unpack_q5_1((const block_q5_1 *)src, o, q, n_groups); return 1;
+    default: return 0;
     }
 }
 
-void pack_act_rows(const float *x, int T, int64_t cols, pk_act *out) {
-    const int64_t n_super = cols / PK_ELEMS;
-    for (int64_t i = 0; i < (int64_t)T * n_super; i++) {
-        pk_act *a = out + i;
-        block_q8_act b[8];
-        uint8_t natural[PK_ELEMS];
-        quantize_row_q8_act(x + i * PK_ELEMS, b, PK_ELEMS);   // rows are whole super-blocks
-        for (int g = 0; g < 8; g++) {
-            a->dx[g] = b[g].d;
-            memcpy(natural + 32 * g, b[g].qs, 32);
-        }
-        for (int p = 0; p < 16; p++) {
-            int sum = 0;
-            for (int w = 0; w < 16; w++) sum += (int8_t)natural[16 * p + w];
-            a->bsum[p] = (int16_t)sum;
-        }
-        interleave((uint8_t *)a->q, natural);
+// A super-block of a K-quant. 0 for another type.
+static int unpack_k_quant(int32_t type, const uint8_t *src, pk_weight *o, uint8_t *q) {
+    switch (type) {
+    case PYKV_TYPE_Q2_K: unpack_q2_K((const block_q2_K *)src, o, q); return 1;
+    case PYKV_TYPE_Q3_K: unpack_q3_K((const block_q3_K *)src, o, q); return 1;
+    case PYKV_TYPE_Q4_K: unpack_q4_K((const block_q4_K *)src, o, q); return 1;
+    case PYKV_TYPE_Q5_K: unpack_q5_K((const block_q5_K *)src, o, q); return 1;
+    case PYKV_TYPE_Q6_K: unpack_q6_K((const block_q6_K *)src, o, q); return 1;
+    default: return 0;
     }
+}
+
+void pack_weight_row(int32_t type, const void *row, pk_weight *out, int64_t cols) {
+    const int64_t bytes = type_row_bytes(type, PK_ELEMS);
+    const uint8_t *src = row;
+    int64_t s = 0;
+    for (; s < cols / PK_ELEMS; s++, src += bytes) {
+        uint8_t q[PK_ELEMS];
+        if (!unpack_small_blocks(type, src, out + s, q, 8) && !unpack_k_quant(type, src, out + s, q)) return;
+        interleave(out[s].q, q, PK_ELEMS);
+    }
+    const int tail = (int)(cols % PK_ELEMS);   // a short last super-block, zero-padded
+    if (tail == 0) return;
+    uint8_t q[PK_ELEMS] = { 0 };
+    memset(out + s, 0, sizeof *out);
+    if (!unpack_small_blocks(type, src, out + s, q, tail / 32)) return;
+    spread_weight_scales(out + s, pk_tail_width(tail));
+    interleave(out[s].q, q, pk_tail_width(tail));
+}
+
+// One super-block of activations, `n` elements of it real (a short block is zero-padded).
+static void pack_act_block(const float *x, int n, pk_act *a) {
+    const int width = pk_tail_width(n);   // 256 for a whole one
+    block_q8_act b[8];
+    uint8_t natural[PK_ELEMS] = { 0 };
+    memset(a, 0, sizeof *a);
+    quantize_row_q8_act(x, b, n);   // n is a multiple of 32
+    for (int g = 0; g < n / 32; g++) {
+        a->dx[g] = b[g].d;
+        memcpy(natural + 32 * g, b[g].qs, 32);
+    }
+    for (int p = 0; p < 16; p++) {
+        int sum = 0;
+        for (int w = 0; w < 16; w++) sum += (int8_t)natural[16 * p + w];
+        a->bsum[p] = (int16_t)sum;
+    }
+    if (width < PK_ELEMS) spread_act_scales(a, width);
+    interleave((uint8_t *)a->q, natural, width);
+}
+
+void pack_act_rows(const float *x, int T, int64_t cols, pk_act *out) {
+    const int64_t n_blocks = pk_blocks(cols);
+    for (int t = 0; t < T; t++)
+        for (int64_t s = 0; s < n_blocks; s++) {
+            const int64_t n = cols - s * PK_ELEMS < PK_ELEMS ? cols - s * PK_ELEMS : PK_ELEMS;
+            pack_act_block(x + t * cols + s * PK_ELEMS, (int)n, out + t * n_blocks + s);
+        }
 }

@@ -4,7 +4,8 @@
 // dequantized weights with the activations quantised as the decode step quantises them
 // (quantize_row_q8_act, turned back into q * d): the activation quantisation is the only
 // approximation. The AVX2 kernel and the scalar reference are held to that, each, on shapes
-// with rows and tokens left over from the kernel's tiles.
+// with rows and tokens left over from the kernel's tiles, and for the 32-element types on rows
+// that end in a short super-block of each padded width.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@ static void random_activations(float *x, int64_t n, int t) {
 
 // Products of n_rows random rows of `type` with T random tokens, against the double reference.
 static void check_products(int32_t type, int64_t cols, int n_rows, int T) {
-    const int64_t n_super = cols / PK_ELEMS, row_bytes = type_row_bytes(type, cols);
+    const int64_t n_super = pk_blocks(cols), row_bytes = type_row_bytes(type, cols);
     uint8_t *rows = malloc((size_t)(row_bytes * n_rows));
     float *w = malloc(sizeof(float) * (size_t)(cols * n_rows)), *x = malloc(sizeof(float) * (size_t)(cols * T));
     pk_weight *pw = malloc(sizeof(pk_weight) * (size_t)(n_super * n_rows));
@@ -71,6 +72,13 @@ static void test_products(void) {
         check_products(packed_types[i], 768, 4, 6);
         check_products(packed_types[i], 512, 1, 1);
     }
+    const int32_t small_block_types[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1 };
+    const int64_t short_widths[] = { 576, 32, 64, 96, 128, 160, 224, 288, 800 };
+    for (size_t i = 0; i < sizeof small_block_types / sizeof small_block_types[0]; i++)
+        for (size_t j = 0; j < sizeof short_widths / sizeof short_widths[0]; j++) {
+            CHECK(gemm_q8_supports(small_block_types[i], short_widths[j]));
+            check_products(small_block_types[i], short_widths[j], 5, 7);
+        }
 }
 
 static int largest_quant(int32_t type) {
@@ -136,18 +144,47 @@ static void test_pack_act(void) {
         }
 }
 
+// A short super-block (64 of 576 elements: two lanes of four per sub-block of 16): the
+// quants in gemm-q8.h's spread order, the padding zero, the scales spread over the lanes.
+static void test_pack_short_act(void) {
+    const int64_t cols = 576;
+    float x[576];
+    block_q8_act q[18];
+    pk_act p[3];
+    random_activations(x, cols, 0);
+    quantize_row_q8_act(x, q, cols);
+    pack_act_rows(x, 1, cols, p);
+    const pk_act *a = p + 2;
+    const int m = 4;   // 256 / 64
+    for (int v = 0; v < 8; v++)
+        for (int b = 0; b < 32; b++) {
+            const int L = b / 2, e = 16 * (L / m) + 2 * (m * v + L % m) + b % 2;
+            CHECK(a->q[32 * v + b] == (v < 2 ? q[16 + e / 32].qs[e % 32] : 0));
+        }
+    for (int k = 0; k < 8; k++) CHECK(a->dx[k] == q[16 + k / m].d);
+    for (int L = 0; L < 16; L++) {
+        int sum = 0;
+        for (int w = 0; w < 16; w++) sum += q[16 + L / (2 * m)].qs[(16 * (L / m) + w) % 32];
+        CHECK(a->bsum[L] == (L % m == 0 ? sum : 0));
+    }
+}
+
 static void test_supports(void) {
-    CHECK(!gemm_q8_supports(PYKV_TYPE_Q4_K, 576));   // not whole super-blocks
-    CHECK(!gemm_q8_supports(PYKV_TYPE_Q4_1, 288));
+    CHECK(!gemm_q8_supports(PYKV_TYPE_Q4_K, 576));   // K-quant rows are whole super-blocks
+    CHECK(gemm_q8_supports(PYKV_TYPE_Q4_1, 288));     // a short last super-block
+    CHECK(!gemm_q8_supports(PYKV_TYPE_Q4_1, 48));     // not whole blocks of 32
     CHECK(!gemm_q8_supports(PYKV_TYPE_Q8_0, 256));    // signed quants: the float GEMM
     CHECK(!gemm_q8_supports(PYKV_TYPE_IQ4_XS, 256));
     CHECK(!gemm_q8_supports(PYKV_TYPE_F16, 256));
     CHECK(!gemm_q8_supports(PYKV_TYPE_F32, 256));
     CHECK(gemm_q8_run(PYKV_TYPE_F32) == 0);
+    CHECK(pk_blocks(576) == 3 && pk_tail_width(576) == 64 && pk_tail_width(512) == 256);
+    CHECK(pk_tail_width(96) == 128 && pk_tail_width(32) == 32 && pk_tail_width(224) == 256);
 }
 
 int main(void) {
     test_pack_act();
+    test_pack_short_act();
     test_products();
     test_extremes();
     test_supports();

@@ -2,9 +2,11 @@
 // against a double-precision reference.
 //   - exact mode (float activations): the plain dot of the dequantized rows, 1e-5 of the terms;
 //   - one token (decode): the activations quantised per 32 (quantize_row_q8_act);
-//   - several tokens (prefill) on the integer GEMM (rows of whole 256-element super-blocks of
-//     a type it packs): the activations quantised per 32 as well;
-//   - several tokens otherwise (SmolLM2's rows of 576, Q8_0, rows under 256): float.
+//   - several tokens (prefill) on the integer GEMM (the types it packs: rows of whole
+//     256-element super-blocks, or for the 32-element types any multiple of 32, such as
+//     SmolLM2's 576, with a short last super-block): the activations quantised per 32 as well;
+//   - several tokens otherwise (Q8_0, F16, and rows that end short under MATMUL_SHORT_FLOAT):
+//     float.
 // Shapes leave rows over from the 16-row blocks and tokens over from the kernels' tiles.
 #include <math.h>
 #include <stdint.h>
@@ -27,7 +29,7 @@ static void fixture_init(struct fixture *f, int64_t max_cols, int max_T) {
     f->pool = threadpool_create(2);
     f->buf.dequant = calloc((size_t)threadpool_size(f->pool) * MATMUL_SCRATCH_FLOATS(max_cols), sizeof(float));
     f->buf.xq = calloc((size_t)(max_cols / 32 + 1), sizeof(block_q8_act));
-    f->buf.xpk = calloc((size_t)(max_T * (max_cols / PK_ELEMS) + 1), sizeof(pk_act));
+    f->buf.xpk = calloc((size_t)(max_T * pk_blocks(max_cols) + 1), sizeof(pk_act));
     f->buf.exact = 0;
 }
 
@@ -36,9 +38,10 @@ static void fixture_free(struct fixture *f) {
     free(f->buf.dequant); free(f->buf.xq); free(f->buf.xpk);
 }
 
-// out of matmul(W, x) for T tokens against the double reference, which takes x quantised per
-// 32 (as the path being checked does) or as it is.
-static void check_case(struct fixture *f, int32_t type, int64_t cols, int T, int exact, int quantised) {
+// out of matmul_many(W, x) for T tokens against the double reference, which takes x quantised
+// per 32 (as the path being checked does) or as it is.
+static void check_rows(struct fixture *f, int32_t type, int64_t cols, int T, int exact,
+                       enum matmul_short_rows short_rows, int quantised) {
     const int64_t row_bytes = type_row_bytes(type, cols);
     uint8_t *data = malloc((size_t)(row_bytes * ROWS));
     float *w = malloc(sizeof(float) * (size_t)(cols * ROWS)), *x = malloc(sizeof(float) * (size_t)(cols * T));
@@ -49,9 +52,9 @@ static void check_case(struct fixture *f, int32_t type, int64_t cols, int T, int
         dequant_row(type, data + i * row_bytes, w + i * cols, cols);
     }
     for (int64_t i = 0; i < cols * T; i++) x[i] = uniform(-2, 2);
-    const struct tensor t = { data, type, { cols, ROWS } };
+    const struct tensor t = { data, type, { cols, ROWS } }, *tp = &t;
     f->buf.exact = exact;
-    matmul(f->pool, out, &t, x, T, &f->buf);
+    matmul_many(f->pool, 1, &out, &tp, x, T, &f->buf, short_rows);
     int bad = 0;
     for (int tok = 0; tok < T; tok++) {
         const float *xt = x + tok * cols;
@@ -70,8 +73,14 @@ static void check_case(struct fixture *f, int32_t type, int64_t cols, int T, int
         }
     }
     if (bad)
-        fprintf(stderr, "  %s cols=%lld T=%d exact=%d: %d bad\n", pykv_type_name(type), (long long)cols, T, exact, bad);
+        fprintf(stderr, "  %s cols=%lld T=%d exact=%d short_rows=%d: %d bad\n", pykv_type_name(type), (long long)cols,
+                T, exact, (int)short_rows, bad);
     free(data); free(w); free(x); free(out); free(xq);
+}
+
+// As matmul() calls it.
+static void check_case(struct fixture *f, int32_t type, int64_t cols, int T, int exact, int quantised) {
+    check_rows(f, type, cols, T, exact, MATMUL_SHORT_INT8, quantised);
 }
 
 int main(void) {
@@ -79,11 +88,12 @@ int main(void) {
     fixture_init(&f, 1024, 29);
     const int32_t packed[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q4_K,
                                PYKV_TYPE_Q6_K };
-    const int64_t widths[] = { 512, 768 };
+    const int64_t widths[] = { 512, 768, 576, 160, 96, 32 };   // the last four: the 32-element types
     for (size_t i = 0; i < sizeof packed / sizeof packed[0]; i++)
         for (size_t j = 0; j < sizeof widths / sizeof widths[0]; j++) {
             const int32_t type = packed[i];
             const int64_t cols = widths[j];
+            if (cols % PK_ELEMS && (type == PYKV_TYPE_Q4_K || type == PYKV_TYPE_Q6_K)) continue;
             CHECK(gemm_q8_supports(type, cols));
             check_case(&f, type, cols, 29, 0, 1);   // prefill: the integer GEMM
             check_case(&f, type, cols, 7, 0, 1);
@@ -91,16 +101,21 @@ int main(void) {
             check_case(&f, type, cols, 7, 1, 0);    // exact: float, prefill and decode
             check_case(&f, type, cols, 1, 1, 0);
         }
-    // Rows the integer GEMM leaves to the float one: decode still quantises them.
-    const int32_t float_prefill[] = { PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q8_0 };
-    for (size_t i = 0; i < sizeof float_prefill / sizeof float_prefill[0]; i++) {
-        const int64_t cols = float_prefill[i] == PYKV_TYPE_Q8_0 ? 512 : 576;
-        CHECK(!gemm_q8_supports(float_prefill[i], cols));
-        check_case(&f, float_prefill[i], cols, 29, 0, 0);
-        check_case(&f, float_prefill[i], cols, 1, 0, 1);
+    // MATMUL_SHORT_FLOAT (q/k/v): a prefill keeps rows that end short in float, not whole ones.
+    check_rows(&f, PYKV_TYPE_Q4_1, 576, 29, 0, MATMUL_SHORT_FLOAT, 0);
+    check_rows(&f, PYKV_TYPE_Q5_0, 160, 7, 0, MATMUL_SHORT_FLOAT, 0);
+    check_rows(&f, PYKV_TYPE_Q4_1, 576, 1, 0, MATMUL_SHORT_FLOAT, 1);   // decode quantises
+    check_rows(&f, PYKV_TYPE_Q4_1, 512, 29, 0, MATMUL_SHORT_FLOAT, 1);
+    check_rows(&f, PYKV_TYPE_Q4_K, 768, 29, 0, MATMUL_SHORT_FLOAT, 1);
+    // Types the integer GEMM leaves to the float one: decode still quantises Q8_0.
+    const int64_t float_widths[] = { 512, 576 };
+    for (size_t j = 0; j < sizeof float_widths / sizeof float_widths[0]; j++) {
+        CHECK(!gemm_q8_supports(PYKV_TYPE_Q8_0, float_widths[j]));
+        check_case(&f, PYKV_TYPE_Q8_0, float_widths[j], 29, 0, 0);
+        check_case(&f, PYKV_TYPE_Q8_0, float_widths[j], 1, 0, 1);
+        CHECK(!gemm_q8_supports(PYKV_TYPE_F16, float_widths[j]));
+        check_case(&f, PYKV_TYPE_F16, float_widths[j], 29, 0, 0);
     }
-    CHECK(!gemm_q8_supports(PYKV_TYPE_Q4_1, 160));
-    check_case(&f, PYKV_TYPE_Q4_1, 160, 7, 0, 0);
     fixture_free(&f);
     return check_report("test_matmul");
 }

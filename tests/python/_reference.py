@@ -154,8 +154,19 @@ INT8_ACT_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K"
 
 
 # Weight types whose prefill product (several tokens) pykv takes with 8-bit activations too,
-# for rows of whole 256-element super-blocks (gemm-q8.h); the others take float activations.
+# for rows of whole 256-element super-blocks (gemm-q8.h), or, for the types of 32-element
+# blocks, of any whole number of blocks except in q/k/v (ops.h); the others take float ones.
 INT8_PREFILL_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+INT8_PREFILL_ANY_WIDTH = {"Q4_0", "Q4_1", "Q5_0", "Q5_1"}
+
+
+def int8_prefill_takes(name: str, wtype: str, cols: int) -> bool:
+    """Whether pykv's prefill multiplies the weight `name` (rows of cols elements of wtype)
+    with 8-bit activations."""
+    if wtype not in INT8_PREFILL_TYPES or cols % 32:
+        return False
+    qkv = name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight"))
+    return cols % 256 == 0 or (wtype in INT8_PREFILL_ANY_WIDTH and not qkv)
 
 
 def q8_roundtrip(x: np.ndarray) -> np.ndarray:
@@ -176,9 +187,9 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8
     their products with Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights are quantised first (the logits
     product too, for every row: pykv computes logits one row at a time).
     int8_prefill=True: the tokens before int8_rows_from (all of them without it) are one
-    prefill chunk on pykv's fast path: the inputs of their products with INT8_PREFILL_TYPES
-    weights of whole 256-element rows are quantised the same way (the logits product, one
-    row at a time, as for decode steps).
+    prefill chunk on pykv's fast path: the inputs of their products with the weights that
+    int8_prefill_takes are quantised the same way (the logits product, one row at a time, as
+    for decode steps).
     kv_f16=True: keys (after RoPE) and values are rounded to IEEE halves, as pykv's default
     cache stores them."""
     if not isinstance(model, RefModel):
@@ -188,7 +199,7 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8
     def lin(h, name, rows_from=int8_rows_from):
         wtype = model.types.get(name)
         h = h.copy()
-        if int8_prefill and wtype in INT8_PREFILL_TYPES and h.shape[1] % 256 == 0:
+        if int8_prefill and int8_prefill_takes(name, wtype, h.shape[1]):
             stop = len(h) if rows_from is None else rows_from
             h[:stop] = q8_roundtrip(h[:stop])
         if rows_from is not None and wtype in INT8_ACT_TYPES:

@@ -56,7 +56,7 @@ def _decode_logits(path, tokens, start, **kw):
 def test_tiny_fast_decode_matches_int8_reference(tiny_model, name):
     path = tiny_model(name)
     start, rel, rel_float = 8, [], []
-    for seed in (21, 23, 24):
+    for seed in (21, 23, 24, 25, 26, 27):
         tokens = _tokens(seed)
         got = _decode_logits(path, tokens, start)
         ref = _reference.forward(path, tokens, int8_rows_from=start, int8_prefill=True)[start:]
@@ -67,7 +67,8 @@ def test_tiny_fast_decode_matches_int8_reference(tiny_model, name):
     rel, rel_float = np.array(rel), np.array(rel_float)
     # Most steps agree to float rounding; a step where one activation sits on a rounding tie
     # (float32 here, float64 there) differs by about one quantisation step, which then
-    # carries into later steps through the cache.
+    # carries into later steps through the cache (a tie in the prefill, into all of its
+    # seed's steps: seed 23 has one on both 32-element models, within 2e-5 of a half).
     assert np.mean(rel <= EXACT_REL) >= 0.75, rel
     assert np.all(rel <= TIE_REL), rel
     # Against float activations every step is off by the quantisation noise itself.
