@@ -17,7 +17,7 @@
 //
 // A row that is not whole super-blocks (the 32-element types only: SmolLM2's rows are 576 =
 // 2 x 256 + 64) ends with a short super-block of its last elements, zero-padded to a width of
-// 32, 64 or 128 (pk_tail_width), in width / 32 vectors. m = 256 / width lanes then share each
+// 32, 64, 128 or 256 (pk_tail_width), in width / 32 vectors. m = 256 / width lanes share each
 // sub-block, so that a lane still sees one sub-block in every vector: byte b of vector v holds
 // element 16 * (L / m) + 2 * (m * v + L % m) + b % 2 of the short block, L = b / 2 (m = 1 is
 // the layout above). Its scales are spread the same way: sc and mn per lane (lane L: sub-block
