@@ -166,14 +166,10 @@ static int largest_quant(int32_t type) {
     }
 }
 
-// Whether rows of `type` may end in a short super-block: the types of 32-element blocks.
-static int small_block_type(int32_t type) {
-    return type == PYKV_TYPE_Q4_0 || type == PYKV_TYPE_Q4_1 || type == PYKV_TYPE_Q5_0 || type == PYKV_TYPE_Q5_1;
-}
-
+// Any row of whole blocks: a K-quant row is whole super-blocks, a row of a 32-element type
+// may end in a short one.
 int gemm_q8_supports(int32_t type, int64_t cols) {
-    if (cols <= 0 || largest_quant(type) == 0) return 0;
-    return cols % PK_ELEMS == 0 || (small_block_type(type) && cols % 32 == 0);
+    return cols > 0 && largest_quant(type) > 0 && type_row_bytes(type, cols) > 0;
 }
 
 int gemm_q8_run(int32_t type) {

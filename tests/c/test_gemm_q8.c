@@ -122,51 +122,37 @@ static void test_extremes(void) {
     }
 }
 
-// Packed activations: the group scales and quants are quantize_row_q8_act's, interleaved.
-static void test_pack_act(void) {
-    const int64_t cols = 512;
-    float x[512];
-    block_q8_act q[16];
-    pk_act p[2];
-    random_activations(x, cols, 0);
-    quantize_row_q8_act(x, q, cols);
-    pack_act_rows(x, 1, cols, p);
-    for (int64_t k = 0; k < cols; k++) {
-        const int s = (int)(k / PK_ELEMS), e = (int)(k % PK_ELEMS), sub = e / 16, w = e % 16;
-        CHECK(p[s].q[32 * (w / 2) + 2 * sub + w % 2] == q[k / 32].qs[k % 32]);
-        CHECK(p[s].dx[e / 32] == q[k / 32].d);
-    }
-    for (int s = 0; s < 2; s++)
-        for (int sub = 0; sub < 16; sub++) {
-            int sum = 0;
-            for (int w = 0; w < 16; w++) sum += q[(s * PK_ELEMS + sub * 16 + w) / 32].qs[(sub * 16 + w) % 32];
-            CHECK(p[s].bsum[sub] == sum);
-        }
-}
-
-// A short super-block (64 of 576 elements: two lanes of four per sub-block of 16): the
-// quants in gemm-q8.h's spread order, the padding zero, the scales spread over the lanes.
-static void test_pack_short_act(void) {
-    const int64_t cols = 576;
+// Packed activations: the group scales and quants are quantize_row_q8_act's, in gemm-q8.h's
+// lane order for each super-block (m lanes per sub-block: 1 for a whole one; 4 for the short
+// 64 of 576), the padding of a short one zero, its scales spread over the lanes.
+static void check_pack_act(int64_t cols) {
     float x[576];
     block_q8_act q[18];
     pk_act p[3];
     random_activations(x, cols, 0);
     quantize_row_q8_act(x, q, cols);
     pack_act_rows(x, 1, cols, p);
-    const pk_act *a = p + 2;
-    const int m = 4;   // 256 / 64
-    for (int v = 0; v < 8; v++)
-        for (int b = 0; b < 32; b++) {
-            const int L = b / 2, e = 16 * (L / m) + 2 * (m * v + L % m) + b % 2;
-            CHECK(a->q[32 * v + b] == (v < 2 ? q[16 + e / 32].qs[e % 32] : 0));
+    for (int64_t s = 0; s < pk_blocks(cols); s++) {
+        const pk_act *a = p + s;
+        const int n = cols - s * PK_ELEMS < PK_ELEMS ? (int)(cols - s * PK_ELEMS) : PK_ELEMS;
+        const int m = PK_ELEMS / pk_tail_width(n), g0 = (int)(s * PK_ELEMS / 32);
+        for (int v = 0; v < 8; v++)
+            for (int b = 0; b < 32; b++) {
+                const int L = b / 2, e = 16 * (L / m) + 2 * (m * v + L % m) + b % 2;
+                CHECK(a->q[32 * v + b] == (e < n && v < 8 / m ? q[g0 + e / 32].qs[e % 32] : 0));
+            }
+        for (int k = 0; k < 8; k++) CHECK(a->dx[k] == q[g0 + k / m].d);
+        for (int L = 0; L < 16; L++) {
+            int sum = 0;
+            for (int w = 0; w < 16; w++) sum += q[g0 + L / (2 * m)].qs[(16 * (L / m) + w) % 32];
+            CHECK(a->bsum[L] == (L % m == 0 ? sum : 0));
         }
-    for (int k = 0; k < 8; k++) CHECK(a->dx[k] == q[16 + k / m].d);
-    for (int L = 0; L < 16; L++) {
-        int sum = 0;
-        for (int w = 0; w < 16; w++) sum += q[16 + L / (2 * m)].qs[(16 * (L / m) + w) % 32];
-        CHECK(a->bsum[L] == (L % m == 0 ? sum : 0));
     }
+}
+
+static void test_pack_act(void) {
+    check_pack_act(512);
+    check_pack_act(576);
 }
 
 static void test_supports(void) {
@@ -184,7 +170,6 @@ static void test_supports(void) {
 
 int main(void) {
     test_pack_act();
-    test_pack_short_act();
     test_products();
     test_extremes();
     test_supports();
