@@ -250,6 +250,14 @@ vec_dot_q8_fn vec_dot_q8_for(int32_t type) {
     return q8_scalar_dots[type];
 }
 
+vec_dot4_q8_fn vec_dot4_q8_for(int32_t type) {
+    if (type < 0 || type >= Q8_N_TYPES) return NULL;
+#if defined(__x86_64__) || defined(__i386__)
+    if (have_avx2()) return q8_avx2_dots4[type];
+#endif
+    return NULL;
+}
+
 void quantize_row_q8_act(const float *x, block_q8_act *y, int64_t n) {
 #if defined(__x86_64__) || defined(__i386__)
     if (have_avx2()) {

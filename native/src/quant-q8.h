@@ -29,8 +29,15 @@ typedef float (*vec_dot_q8_fn)(const void *row, const block_q8_act *x, int64_t n
 vec_dot_q8_fn vec_dot_q8_for(int32_t type);          // NULL: the type has no integer kernel
 vec_dot_q8_fn vec_dot_q8_scalar_for(int32_t type);   // the scalar reference of the same
 
+// Four consecutive weight rows, row_bytes apart, with the same activations: out[0..3]. They
+// share each activation load and their scale conversions (quant-q8-rows-avx2.c). NULL where
+// there is none for the type or the CPU: use the one-row kernel.
+typedef void (*vec_dot4_q8_fn)(const void *rows, int64_t row_bytes, const block_q8_act *x, int64_t n, float *out);
+vec_dot4_q8_fn vec_dot4_q8_for(int32_t type);
+
 // Kernel tables (quant-q8-scalar.c, quant-q8-avx2.c), indexed by pykv_type.
 #define Q8_N_TYPES 24
 extern const vec_dot_q8_fn q8_scalar_dots[Q8_N_TYPES];
 extern const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES];
+extern const vec_dot4_q8_fn q8_avx2_dots4[Q8_N_TYPES];
 void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t n);

@@ -25,8 +25,8 @@ struct fixture {
     struct matmul_buf  buf;
 };
 
-static void fixture_init(struct fixture *f, int64_t max_cols, int max_T) {
-    f->pool = threadpool_create(2);
+static void fixture_init(struct fixture *f, int64_t max_cols, int max_T, int n_threads) {
+    f->pool = threadpool_create(n_threads);
     f->buf.dequant = calloc((size_t)threadpool_size(f->pool) * MATMUL_SCRATCH_FLOATS(max_cols), sizeof(float));
     f->buf.xq = calloc((size_t)(max_cols / 32 + 1), sizeof(block_q8_act));
     f->buf.xpk = calloc((size_t)(max_T * pk_blocks(max_cols) + 1), sizeof(pk_act));
@@ -83,9 +83,46 @@ static void check_case(struct fixture *f, int32_t type, int64_t cols, int T, int
     check_rows(f, type, cols, T, exact, MATMUL_SHORT_INT8, quantised);
 }
 
+// Decode on 1, 2 and 3 threads: matrices of whole groups of four rows (the four-row kernel's
+// unit) give the same bits on any number of threads, and each row matches the one-row kernel.
+static void check_threads_same(void) {
+    enum { COLS = 576, N_MAT = 3 };
+    const int rows[N_MAT] = { 40, 24, 12 };
+    const int64_t rb = type_row_bytes(PYKV_TYPE_Q4_1, COLS);
+    uint8_t *data[N_MAT];
+    struct tensor t[N_MAT];
+    const struct tensor *tp[N_MAT];
+    float x[COLS], out[3][N_MAT][40];
+    block_q8_act xq[COLS / 32];
+    for (int64_t k = 0; k < COLS; k++) x[k] = uniform(-2, 2);
+    quantize_row_q8_act(x, xq, COLS);
+    for (int m = 0; m < N_MAT; m++) {
+        data[m] = malloc((size_t)(rb * rows[m]));
+        for (int i = 0; i < rows[m]; i++) random_row(PYKV_TYPE_Q4_1, data[m] + i * rb, COLS);
+        t[m] = (struct tensor){ data[m], PYKV_TYPE_Q4_1, { COLS, rows[m] } };
+        tp[m] = &t[m];
+    }
+    for (int n_threads = 1; n_threads <= 3; n_threads++) {
+        struct fixture f;
+        fixture_init(&f, COLS, 1, n_threads);
+        float *outs[N_MAT] = { out[n_threads - 1][0], out[n_threads - 1][1], out[n_threads - 1][2] };
+        matmul_many(f.pool, N_MAT, outs, tp, x, 1, &f.buf, MATMUL_SHORT_INT8);
+        fixture_free(&f);
+    }
+    for (int m = 0; m < N_MAT; m++)
+        for (int i = 0; i < rows[m]; i++) {
+            CHECK(out[1][m][i] == out[0][m][i]);
+            CHECK(out[2][m][i] == out[0][m][i]);
+            const float one = vec_dot_q8_for(PYKV_TYPE_Q4_1)(data[m] + i * rb, xq, COLS);
+            CHECK_NEAR(out[0][m][i], one, 1e-5 * (fabs(one) + 1.0));
+        }
+    for (int m = 0; m < N_MAT; m++) free(data[m]);
+}
+
 int main(void) {
+    check_threads_same();
     struct fixture f;
-    fixture_init(&f, 1024, 29);
+    fixture_init(&f, 1024, 29, 2);
     const int32_t packed[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q4_K,
                                PYKV_TYPE_Q6_K };
     const int64_t widths[] = { 512, 768, 576, 160, 96, 32 };   // the last four: the 32-element types

@@ -50,6 +50,26 @@ static const int32_t q8_types[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5
                                     PYKV_TYPE_Q2_K, PYKV_TYPE_Q3_K, PYKV_TYPE_Q4_K, PYKV_TYPE_Q5_K, PYKV_TYPE_Q6_K,
                                     PYKV_TYPE_IQ4_NL, PYKV_TYPE_IQ4_XS };
 
+// The double dot of a weight row with the dequantised activations, and the tolerance of
+// the integer kernels against it; *exact: with the float activations, *qerr: its bound.
+struct dot_ref { double ref, tol, exact, qerr; };
+
+static struct dot_ref reference_dot(int32_t type, const uint8_t *row, const float *x, const block_q8_act *xq,
+                                    float *w, int64_t n) {
+    struct dot_ref d = { 0 };
+    double mag = 0;
+    CHECK(dequant_row(type, row, w, n) == PYKV_OK);
+    for (int64_t i = 0; i < n; i++) {
+        const double xd = (double)xq[i / 32].qs[i % 32] * xq[i / 32].d;
+        d.ref += (double)w[i] * xd;
+        mag += fabs((double)w[i] * xd);
+        d.exact += (double)w[i] * x[i];
+        d.qerr += fabs((double)w[i]) * 0.5 * xq[i / 32].d;
+    }
+    d.tol = 1e-5 * mag + 1e-30;
+    return d;
+}
+
 static void check_dot(int32_t type, int64_t n) {
     uint8_t *row = malloc((size_t)type_row_bytes(type, n));
     float *x = malloc(n * sizeof(float)), *w = malloc(n * sizeof(float));
@@ -58,24 +78,40 @@ static void check_dot(int32_t type, int64_t n) {
         random_row(type, row, n);
         random_activations(x, n);
         quantize_row_q8_act(x, xq, n);
-        CHECK(dequant_row(type, row, w, n) == PYKV_OK);
-        double ref = 0, mag = 0, exact = 0, qerr = 0;
-        for (int64_t i = 0; i < n; i++) {
-            const double xd = (double)xq[i / 32].qs[i % 32] * xq[i / 32].d;
-            ref += (double)w[i] * xd;
-            mag += fabs((double)w[i] * xd);
-            exact += (double)w[i] * x[i];
-            qerr += fabs((double)w[i]) * 0.5 * xq[i / 32].d;
-        }
-        const double tol = 1e-5 * mag + 1e-30;
+        const struct dot_ref d = reference_dot(type, row, x, xq, w, n);
         const float simd = vec_dot_q8_for(type)(row, xq, n);
         const float scal = vec_dot_q8_scalar_for(type)(row, xq, n);
-        CHECK_NEAR(simd, ref, tol);
-        CHECK_NEAR(scal, ref, tol);
-        CHECK_NEAR(simd, exact, qerr + tol);   // against float activations: the quantisation bound
-        if (!(fabs(simd - ref) <= tol)) fprintf(stderr, "  type %s n=%lld\n", pykv_type_name(type), (long long)n);
+        CHECK_NEAR(simd, d.ref, d.tol);
+        CHECK_NEAR(scal, d.ref, d.tol);
+        CHECK_NEAR(simd, d.exact, d.qerr + d.tol);   // against float activations: the quantisation bound
+        if (!(fabs(simd - d.ref) <= d.tol)) fprintf(stderr, "  type %s n=%lld\n", pykv_type_name(type), (long long)n);
     }
     free(row); free(x); free(w); free(xq);
+}
+
+// The four-row kernel: each output against its own row's reference, the rows one byte off
+// any alignment (as rows of odd byte length are).
+static void check_dot4(int32_t type, int64_t n) {
+    const vec_dot4_q8_fn dot4 = vec_dot4_q8_for(type);
+    if (!dot4) return;
+    const int64_t rb = type_row_bytes(type, n);
+    uint8_t *buf = malloc((size_t)(4 * rb + 1)), *rows = buf + 1;
+    float *x = malloc(n * sizeof(float)), *w = malloc(n * sizeof(float));
+    block_q8_act *xq = malloc(n / 32 * sizeof(*xq));
+    for (int rep = 0; rep < 3; rep++) {
+        for (int r = 0; r < 4; r++) random_row(type, rows + r * rb, n);
+        random_activations(x, n);
+        quantize_row_q8_act(x, xq, n);
+        float out[4];
+        dot4(rows, rb, xq, n, out);
+        for (int r = 0; r < 4; r++) {
+            const struct dot_ref d = reference_dot(type, rows + r * rb, x, xq, w, n);
+            CHECK_NEAR(out[r], d.ref, d.tol);
+            if (!(fabs(out[r] - d.ref) <= d.tol))
+                fprintf(stderr, "  four rows: type %s n=%lld row %d\n", pykv_type_name(type), (long long)n, r);
+        }
+    }
+    free(buf); free(x); free(w); free(xq);
 }
 
 static void test_dots(void) {
@@ -89,6 +125,13 @@ static void test_dots(void) {
         else
             for (int i = 0; i < 5; i++) check_dot(q8_types[k], ns[i]);
     }
+    // The four-row kernels, where the CPU has them: the 32-element types.
+    const int32_t four[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q8_0 };
+    for (size_t k = 0; k < sizeof(four) / sizeof(four[0]); k++)
+        for (int i = 0; i < 5; i++) check_dot4(four[k], ns[i]);
+    CHECK(vec_dot4_q8_for(PYKV_TYPE_Q4_K) == NULL);
+    CHECK(vec_dot4_q8_for(PYKV_TYPE_F32) == NULL);
+    CHECK(vec_dot4_q8_for(-1) == NULL);
     // Types without an integer kernel fall back to the float path.
     CHECK(vec_dot_q8_for(PYKV_TYPE_F32) == NULL);
     CHECK(vec_dot_q8_for(PYKV_TYPE_F16) == NULL);
@@ -112,6 +155,12 @@ static void test_q8_0_extremes(void) {
     const double want = 64.0 * 128.0 * (127.0 * x[0].d);
     CHECK_NEAR(vec_dot_q8_for(PYKV_TYPE_Q8_0)(b, x, 64), want, 1e-3 * want);
     CHECK_NEAR(vec_dot_q8_scalar_for(PYKV_TYPE_Q8_0)(b, x, 64), want, 1e-3 * want);
+    const vec_dot4_q8_fn dot4 = vec_dot4_q8_for(PYKV_TYPE_Q8_0);
+    if (dot4) {   // four copies of the row, zero bytes apart
+        float out[4];
+        dot4(b, 0, x, 64, out);
+        for (int r = 0; r < 4; r++) CHECK_NEAR(out[r], want, 1e-3 * want);
+    }
 }
 
 int main(void) {
