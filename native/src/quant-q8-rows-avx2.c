@@ -6,8 +6,9 @@
 // activation load and one convert and multiply for all four rows' scales: each row's integer
 // sums (eight int32 lanes) are folded with two rounds of hadd into one vector holding every
 // row's partial sum twice, [r0 r1 r2 r3 | r0 r1 r2 r3] (the two halves of the block), which
-// one FMA scales by [d0 dx .. d3 dx | the same]. 1.3x the one-row kernel per row on Zen 3,
-// in cache and from memory.
+// one FMA scales by [d0 dx .. d3 dx | the same]. On Zen 3: 1.37x the one-row kernel per
+// Q4_1 row in cache; SmolLM2 Q4_1's decode step +10..14% (BENCHMARKS.md); Q8_0 from memory,
+// where the one-row kernel already streams at the bandwidth, the same speed.
 #if defined(__x86_64__) || defined(__i386__)
 #include <string.h>
 
