@@ -15,9 +15,7 @@
 static inline AVX2_TGT float half(uint16_t h) { return _cvtsh_ss(h); }
 
 // Eight partial sums of u[j] * s[j] (u unsigned, s signed bytes) as floats.
-static inline AVX2_TGT __m256 dot_u8s8(__m256i u, __m256i s) {
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
+static inline AVX2_TGT __m256 dot_u8s8(__m256i u, __m256i s) { return _mm256_cvtepi32_ps(isum_u8s8(u, s)); }
 
 static inline AVX2_TGT __m256i act_bytes(const block_q8_act *x) { return _mm256_loadu_si256((const __m256i *)x->qs); }
 
@@ -70,7 +68,7 @@ Q8_DOT(q8dot_q4_1, block_q4_1, Q4_QUANTS, scales_dm, 1.0f)
 Q8_DOT(q8dot_q5_0, block_q5_0, Q5_QUANTS, scales_dd, -16.0f)
 Q8_DOT(q8dot_q5_1, block_q5_1, Q5_QUANTS, scales_dm, 1.0f)
 
-// Q8_0: signed weights; maddubs wants one unsigned side, so take |w| and move w's sign onto x.
+// Q8_0: signed weights (isum_s8s8).
 static AVX2_TGT float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t n) {
     const block_q8_0 *b = row;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -78,7 +76,7 @@ static AVX2_TGT float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t
     for (int64_t i = 0; i < nb; i++) {
         _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
         const __m256i w = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        const __m256 p = dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(act_bytes(&x[i]), w));
+        const __m256 p = _mm256_cvtepi32_ps(isum_s8s8(w, act_bytes(&x[i])));
         const __m256 scale = _mm256_set1_ps(half(b[i].d) * x[i].d);
         if (i & 1) acc1 = _mm256_fmadd_ps(p, scale, acc1);
         else       acc0 = _mm256_fmadd_ps(p, scale, acc0);

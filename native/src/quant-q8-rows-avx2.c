@@ -31,15 +31,9 @@ static inline uint32_t scale_scale(const void *blk) {
 }
 
 // Eight int32 partial sums of one block's 32 products, for each kind of quants.
-static inline AVX2_TGT __m256i isum_u8(__m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-}
-#define Q4_ISUM(blk, xa) isum_u8(q4_quants((blk).qs), xa)
-#define Q5_ISUM(blk, xa) isum_u8(q5_quants((blk).qs, (blk).qh), xa)
-// Q8_0: signed weights; maddubs wants one unsigned side, so |w| against x with w's sign.
-#define Q8_ISUM(blk, xa) \
-    isum_u8(_mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(blk).qs)), \
-            _mm256_sign_epi8(xa, _mm256_loadu_si256((const __m256i *)(blk).qs)))
+#define Q4_ISUM(blk, xa) isum_u8s8(q4_quants((blk).qs), xa)
+#define Q5_ISUM(blk, xa) isum_u8s8(q5_quants((blk).qs, (blk).qh), xa)
+#define Q8_ISUM(blk, xa) isum_s8s8(_mm256_loadu_si256((const __m256i *)(blk).qs), xa)
 
 // out[r] = dot(row r, x) for the four rows at `rows`, `rb` bytes apart; the offset terms are
 // CENTRE times the sum of lanes 2r + 1 of off (see quant-q8-avx2.c's scales_dm). Each block

@@ -124,4 +124,15 @@ static inline AVX2_TGT __m256i q5_quants(const uint8_t *qs, const uint8_t *qhp) 
     __builtin_memcpy(&qh, qhp, 4);
     return _mm256_or_si256(q4_quants(qs), qh_bytes(qh));
 }
+
+// Eight int32 partial sums of u[j] * s[j] over 32 bytes (u unsigned, s signed).
+static inline AVX2_TGT __m256i isum_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// The same for two signed operands (Q8_0's weights w): maddubs wants one unsigned side, so
+// |w| against x with w's sign moved onto it (a pair sums to at most 2 * 128 * 127).
+static inline AVX2_TGT __m256i isum_s8s8(__m256i w, __m256i x) {
+    return isum_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
 #endif
