@@ -70,7 +70,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->part_l = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS, &failed);
     b->part_o = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS * hp->head_dim, &failed);
     b->matmul.dequant = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
-    b->matmul.xq = calloc(matmul_max_cols(hp) / QK8_ACT + 1, sizeof(block_q8_act));
+    b->matmul.xq = calloc(1, Q8_ACT_BYTES(matmul_max_cols(hp)));
     b->matmul.xpk = calloc(T * pk_blocks(matmul_max_cols(hp)) + 1, sizeof(pk_act));
     b->segments_left = calloc((size_t)hp->n_head_kv, sizeof(atomic_int));
     b->segments = calloc((size_t)hp->n_head_kv, sizeof(int));

@@ -52,7 +52,7 @@ static inline size_t matmul_scratch_floats(int64_t cols) {
 #define MATMUL_SCRATCH_FLOATS(cols) matmul_scratch_floats(cols)
 struct matmul_buf {
     float *dequant;   // threadpool_size(pool) * MATMUL_SCRATCH_FLOATS(cols) floats
-    void  *xq;        // cols / 32 block_q8_act
+    void  *xq;        // a quantised row (Q8_ACT_BYTES(cols))
     void  *xpk;       // n_ubatch * pk_blocks(cols) pk_act (prefill's packed activations)
     int    exact;     // float activations everywhere
 };

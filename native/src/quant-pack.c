@@ -223,19 +223,16 @@ void pack_weight_row(int32_t type, const void *row, pk_weight *out, int64_t cols
 // One super-block of activations, `n` elements of it real (a short block is zero-padded).
 static void pack_act_block(const float *x, int n, pk_act *a) {
     const int width = pk_tail_width(n);   // 256 for a whole one
-    block_q8_act b[8];
+    block_q8_act b[Q8_ACT_BLOCKS(PK_ELEMS)];
     uint8_t natural[PK_ELEMS] = { 0 };
     memset(a, 0, sizeof *a);
     quantize_row_q8_act(x, b, n);   // n is a multiple of 32
+    const q8_act_side side = q8_side(b, n);
     for (int g = 0; g < n / 32; g++) {
         a->dx[g] = b[g].d;
         memcpy(natural + 32 * g, b[g].qs, 32);
     }
-    for (int p = 0; p < 16; p++) {
-        int sum = 0;
-        for (int w = 0; w < 16; w++) sum += (int8_t)natural[16 * p + w];
-        a->bsum[p] = (int16_t)sum;
-    }
+    for (int p = 0; p < n / 16; p++) a->bsum[p] = side.sum16[p];   // the padding's stay 0
     if (width < PK_ELEMS) spread_act_scales(a, width);
     interleave((uint8_t *)a->q, natural, width);
 }

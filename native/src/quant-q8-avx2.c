@@ -85,32 +85,44 @@ static AVX2_TGT float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t
 }
 
 // ---- 256-element super-blocks (see quant-q8.c): one activation block per sub-block of 32 ----
+//
+// The eight activation blocks' d (and s, and 16-element sums) come as vectors from the row's
+// side arrays (quant-q8.h), so each super-block works out all eight sub-blocks' float factors
+// in one multiply; a sub-block takes its own with a broadcast load from them stored (a load,
+// where a scalar multiply and a broadcast, or a permute, take the vector units). The terms
+// that depend only on the activations' sums (Q4_K's and Q2_K's mins, Q3_K's and Q6_K's
+// centres) are one vector operation per super-block.
 
-// Q4_K/Q5_K: the eight sub-blocks' d*scale and dmin*min as floats, unpacked four at a time
-// (k4_scale_min's layout: scales and mins 0-3 in the low 6 bits of bytes 0-3 and 4-7; 4-7
-// from the nibbles of bytes 8-11 and the top 2 bits of bytes 0-7).
-static inline AVX2_TGT void k4_factors(const uint8_t *scales, float d, float dmin, float *ds, float *dm) {
-    uint32_t u[3], sc[2], mn[2];
+// Q4_K/Q5_K: the eight sub-blocks' 6-bit scales and mins as floats (k4_scale_min's layout:
+// scales and mins 0-3 in the low 6 bits of bytes 0-3 and 4-7; 4-7 from the nibbles of bytes
+// 8-11 and the top 2 bits of bytes 0-7).
+static inline AVX2_TGT void k4_scales_mins(const uint8_t *scales, __m256 *sc, __m256 *mn) {
+    uint32_t u[3], s[2], m[2];
     __builtin_memcpy(u, scales, 12);
-    sc[0] = u[0] & 0x3F3F3F3Fu;
-    mn[0] = u[1] & 0x3F3F3F3Fu;
-    sc[1] = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-    mn[1] = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    s[0] = u[0] & 0x3F3F3F3Fu;
+    m[0] = u[1] & 0x3F3F3F3Fu;
+    s[1] = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    m[1] = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4;
     uint64_t s8, m8;
-    __builtin_memcpy(&s8, sc, 8);
-    __builtin_memcpy(&m8, mn, 8);
-    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8))), _mm256_set1_ps(d)));
-    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))), _mm256_set1_ps(dmin)));
+    __builtin_memcpy(&s8, s, 8);
+    __builtin_memcpy(&m8, m, 8);
+    *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8)));
+    *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)));
 }
 
-// One Q4_K/Q5_K super-block against its eight activation blocks: chunk c of 64 holds sub-blocks
-// 2c (low nibbles) and 2c+1 (high nibbles); Q5_K's fifth bits come from qh (NULL for Q4_K).
+// One Q4_K/Q5_K super-block against its eight activation blocks (x, and xd, xs: their d and s
+// side by side): chunk c of 64 holds sub-blocks 2c (low nibbles) and 2c+1 (high nibbles);
+// Q5_K's fifth bits come from qh (NULL for Q4_K).
 static inline AVX2_TGT void k4_block(const uint8_t *scales, uint16_t d, uint16_t dmin, const uint8_t *qs,
-                                     const uint8_t *qh, const block_q8_act *x, __m256 *acc0, __m256 *acc1, float *off) {
+                                     const uint8_t *qh, const block_q8_act *x, const float *xd, const float *xs,
+                                     __m256 *acc0, __m256 *acc1, __m256 *off) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
     const __m256i high = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-    float ds[8], dm[8];
-    k4_factors(scales, half(d), half(dmin), ds, dm);
+    __m256 sc, mn;
+    k4_scales_mins(scales, &sc, &mn);
+    float f[8];
+    _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(half(d))), _mm256_loadu_ps(xd)));
+    *off = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(half(dmin))), _mm256_loadu_ps(xs), *off);
     for (int c = 0; c < 4; c++, x += 2) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
         __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
@@ -118,22 +130,22 @@ static inline AVX2_TGT void k4_block(const uint8_t *scales, uint16_t d, uint16_t
             lo = _mm256_or_si256(lo, bit_as(high, 2 * c, 0x10));
             hi = _mm256_or_si256(hi, bit_as(high, 2 * c + 1, 0x10));
         }
-        *acc0 = _mm256_fmadd_ps(dot_u8s8(lo, act_bytes(x)), _mm256_set1_ps(ds[2 * c] * x[0].d), *acc0);
-        *acc1 = _mm256_fmadd_ps(dot_u8s8(hi, act_bytes(x + 1)), _mm256_set1_ps(ds[2 * c + 1] * x[1].d), *acc1);
-        *off += dm[2 * c] * x[0].s + dm[2 * c + 1] * x[1].s;
+        *acc0 = _mm256_fmadd_ps(dot_u8s8(lo, act_bytes(x)), _mm256_broadcast_ss(f + 2 * c), *acc0);
+        *acc1 = _mm256_fmadd_ps(dot_u8s8(hi, act_bytes(x + 1)), _mm256_broadcast_ss(f + 2 * c + 1), *acc1);
     }
 }
 
 #define K4_DOT(name, block_t, QH)                                                                 \
     static AVX2_TGT float name(const void *row, const block_q8_act *x, int64_t n) {              \
         const block_t *b = row;                                                                   \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                           \
-        float off = 0.0f;                                                                         \
-        for (int64_t i = 0; i < n / QK_K; i++, x += QK_K / QK8_ACT) {                             \
+        const q8_act_side side = q8_side(x, n);                                                   \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), off = _mm256_setzero_ps(); \
+        for (int64_t i = 0; i < n / QK_K; i++) {                                                  \
             prefetch_superblock(b + i, sizeof(block_t));                                         \
-            k4_block(b[i].scales, b[i].d, b[i].dmin, b[i].qs, QH, x, &acc0, &acc1, &off);         \
+            k4_block(b[i].scales, b[i].d, b[i].dmin, b[i].qs, QH, x + 8 * i, side.d + 8 * i,     \
+                     side.s + 8 * i, &acc0, &acc1, &off);                                         \
         }                                                                                         \
-        return hsum_ps(_mm256_add_ps(acc0, acc1)) - off;                                          \
+        return hsum_ps(_mm256_add_ps(acc0, acc1)) - hsum_ps(off);                                 \
     }
 K4_DOT(q8dot_q4_K, block_q4_K, NULL)
 K4_DOT(q8dot_q5_K, block_q5_K, b[i].qh)
@@ -154,92 +166,95 @@ static inline AVX2_TGT void widen16(__m128i v, int16_t *s) {
     _mm256_storeu_si256((__m256i *)s, _mm256_cvtepi8_epi16(v));
 }
 
-// Q6_K: quants 0..63 (q + 32) against the block, minus 32 times the block's own pair sums, in
-// 16 bits; then each pair weighed by its half's integer scale (madd: lanes 0-3 hold elements
-// 0-15, lanes 4-7 elements 16-31), and one FMA by d * d_x per block.
-static AVX2_TGT float q8dot_q6_K(const void *row, const block_q8_act *x, int64_t n) {
-    const block_q6_K *b = row;
-    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_superblock(b + i, sizeof(*b));
-        const float d = half(b[i].d);
-        int16_t sc[16];
-        widen16(_mm_loadu_si128((const __m128i *)b[i].scales), sc);
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = b[i].ql + 64 * h;
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
-                _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, top)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib), _mm256_and_si256(_mm256_srli_epi16(qh, 2), top)),
-            };
-            for (int r = 0; r < 4; r++, x++) {
-                const __m256i a = act_bytes(x);
-                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[r], a), _mm256_maddubs_epi16(c32, a));
-                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, half_scales(sc, h, r)));
-                if (r & 1) acc1 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d), acc1);
-                else       acc0 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d), acc0);
-            }
-        }
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+// Per activation block of a super-block, sum over its two 16s of w[k] * (the 16's quant sum),
+// as floats: the 16 int16 weights against the side array's 16 sums in one madd.
+static inline AVX2_TGT __m256 weighted_sums16(const int16_t *w, const int16_t *sum16) {
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w),
+                                                _mm256_loadu_si256((const __m256i *)sum16)));
 }
 
-// Q2_K: sum(q a) weighed by the scales (times d) minus sum(a) weighed by the mins (times dmin).
+// Q3_K and Q6_K store q + centre (0..7, 0..63): the block sums each 16's products with its
+// integer scale (madd: lanes 0-3 hold elements 0-15, lanes 4-7 elements 16-31), scaled by
+// d * d_x per activation block; the centre comes off once per super-block, as centre times
+// the scales against the 16-element activation sums.
+#define CENTRED_DOT(name, block_t, CENTRE, SCALES16, QUANTS)                                      \
+    static AVX2_TGT float name(const void *row, const block_q8_act *x, int64_t n) {              \
+        const block_t *b = row;                                                                   \
+        const q8_act_side side = q8_side(x, n);                                                   \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), centre = _mm256_setzero_ps(); \
+        for (int64_t i = 0; i < n / QK_K; i++) {                                                  \
+            prefetch_superblock(b + i, sizeof(*b));                                               \
+            const __m256 fv = _mm256_mul_ps(_mm256_set1_ps(half(b[i].d)), _mm256_loadu_ps(side.d + 8 * i)); \
+            float f[8];                                                                           \
+            _mm256_storeu_ps(f, fv);                                                              \
+            int16_t sc[16];                                                                       \
+            widen16(SCALES16(b[i]), sc);                                                          \
+            centre = _mm256_fmadd_ps(weighted_sums16(sc, side.sum16 + 16 * i), fv, centre);      \
+            for (int h = 0; h < 2; h++)                                                           \
+                for (int r = 0; r < 4; r++, x++) {                                                \
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(QUANTS(b[i], h, r), act_bytes(x)), \
+                                                        half_scales(sc, h, r));                   \
+                    if (r & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(f + 4 * h + r), acc1); \
+                    else       acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(f + 4 * h + r), acc0); \
+                }                                                                                 \
+        }                                                                                         \
+        return hsum_ps(_mm256_add_ps(acc0, acc1)) - (CENTRE) * hsum_ps(centre);                   \
+    }
+
+// Q6_K's run r of half h: the low or high nibbles of one of two 32-byte rows of ql, the top
+// two bits from qh.
+static inline AVX2_TGT __m256i q6_quants(const block_q6_K *b, int h, int r) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (r & 1)));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+    const __m256i low = r < 2 ? _mm256_and_si256(l, nib) : _mm256_and_si256(_mm256_srli_epi16(l, 4), nib);
+    const __m256i high = r == 0 ? _mm256_slli_epi16(qh, 4) : r == 1 ? _mm256_slli_epi16(qh, 2)
+                       : r == 2 ? qh : _mm256_srli_epi16(qh, 2);   // bits 2r, 2r + 1 to 4, 5
+    return _mm256_or_si256(low, _mm256_and_si256(high, top));
+}
+
+// Q3_K's run r of half h: two bits from qs, the third (as 4) from hmask.
+static inline AVX2_TGT __m256i q3_quants(const block_q3_K *b, int h, int r) {
+    const __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+    return _mm256_or_si256(two_bits(qs, r), bit_as(_mm256_loadu_si256((const __m256i *)b->hmask), 4 * h + r, 4));
+}
+
+#define Q6_SCALES16(blk) _mm_loadu_si128((const __m128i *)(blk).scales)
+#define Q3_SCALES16(blk) q3_scales16((blk).scales)
+#define Q6_QUANTS(blk, h, r) q6_quants(&(blk), h, r)
+#define Q3_QUANTS(blk, h, r) q3_quants(&(blk), h, r)
+CENTRED_DOT(q8dot_q6_K, block_q6_K, 32.0f, Q6_SCALES16, Q6_QUANTS)
+CENTRED_DOT(q8dot_q3_K, block_q3_K, 4.0f, Q3_SCALES16, Q3_QUANTS)
+
+// Q2_K: sum(q a) weighed by the scales (times d) minus the mins (times dmin) against the
+// 16-element activation sums, once per super-block.
 static AVX2_TGT float q8dot_q2_K(const void *row, const block_q8_act *x, int64_t n) {
     const block_q2_K *b = row;
-    const __m256i ones = _mm256_set1_epi8(1);
+    const q8_act_side side = q8_side(x, n);
     const __m128i nib = _mm_set1_epi8(0x0F);
-    __m256 accd = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         prefetch_superblock(b + i, sizeof(*b));
-        const float d = half(b[i].d), dmin = half(b[i].dmin);
+        const __m256 xd = _mm256_loadu_ps(side.d + 8 * i);
+        float f[8];
+        _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_set1_ps(half(b[i].d)), xd));
         int16_t sc[16], mn[16];
         const __m128i raw = _mm_loadu_si128((const __m128i *)b[i].scales);
         widen16(_mm_and_si128(raw, nib), sc);
         widen16(_mm_and_si128(_mm_srli_epi16(raw, 4), nib), mn);
+        accm = _mm256_fmadd_ps(weighted_sums16(mn, side.sum16 + 16 * i),
+                               _mm256_mul_ps(_mm256_set1_ps(half(b[i].dmin)), xd), accm);
         for (int h = 0; h < 2; h++) {
             const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
             for (int r = 0; r < 4; r++, x++) {
-                const __m256i a = act_bytes(x);
-                const __m256i ps = _mm256_madd_epi16(_mm256_maddubs_epi16(two_bits(qs, r), a), half_scales(sc, h, r));
-                const __m256i pm = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, a), half_scales(mn, h, r));
-                accd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ps), _mm256_set1_ps(d * x->d), accd);
-                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dmin * x->d), accm);
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(two_bits(qs, r), act_bytes(x)),
+                                                    half_scales(sc, h, r));
+                if (r & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(f + 4 * h + r), acc1);
+                else       acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(f + 4 * h + r), acc0);
             }
         }
     }
-    return hsum_ps(accd) - hsum_ps(accm);
-}
-
-// Q3_K: quants taken as q + 4 (0..7), minus 4 times the pair sums, in 16 bits.
-static AVX2_TGT float q8dot_q3_K(const void *row, const block_q8_act *x, int64_t n) {
-    const block_q3_K *b = row;
-    const __m256i four = _mm256_set1_epi8(4);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_superblock(b + i, sizeof(*b));
-        const float d = half(b[i].d);
-        int16_t sc[16];
-        widen16(q3_scales16(b[i].scales), sc);
-        const __m256i hm = _mm256_loadu_si256((const __m256i *)b[i].hmask);
-        for (int h = 0; h < 2; h++) {
-            const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
-            for (int r = 0; r < 4; r++, x++) {
-                const __m256i a = act_bytes(x);
-                const __m256i q = _mm256_or_si256(two_bits(qs, r), bit_as(hm, 4 * h + r, 4));
-                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, a), _mm256_maddubs_epi16(four, a));
-                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, half_scales(sc, h, r)));
-                if (r & 1) acc1 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d), acc1);
-                else       acc0 = _mm256_fmadd_ps(p, _mm256_set1_ps(d * x->d), acc0);
-            }
-        }
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) - hsum_ps(accm);
 }
 
 // IQ4: signed levels; as Q8_0, |w| against x carrying w's sign.
@@ -260,17 +275,30 @@ static AVX2_TGT float q8dot_iq4_nl(const void *row, const block_q8_act *x, int64
     return hsum_ps(_mm256_add_ps(acc0, acc1));
 }
 
+// IQ4_XS's eight signed 6-bit sub-block scales as floats (iq4_xs_scale for j = 0..7): the low
+// 4 bits are nibble j of scales_l, the top 2 bits pair j of scales_h.
+static inline AVX2_TGT __m256 iq4_xs_scales(const block_iq4_xs *b) {
+    uint32_t l;
+    __builtin_memcpy(&l, b->scales_l, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)l), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(0xF));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
+}
+
 static AVX2_TGT float q8dot_iq4_xs(const void *row, const block_q8_act *x, int64_t n) {
     const block_iq4_xs *b = row;
+    const q8_act_side side = q8_side(x, n);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         prefetch_superblock(b + i, sizeof(*b));
-        const float d = half(b[i].d);
+        float f[8];
+        _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(half(b[i].d)), iq4_xs_scales(&b[i])),
+                                          _mm256_loadu_ps(side.d + 8 * i)));
         for (int j = 0; j < QK_K / 32; j++, x++) {
-            const __m256 p = iq4_block(b[i].qs + 16 * j, x);
-            const __m256 scale = _mm256_set1_ps(d * (float)iq4_xs_scale(&b[i], j) * x->d);
-            if (j & 1) acc1 = _mm256_fmadd_ps(p, scale, acc1);
-            else       acc0 = _mm256_fmadd_ps(p, scale, acc0);
+            if (j & 1) acc1 = _mm256_fmadd_ps(iq4_block(b[i].qs + 16 * j, x), _mm256_broadcast_ss(f + j), acc1);
+            else       acc0 = _mm256_fmadd_ps(iq4_block(b[i].qs + 16 * j, x), _mm256_broadcast_ss(f + j), acc0);
         }
     }
     return hsum_ps(_mm256_add_ps(acc0, acc1));
@@ -297,6 +325,7 @@ static inline AVX2_TGT __m256i round_i32(__m256 v, __m256 id) {
 
 // The same arithmetic as quantize_row_q8_act_scalar, eight lanes at a time.
 AVX2_TGT void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t n) {
+    const q8_act_side side = q8_side(y, n);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   // undo packs' lane interleave
     for (int64_t i = 0; i < n / QK8_ACT; i++, x += QK8_ACT) {
@@ -309,12 +338,16 @@ AVX2_TGT void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t 
         const __m256i i0 = round_i32(v0, vid), i1 = round_i32(v1, vid), i2 = round_i32(v2, vid), i3 = round_i32(v3, vid);
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
         _mm256_storeu_si256((__m256i *)y[i].qs, _mm256_permutevar8x32_epi32(packed, order));
-        const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-        y[i].d = d;
-        y[i].s = d * (float)_mm_cvtsi128_si32(s4);
+        // Lane 0: the sum of quants 0-15 (i0 + i1); lane 1: of 16-31 (i2 + i3).
+        const __m256i lo = _mm256_add_epi32(i0, i1), hi = _mm256_add_epi32(i2, i3);
+        __m128i s4 = _mm_hadd_epi32(_mm_add_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)),
+                                    _mm_add_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
+        s4 = _mm_hadd_epi32(s4, s4);
+        const int half0 = _mm_cvtsi128_si32(s4), half1 = _mm_extract_epi32(s4, 1);
+        y[i].d = side.d[i] = d;
+        y[i].s = side.s[i] = d * (float)(half0 + half1);
+        side.sum16[2 * i] = (int16_t)half0;
+        side.sum16[2 * i + 1] = (int16_t)half1;
     }
 }
 #endif

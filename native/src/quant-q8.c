@@ -13,18 +13,21 @@
 #endif
 
 void quantize_row_q8_act_scalar(const float *x, block_q8_act *y, int64_t n) {
+    const q8_act_side side = q8_side(y, n);
     for (int64_t i = 0; i < n / QK8_ACT; i++, x += QK8_ACT) {
         float amax = 0.0f;
         for (int j = 0; j < QK8_ACT; j++) amax = fmaxf(amax, fabsf(x[j]));
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
+        int half[2] = { 0, 0 };
         for (int j = 0; j < QK8_ACT; j++) {
             const int q = (int)nearbyintf(x[j] * id);   // ties to even, as the SIMD rounding
             y[i].qs[j] = (int8_t)q;
-            sum += q;
+            half[j / 16] += q;
         }
-        y[i].d = d;
-        y[i].s = d * (float)sum;
+        y[i].d = side.d[i] = d;
+        y[i].s = side.s[i] = d * (float)(half[0] + half[1]);
+        side.sum16[2 * i] = (int16_t)half[0];
+        side.sum16[2 * i + 1] = (int16_t)half[1];
     }
 }
 

@@ -20,11 +20,33 @@ typedef struct {
 // The SIMD kernels load d and s together.
 _Static_assert(offsetof(block_q8_act, s) == offsetof(block_q8_act, d) + 4, "d and s adjacent");
 
-// x (n a multiple of 32) into n / 32 blocks. The scalar and AVX2 versions give the same bits.
+// A quantised row of n activations is its n / 32 blocks followed by the same figures side by
+// side: the blocks' d (n / 32 floats), their s (n / 32 floats) and the sum of each 16 quants
+// (n / 16 int16). The 256-element super-block kernels load eight of each as one vector
+// instead of working them out per block. Q8_ACT_BYTES(n) is the whole row's size.
+#define Q8_ACT_BYTES(n) \
+    ((size_t)(n) / QK8_ACT * (sizeof(block_q8_act) + 2 * sizeof(float)) + (size_t)(n) / 16 * sizeof(int16_t))
+
+// The same in whole blocks, for arrays of block_q8_act.
+#define Q8_ACT_BLOCKS(n) ((Q8_ACT_BYTES(n) + sizeof(block_q8_act) - 1) / sizeof(block_q8_act))
+
+typedef struct {
+    float   *d, *s;
+    int16_t *sum16;
+} q8_act_side;
+
+static inline q8_act_side q8_side(const block_q8_act *x, int64_t n) {
+    float *d = (float *)(x + n / QK8_ACT);   // blocks are 40 bytes: the floats stay aligned
+    return (q8_act_side){ d, d + n / QK8_ACT, (int16_t *)(d + 2 * (n / QK8_ACT)) };
+}
+
+// x (n a multiple of 32) into a quantised row (Q8_ACT_BYTES(n) at y). The scalar and AVX2
+// versions give the same bits.
 void quantize_row_q8_act(const float *x, block_q8_act *y, int64_t n);
 void quantize_row_q8_act_scalar(const float *x, block_q8_act *y, int64_t n);
 
-// The dot product of one weight row of `type` (n elements) with n quantised activations.
+// The dot product of one weight row of `type` (n elements) with a quantised row of n
+// activations.
 typedef float (*vec_dot_q8_fn)(const void *row, const block_q8_act *x, int64_t n);
 vec_dot_q8_fn vec_dot_q8_for(int32_t type);          // NULL: the type has no integer kernel
 vec_dot_q8_fn vec_dot_q8_scalar_for(int32_t type);   // the scalar reference of the same

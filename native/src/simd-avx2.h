@@ -66,10 +66,13 @@ static inline AVX2_TGT void prefetch_superblock(const void *blk, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)blk + Q8_PREFETCH + off, _MM_HINT_T0);
 }
 
-// qh's bit `bit` of each byte as `value` or 0.
+// qh's bit `bit` of each byte as `value` (a power of two) or 0: the bit shifted into place.
+// The shifts are 16-bit, but no bit crosses into the masked position from the other byte
+// (both positions are within a byte).
 static inline AVX2_TGT __m256i bit_as(__m256i qh, int bit, char value) {
-    const __m256i m = _mm256_set1_epi8((char)(1 << bit));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(value));
+    const int to = __builtin_ctz((unsigned char)value);
+    const __m256i v = bit > to ? _mm256_srli_epi16(qh, bit - to) : _mm256_slli_epi16(qh, to - bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(value));
 }
 
 // 16 bytes of 4-bit indices into a table of 16 bytes: the low nibbles' entries as bytes 0-15,

@@ -33,7 +33,7 @@ static void check_products(int32_t type, int64_t cols, int n_rows, int T) {
     float *w = malloc(sizeof(float) * (size_t)(cols * n_rows)), *x = malloc(sizeof(float) * (size_t)(cols * T));
     pk_weight *pw = malloc(sizeof(pk_weight) * (size_t)(n_super * n_rows));
     pk_act *px = malloc(sizeof(pk_act) * (size_t)(n_super * T));
-    block_q8_act *xq = malloc(sizeof(block_q8_act) * (size_t)(cols / 32));
+    block_q8_act *xq = malloc(Q8_ACT_BYTES(cols));
     float *simd = malloc(sizeof(float) * (size_t)(n_rows * T)), *scal = malloc(sizeof(float) * (size_t)(n_rows * T));
     for (int i = 0; i < n_rows; i++) {
         random_row(type, rows + i * row_bytes, cols);
@@ -127,7 +127,7 @@ static void test_extremes(void) {
 // 64 of 576), the padding of a short one zero, its scales spread over the lanes.
 static void check_pack_act(int64_t cols) {
     float x[576];
-    block_q8_act q[18];
+    block_q8_act q[Q8_ACT_BLOCKS(576)];
     pk_act p[3];
     random_activations(x, cols, 0);
     quantize_row_q8_act(x, q, cols);

@@ -28,7 +28,7 @@ struct fixture {
 static void fixture_init(struct fixture *f, int64_t max_cols, int max_T, int n_threads) {
     f->pool = threadpool_create(n_threads);
     f->buf.dequant = calloc((size_t)threadpool_size(f->pool) * MATMUL_SCRATCH_FLOATS(max_cols), sizeof(float));
-    f->buf.xq = calloc((size_t)(max_cols / 32 + 1), sizeof(block_q8_act));
+    f->buf.xq = calloc(1, Q8_ACT_BYTES(max_cols));
     f->buf.xpk = calloc((size_t)(max_T * pk_blocks(max_cols) + 1), sizeof(pk_act));
     f->buf.exact = 0;
 }
@@ -46,7 +46,7 @@ static void check_rows(struct fixture *f, int32_t type, int64_t cols, int T, int
     uint8_t *data = malloc((size_t)(row_bytes * ROWS));
     float *w = malloc(sizeof(float) * (size_t)(cols * ROWS)), *x = malloc(sizeof(float) * (size_t)(cols * T));
     float *out = malloc(sizeof(float) * (size_t)(ROWS * T));
-    block_q8_act *xq = malloc(sizeof(block_q8_act) * (size_t)(cols / 32));
+    block_q8_act *xq = malloc(Q8_ACT_BYTES(cols));
     for (int i = 0; i < ROWS; i++) {
         random_row(type, data + i * row_bytes, cols);
         dequant_row(type, data + i * row_bytes, w + i * cols, cols);
@@ -93,7 +93,7 @@ static void check_threads_same(void) {
     struct tensor t[N_MAT];
     const struct tensor *tp[N_MAT];
     float x[COLS], out[3][N_MAT][40];
-    block_q8_act xq[COLS / 32];
+    block_q8_act xq[Q8_ACT_BLOCKS(COLS)];
     for (int64_t k = 0; k < COLS; k++) x[k] = uniform(-2, 2);
     quantize_row_q8_act(x, xq, COLS);
     for (int m = 0; m < N_MAT; m++) {

@@ -23,24 +23,28 @@ static void random_activations(float *x, int64_t n) {
 static void test_quantize(void) {
     const int64_t n = 1536;
     float *x = malloc(n * sizeof(float));
-    block_q8_act *a = malloc(n / 32 * sizeof(*a)), *b = malloc(n / 32 * sizeof(*b));
+    block_q8_act *a = malloc(Q8_ACT_BYTES(n)), *b = malloc(Q8_ACT_BYTES(n));
+    const q8_act_side side = q8_side(a, n);
     for (int rep = 0; rep < 20; rep++) {
         random_activations(x, n);
         quantize_row_q8_act_scalar(x, a, n);
         quantize_row_q8_act(x, b, n);
-        CHECK(memcmp(a, b, n / 32 * sizeof(*a)) == 0);   // SIMD and scalar give the same bits
+        CHECK(memcmp(a, b, Q8_ACT_BYTES(n)) == 0);   // SIMD and scalar give the same bits, side arrays too
         for (int64_t i = 0; i < n / 32; i++) {
-            int sum = 0, amax = 0;
+            int sum = 0, amax = 0, half[2] = { 0, 0 };
             for (int j = 0; j < 32; j++) {
                 const float xi = x[i * 32 + j];
                 const int q = a[i].qs[j];
                 sum += q;
+                half[j / 16] += q;
                 if (abs(q) > amax) amax = abs(q);
                 CHECK(fabsf(xi - (float)q * a[i].d) <= 0.5f * a[i].d * 1.0001f);
             }
             CHECK(amax <= 127);
             CHECK(a[i].d == 0.0f || amax == 127);   // the largest element maps to +-127
             CHECK(a[i].s == a[i].d * (float)sum);
+            CHECK(side.d[i] == a[i].d && side.s[i] == a[i].s);
+            CHECK(side.sum16[2 * i] == half[0] && side.sum16[2 * i + 1] == half[1]);
         }
     }
     free(x); free(a); free(b);
@@ -73,7 +77,7 @@ static struct dot_ref reference_dot(int32_t type, const uint8_t *row, const floa
 static void check_dot(int32_t type, int64_t n) {
     uint8_t *row = malloc((size_t)type_row_bytes(type, n));
     float *x = malloc(n * sizeof(float)), *w = malloc(n * sizeof(float));
-    block_q8_act *xq = malloc(n / 32 * sizeof(*xq));
+    block_q8_act *xq = malloc(Q8_ACT_BYTES(n));
     for (int rep = 0; rep < 4; rep++) {
         random_row(type, row, n);
         random_activations(x, n);
@@ -97,7 +101,7 @@ static void check_dot4(int32_t type, int64_t n) {
     const int64_t rb = type_row_bytes(type, n);
     uint8_t *buf = malloc((size_t)(4 * rb + 2)), *rows = buf + 2;
     float *x = malloc(n * sizeof(float)), *w = malloc(n * sizeof(float));
-    block_q8_act *xq = malloc(n / 32 * sizeof(*xq));
+    block_q8_act *xq = malloc(Q8_ACT_BYTES(n));
     for (int rep = 0; rep < 3; rep++) {
         for (int r = 0; r < 4; r++) random_row(type, rows + r * rb, n);
         random_activations(x, n);
@@ -144,7 +148,7 @@ static void test_dots(void) {
 // 16-bit pair sums.
 static void test_q8_0_extremes(void) {
     block_q8_0 b[2];
-    block_q8_act x[2];
+    block_q8_act x[Q8_ACT_BLOCKS(64)];
     float xf[64];
     for (int i = 0; i < 2; i++) {
         b[i].d = fp32_to_fp16(1.0f);
