@@ -1,5 +1,5 @@
 // quant-q8-rows-avx2.c - four weight rows against one row of 8-bit activations (the decode
-// step's matrix-vector products, 32-element block types).
+// step's matrix-vector products, 32-element block types: Q4_0..Q8_0 and IQ4_NL).
 //
 // The one-row kernels (quant-q8-avx2.c) spend about half of each block on its scales: an f16
 // convert, a multiply and a broadcast per block per row. Here four consecutive rows share each
@@ -34,6 +34,7 @@ static inline uint32_t scale_scale(const void *blk) {
 #define Q4_ISUM(blk, xa) isum_u8s8(q4_quants((blk).qs), xa)
 #define Q5_ISUM(blk, xa) isum_u8s8(q5_quants((blk).qs, (blk).qh), xa)
 #define Q8_ISUM(blk, xa) isum_s8s8(_mm256_loadu_si256((const __m256i *)(blk).qs), xa)
+#define IQ4_ISUM(blk, xa) isum_s8s8(nibble_lookup32((blk).qs, iq4_levels), xa)
 
 // out[r] = dot(row r, x) for the four rows at `rows`, `rb` bytes apart; the offset terms are
 // CENTRE times the sum of lanes 2r + 1 of off (see quant-q8-avx2.c's scales_dm). Each block
@@ -71,6 +72,7 @@ Q8_DOT4(q8dot4_q4_1, block_q4_1, Q4_ISUM, scale_min, 1.0f)
 Q8_DOT4(q8dot4_q5_0, block_q5_0, Q5_ISUM, scale_scale, -16.0f)
 Q8_DOT4(q8dot4_q5_1, block_q5_1, Q5_ISUM, scale_min, 1.0f)
 Q8_DOT4(q8dot4_q8_0, block_q8_0, Q8_ISUM, scale_scale, 0.0f)
+Q8_DOT4(q8dot4_iq4_nl, block_iq4_nl, IQ4_ISUM, scale_scale, 0.0f)
 
 const vec_dot4_q8_fn q8_avx2_dots4[Q8_N_TYPES] = {
     [PYKV_TYPE_Q4_0] = q8dot4_q4_0,
@@ -78,5 +80,6 @@ const vec_dot4_q8_fn q8_avx2_dots4[Q8_N_TYPES] = {
     [PYKV_TYPE_Q5_0] = q8dot4_q5_0,
     [PYKV_TYPE_Q5_1] = q8dot4_q5_1,
     [PYKV_TYPE_Q8_0] = q8dot4_q8_0,
+    [PYKV_TYPE_IQ4_NL] = q8dot4_iq4_nl,
 };
 #endif

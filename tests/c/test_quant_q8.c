@@ -130,7 +130,8 @@ static void test_dots(void) {
             for (int i = 0; i < 5; i++) check_dot(q8_types[k], ns[i]);
     }
     // The four-row kernels, where the CPU has them: the 32-element types.
-    const int32_t four[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q8_0 };
+    const int32_t four[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q8_0,
+                             PYKV_TYPE_IQ4_NL };
     for (size_t k = 0; k < sizeof(four) / sizeof(four[0]); k++)
         for (int i = 0; i < 5; i++) check_dot4(four[k], ns[i]);
     CHECK(vec_dot4_q8_for(PYKV_TYPE_Q4_K) == NULL);
