@@ -248,8 +248,9 @@ PYKV_API pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep);
  * budgets fixed by the last prefill), as bytes (native byte order) that pykv_state_load puts
  * back into a context of the same model shape and KV type whose n_ctx holds them, made with
  * the same policy and settings (budget, window, sink, policy arguments, probe); the context
- * then continues exactly as the saved one would. A load checks the whole buffer before it
- * changes anything; a refused one leaves the context as it was, and one that runs out of
+ * then continues exactly as the saved one would. A load checks the whole buffer (lengths,
+ * positions, finite keys and values, the policy's part) before it changes anything; a
+ * refused one leaves the context as it was, and one that runs out of
  * memory leaves it empty. States of earlier pykv versions (format 1) are refused. */
 PYKV_API pykv_status pykv_state_size(const pykv_context *ctx, size_t *size);
 PYKV_API pykv_status pykv_state_save(const pykv_context *ctx, void *dst, size_t size, size_t *written);

@@ -59,8 +59,28 @@ static pykv_status check_identity(const pykv_context *ctx, struct state_reader *
     return st;
 }
 
-// One list's bytes: its length, positions and keys and values, and merged entries' counts
-// and norms (counts at least 1, norms finite and not negative). Skips over them.
+// Whether the n fp16 (f16) or fp32 values at p are all finite: none has an exponent of all
+// ones (inf or NaN). A NaN key would otherwise poison every later attention of its head.
+static int all_finite(const uint8_t *p, size_t n, int f16) {
+    unsigned bad = 0;
+    if (f16) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            bad |= (h & 0x7C00u) == 0x7C00u;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t x;
+            memcpy(&x, p + 4 * i, 4);
+            bad |= (x & 0x7F800000u) == 0x7F800000u;
+        }
+    }
+    return !bad;
+}
+
+// One list's bytes: its length, positions and finite keys and values, and merged entries'
+// counts and norms (counts at least 1, norms finite and not negative). Skips over them.
 static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, int32_t n_past, int32_t *n_out) {
     const struct kv_cache *c = &ctx->cache;
     int32_t n = -1, merged = -1;
@@ -70,7 +90,10 @@ static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, i
         int32_t pos;
         if (!state_take_i32(r, &pos) || pos < 0 || pos >= n_past) return corrupt("a position is out of range");
     }
-    if (!state_take(r, NULL, 2 * (size_t)n * kv_cache_row_bytes(c))) return corrupt("its keys and values are cut short");
+    const uint8_t *kv = r->at;
+    const size_t kv_bytes = 2 * (size_t)n * kv_cache_row_bytes(c);
+    if (!state_take(r, NULL, kv_bytes)) return corrupt("its keys and values are cut short");
+    if (!all_finite(kv, kv_bytes / (c->f16 ? 2 : 4), c->f16)) return corrupt("a key or value is not finite");
     *n_out = n;
     if (!merged) return PYKV_OK;
     int64_t norms = 0;

@@ -69,3 +69,9 @@ def tensor_offset_copy(src, dst, tensor_name: str, data_offset: int) -> Path:
     """Set the tensor's data offset (relative to the data section) to ``data_offset``."""
     _, off_field, _ = _tensor_info(src, tensor_name)
     return _patched_copy(src, dst, off_field, struct.pack("<Q", data_offset))
+
+
+def tensor_data_copy(src, dst, tensor_name: str, at: int, payload: bytes) -> Path:
+    """Overwrite bytes ``at`` onwards of the tensor's data with ``payload``."""
+    _, _, data_offset = _tensor_info(src, tensor_name)
+    return _patched_copy(src, dst, layout(src)["data_start"] + data_offset + at, payload)

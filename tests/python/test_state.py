@@ -118,6 +118,36 @@ def test_damaged_bytes_are_refused(tiny_model):
         assert llm.n_past == 30
 
 
+def _first_key_offset(data: bytes) -> int:
+    """Where the first list's first key starts in a saved state (layout: native/src/state.h)."""
+    head = np.frombuffer(data[12:44], dtype=np.int32)   # after the magic and the byte order
+    off = 44 + 16                                        # the header, then the two cache counters
+    off += 4 + int(np.frombuffer(data[off:off + 4], dtype=np.int32)[0])   # the policy identity
+    off += 4 * int(head[3]) * int(head[6])               # n_vocab logits when it has them
+    n = int(np.frombuffer(data[off:off + 4], dtype=np.int32)[0])
+    return off + 8 + 4 * n                               # length, merged flag, positions
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_non_finite_keys_and_values_are_refused(tiny_model, kv_type):
+    kw = dict(EXACT, kv_type=kv_type)
+    with Llama(str(tiny_model()), n_ctx=64, **kw) as llm:
+        llm.eval(random_tokens(20, 8))
+        state = llm.save_state()
+        at = _first_key_offset(state.data)
+        size = 4 if kv_type == "f32" else 2
+        assert any(state.data[at:at + size])   # a real key is there
+        for bad in (np.inf, -np.inf, np.nan):
+            patched = bytearray(state.data)
+            patched[at + 3 * size:at + 4 * size] = np.array(bad, dtype=np.float32 if size == 4 else np.float16).tobytes()
+            _refused(llm, LlamaState(state.input_ids, bytes(patched)), "a key or value is not finite")
+        # the check is on the values, not on the bytes changing: another finite key loads
+        patched = bytearray(state.data)
+        patched[at:at + size] = np.array(0.5, dtype=np.float32 if size == 4 else np.float16).tobytes()
+        llm.load_state(LlamaState(state.input_ids, bytes(patched)))
+        assert llm.n_past == 20
+
+
 def test_token_count_from_the_header(tiny_model):
     """pykv_state_n_tokens reads n_past from the header alone (load_state checks the ids with it)."""
     path = str(tiny_model())

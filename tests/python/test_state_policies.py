@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import _gguf_patch
 from _compare import EXACT
 from _tiny_models import random_tokens
 from pykv import InvalidArgumentError, Llama
@@ -224,21 +225,14 @@ def test_flipped_bytes_load_or_are_refused(tiny_model):
 
 
 @pytest.mark.parametrize("policy", ["lava", "ems"])
-def test_nan_keys_from_a_state_rank_last(tiny_model, policy):
-    """A state is loaded whatever finite or infinite numbers its keys hold; one whose first
-    list's keys are NaN still evaluates: NaN scores rank below every other (a total order
-    for the sort), and the budget still holds."""
-    path = tiny_model("mistral_q4_0_h8kv2")
-    with _llama(path, policy, None) as src, _llama(path, policy, None) as llm:
-        src.eval(random_tokens(30, 29))   # under the budget: nothing evicted yet
-        data = bytearray(src.save_state().data)
-        head = np.frombuffer(bytes(data[12:44]), np.int32)
-        head_dim, n_vocab, has_logits = int(head[2]), int(head[3]), int(head[6])
-        id_len = int(np.frombuffer(bytes(data[60:64]), np.int32)[0])
-        at = 64 + id_len + 4 * n_vocab * has_logits
-        n = int(np.frombuffer(bytes(data[at:at + 4]), np.int32)[0])
-        keys = at + 8 + 4 * n
-        data[keys:keys + 4 * n * head_dim] = np.full(n * head_dim, np.nan, np.float32).tobytes()
-        llm.load_state(LlamaState(src.input_ids, bytes(data)))
+def test_nan_keys_rank_last(tiny_model, tmp_path, policy):
+    """A state with NaN keys is refused (test_state.py), but a model can still make them: here
+    the first Q4_0 block of layer 0's K projection has a NaN scale, so every key of its first
+    KV head is NaN in one dimension. The context still evaluates past the budget: NaN scores
+    rank below every other (a total order for the sort), and the budget holds."""
+    path = _gguf_patch.tensor_data_copy(tiny_model("mistral_q4_0_h8kv2"), tmp_path / "nan-key.gguf",
+                                        "blk.0.attn_k.weight", 0, np.array(np.nan, np.float16).tobytes())
+    with _llama(path, policy, None) as llm:
         llm.eval(random_tokens(120, 30))   # a prefill past the budget: scores rank, entries go
+        assert np.isnan(llm.logits()).all()   # the NaN did reach the keys, and everything after
         assert llm.kv_stats()["entries"] == BUDGET * 2 * 2   # 2 layers x 2 KV heads
