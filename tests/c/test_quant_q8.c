@@ -78,9 +78,12 @@ static void check_dot(int32_t type, int64_t n) {
     uint8_t *row = malloc((size_t)type_row_bytes(type, n));
     float *x = malloc(n * sizeof(float)), *w = malloc(n * sizeof(float));
     block_q8_act *xq = malloc(Q8_ACT_BYTES(n));
-    for (int rep = 0; rep < 4; rep++) {
+    for (int rep = 0; rep < 5; rep++) {
         random_row(type, row, n);
         random_activations(x, n);
+        // Last: same-signed activations, where the super-block kernels' centre and min terms
+        // (taken off once per super-block, in float) are as large as they get.
+        if (rep == 4) for (int64_t i = 0; i < n; i++) x[i] = 0.5f + 0.1f * fabsf(x[i]);
         quantize_row_q8_act(x, xq, n);
         const struct dot_ref d = reference_dot(type, row, x, xq, w, n);
         const float simd = vec_dot_q8_for(type)(row, xq, n);
