@@ -59,24 +59,24 @@ static pykv_status check_identity(const pykv_context *ctx, struct state_reader *
     return st;
 }
 
-// Whether the n fp16 (f16) or fp32 values at p are all finite: none has an exponent of all
-// ones (inf or NaN). A NaN key would otherwise poison every later attention of its head.
-static int all_finite(const uint8_t *p, size_t n, int f16) {
-    unsigned bad = 0;
-    if (f16) {
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            bad |= (h & 0x7C00u) == 0x7C00u;
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            uint32_t x;
-            memcpy(&x, p + 4 * i, 4);
-            bad |= (x & 0x7F800000u) == 0x7F800000u;
-        }
+// Whether the fp16 (f16) or fp32 values in the `bytes` at p are all finite: none has an
+// exponent of all ones (inf or NaN). A NaN key would otherwise poison every later attention
+// of its head. Eight bytes at a time: per lane, (x & exponent) + its lowest bit reaches the
+// lane's sign bit exactly when the exponent is all ones, and never carries past the lane.
+static int all_finite(const uint8_t *p, size_t bytes, int f16) {
+    const uint64_t exponent = f16 ? 0x7C007C007C007C00u : 0x7F8000007F800000u;
+    const uint64_t low = f16 ? 0x0400040004000400u : 0x0080000000800000u;
+    const uint64_t sign = f16 ? 0x8000800080008000u : 0x8000000080000000u;
+    uint64_t bad = 0;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        bad |= ((w & exponent) + low) & sign;
     }
-    return !bad;
+    uint64_t w = 0;   // the last few bytes (whole values), the rest zero
+    memcpy(&w, p + i, bytes - i);
+    return !(bad | (((w & exponent) + low) & sign));
 }
 
 // One list's bytes: its length, positions and finite keys and values, and merged entries'
@@ -93,7 +93,7 @@ static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, i
     const uint8_t *kv = r->at;
     const size_t kv_bytes = 2 * (size_t)n * kv_cache_row_bytes(c);
     if (!state_take(r, NULL, kv_bytes)) return corrupt("its keys and values are cut short");
-    if (!all_finite(kv, kv_bytes / (c->f16 ? 2 : 4), c->f16)) return corrupt("a key or value is not finite");
+    if (!all_finite(kv, kv_bytes, c->f16)) return corrupt("a key or value is not finite");
     *n_out = n;
     if (!merged) return PYKV_OK;
     int64_t norms = 0;
