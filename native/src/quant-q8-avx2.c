@@ -287,18 +287,33 @@ static inline AVX2_TGT __m256 iq4_xs_scales(const block_iq4_xs *b) {
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
 }
 
+// Two sub-blocks at a time: their 32 bytes of qs give, in the low nibbles, elements 0-15 of
+// sub-block j and of j + 1 (one per 128-bit lane), in the high nibbles elements 16-31; the
+// activations are loaded in the same halves. Each lane of the int32 sums then belongs to one
+// sub-block (0-3: j, 4-7: j + 1), so one FMA scales both with [f_j x4 | f_j+1 x4].
 static AVX2_TGT float q8dot_iq4_xs(const void *row, const block_q8_act *x, int64_t n) {
+    static const int32_t pair_lanes[4][8] = {
+        { 0, 0, 0, 0, 1, 1, 1, 1 }, { 2, 2, 2, 2, 3, 3, 3, 3 }, { 4, 4, 4, 4, 5, 5, 5, 5 }, { 6, 6, 6, 6, 7, 7, 7, 7 },
+    };
     const block_iq4_xs *b = row;
     const q8_act_side side = q8_side(x, n);
+    const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_levels));
+    const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         prefetch_superblock(b + i, sizeof(*b));
-        float f[8];
-        _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(half(b[i].d)), iq4_xs_scales(&b[i])),
-                                          _mm256_loadu_ps(side.d + 8 * i)));
-        for (int j = 0; j < QK_K / 32; j++, x++) {
-            if (j & 1) acc1 = _mm256_fmadd_ps(iq4_block(b[i].qs + 16 * j, x), _mm256_broadcast_ss(f + j), acc1);
-            else       acc0 = _mm256_fmadd_ps(iq4_block(b[i].qs + 16 * j, x), _mm256_broadcast_ss(f + j), acc0);
+        const __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(half(b[i].d)), iq4_xs_scales(&b[i])),
+                                       _mm256_loadu_ps(side.d + 8 * i));
+        for (int j = 0; j < QK_K / 32; j += 2, x += 2) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b[i].qs + 16 * j));
+            const __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(q, nib));
+            const __m256i hi = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(q, 4), nib));
+            const __m256i a_lo = _mm256_loadu2_m128i((const __m128i *)x[1].qs, (const __m128i *)x[0].qs);
+            const __m256i a_hi = _mm256_loadu2_m128i((const __m128i *)(x[1].qs + 16), (const __m128i *)(x[0].qs + 16));
+            const __m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(isum_s8s8(lo, a_lo), isum_s8s8(hi, a_hi)));
+            const __m256 scale = _mm256_permutevar8x32_ps(f, _mm256_loadu_si256((const __m256i *)pair_lanes[j / 2]));
+            if (j & 2) acc1 = _mm256_fmadd_ps(p, scale, acc1);
+            else       acc0 = _mm256_fmadd_ps(p, scale, acc0);
         }
     }
     return hsum_ps(_mm256_add_ps(acc0, acc1));
