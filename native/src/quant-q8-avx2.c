@@ -173,23 +173,28 @@ static inline AVX2_TGT __m256 weighted_sums16(const int16_t *w, const int16_t *s
                                                 _mm256_loadu_si256((const __m256i *)sum16)));
 }
 
-// Q3_K and Q6_K store q + centre (0..7, 0..63): the block sums each 16's products with its
-// integer scale (madd: lanes 0-3 hold elements 0-15, lanes 4-7 elements 16-31), scaled by
-// d * d_x per activation block; the centre comes off once per super-block, as centre times
-// the scales against the 16-element activation sums.
-#define CENTRED_DOT(name, block_t, CENTRE, SCALES16, QUANTS)                                      \
+// Q2_K, Q3_K and Q6_K: 16-element sub-blocks with integer scales. Each run's products
+// (QUANTS, unsigned) are weighed by its two scales (madd: lanes 0-3 hold elements 0-15, lanes
+// 4-7 elements 16-31), then by f = d * d_x of its activation block. A term that depends only
+// on the activations comes off once per super-block: the OFFSET16 weights against the
+// 16-element activation sums, times OFF_FACTOR, and OFF_TIMES times their total at the end.
+// For Q2_K those are its mins, dmin * d_x and 1; Q3_K and Q6_K store q + centre (0..7,
+// 0..63), so theirs are their own scales, f and the centre.
+#define SUB16_DOT(name, block_t, SCALES16, OFFSET16, OFF_FACTOR, OFF_TIMES, QUANTS)                \
     static AVX2_TGT float name(const void *row, const block_q8_act *x, int64_t n) {              \
         const block_t *b = row;                                                                   \
         const q8_act_side side = q8_side(x, n);                                                   \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), centre = _mm256_setzero_ps(); \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), off = _mm256_setzero_ps(); \
         for (int64_t i = 0; i < n / QK_K; i++) {                                                  \
             prefetch_superblock(b + i, sizeof(*b));                                               \
-            const __m256 fv = _mm256_mul_ps(_mm256_set1_ps(half(b[i].d)), _mm256_loadu_ps(side.d + 8 * i)); \
+            const __m256 xd = _mm256_loadu_ps(side.d + 8 * i);                                   \
+            const __m256 fv = _mm256_mul_ps(_mm256_set1_ps(half(b[i].d)), xd);                   \
             float f[8];                                                                           \
             _mm256_storeu_ps(f, fv);                                                              \
-            int16_t sc[16];                                                                       \
+            int16_t sc[16], mn[16];                                                               \
             widen16(SCALES16(b[i]), sc);                                                          \
-            centre = _mm256_fmadd_ps(weighted_sums16(sc, side.sum16 + 16 * i), fv, centre);      \
+            off = _mm256_fmadd_ps(weighted_sums16(OFFSET16(b[i], sc, mn), side.sum16 + 16 * i),  \
+                                  OFF_FACTOR(b[i], fv, xd), off);                                 \
             for (int h = 0; h < 2; h++)                                                           \
                 for (int r = 0; r < 4; r++, x++) {                                                \
                     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(QUANTS(b[i], h, r), act_bytes(x)), \
@@ -198,7 +203,7 @@ static inline AVX2_TGT __m256 weighted_sums16(const int16_t *w, const int16_t *s
                     else       acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(f + 4 * h + r), acc0); \
                 }                                                                                 \
         }                                                                                         \
-        return hsum_ps(_mm256_add_ps(acc0, acc1)) - (CENTRE) * hsum_ps(centre);                   \
+        return hsum_ps(_mm256_add_ps(acc0, acc1)) - (OFF_TIMES) * hsum_ps(off);                  \
     }
 
 // Q6_K's run r of half h: the low or high nibbles of one of two 32-byte rows of ql, the top
@@ -219,48 +224,35 @@ static inline AVX2_TGT __m256i q3_quants(const block_q3_K *b, int h, int r) {
     return _mm256_or_si256(two_bits(qs, r), bit_as(_mm256_loadu_si256((const __m256i *)b->hmask), 4 * h + r, 4));
 }
 
+// Q2_K's scales and mins: the low and high nibbles of its 16 scale bytes.
+static inline AVX2_TGT __m128i q2_nibbles(const uint8_t *scales, int high) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)scales);
+    return _mm_and_si128(high ? _mm_srli_epi16(raw, 4) : raw, _mm_set1_epi8(0x0F));
+}
+
+// Q2_K's 16 mins as int16 in mn.
+static inline AVX2_TGT const int16_t *q2_mins(const uint8_t *scales, int16_t *mn) {
+    widen16(q2_nibbles(scales, 1), mn);
+    return mn;
+}
+
 #define Q6_SCALES16(blk) _mm_loadu_si128((const __m128i *)(blk).scales)
 #define Q3_SCALES16(blk) q3_scales16((blk).scales)
+#define Q2_SCALES16(blk) q2_nibbles((blk).scales, 0)
+#define OWN_SCALES(blk, sc, mn) ((void)(mn), (sc))
+#define Q2_MINS16(blk, sc, mn) q2_mins((blk).scales, mn)
+#define SCALE_FACTOR(blk, fv, xd) (fv)
+#define Q2_MIN_FACTOR(blk, fv, xd) _mm256_mul_ps(_mm256_set1_ps(half((blk).dmin)), xd)
 #define Q6_QUANTS(blk, h, r) q6_quants(&(blk), h, r)
 #define Q3_QUANTS(blk, h, r) q3_quants(&(blk), h, r)
-CENTRED_DOT(q8dot_q6_K, block_q6_K, 32.0f, Q6_SCALES16, Q6_QUANTS)
-CENTRED_DOT(q8dot_q3_K, block_q3_K, 4.0f, Q3_SCALES16, Q3_QUANTS)
-
-// Q2_K: sum(q a) weighed by the scales (times d) minus the mins (times dmin) against the
-// 16-element activation sums, once per super-block.
-static AVX2_TGT float q8dot_q2_K(const void *row, const block_q8_act *x, int64_t n) {
-    const block_q2_K *b = row;
-    const q8_act_side side = q8_side(x, n);
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_superblock(b + i, sizeof(*b));
-        const __m256 xd = _mm256_loadu_ps(side.d + 8 * i);
-        float f[8];
-        _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_set1_ps(half(b[i].d)), xd));
-        int16_t sc[16], mn[16];
-        const __m128i raw = _mm_loadu_si128((const __m128i *)b[i].scales);
-        widen16(_mm_and_si128(raw, nib), sc);
-        widen16(_mm_and_si128(_mm_srli_epi16(raw, 4), nib), mn);
-        accm = _mm256_fmadd_ps(weighted_sums16(mn, side.sum16 + 16 * i),
-                               _mm256_mul_ps(_mm256_set1_ps(half(b[i].dmin)), xd), accm);
-        for (int h = 0; h < 2; h++) {
-            const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
-            for (int r = 0; r < 4; r++, x++) {
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(two_bits(qs, r), act_bytes(x)),
-                                                    half_scales(sc, h, r));
-                if (r & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(f + 4 * h + r), acc1);
-                else       acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(f + 4 * h + r), acc0);
-            }
-        }
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1)) - hsum_ps(accm);
-}
+#define Q2_QUANTS(blk, h, r) two_bits(_mm256_loadu_si256((const __m256i *)((blk).qs + 32 * (h))), r)
+SUB16_DOT(q8dot_q6_K, block_q6_K, Q6_SCALES16, OWN_SCALES, SCALE_FACTOR, 32.0f, Q6_QUANTS)
+SUB16_DOT(q8dot_q3_K, block_q3_K, Q3_SCALES16, OWN_SCALES, SCALE_FACTOR, 4.0f, Q3_QUANTS)
+SUB16_DOT(q8dot_q2_K, block_q2_K, Q2_SCALES16, Q2_MINS16, Q2_MIN_FACTOR, 1.0f, Q2_QUANTS)
 
 // IQ4: signed levels; as Q8_0, |w| against x carrying w's sign.
 static inline AVX2_TGT __m256 iq4_block(const uint8_t *qs, const block_q8_act *x) {
-    const __m256i w = nibble_lookup32(qs, iq4_levels);
-    return dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(act_bytes(x), w));
+    return _mm256_cvtepi32_ps(isum_s8s8(nibble_lookup32(qs, iq4_levels), act_bytes(x)));
 }
 
 static AVX2_TGT float q8dot_iq4_nl(const void *row, const block_q8_act *x, int64_t n) {
