@@ -69,7 +69,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->part_m = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS, &failed);
     b->part_l = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS, &failed);
     b->part_o = alloc_floats((size_t)hp->n_head * DECODE_MAX_SEGMENTS * hp->head_dim, &failed);
-    b->matmul.dequant = alloc_floats(nt * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), &failed);
+    b->matmul.dequant = alloc_floats(nt * matmul_scratch_floats(matmul_max_cols(hp)), &failed);
     b->matmul.xq = calloc(1, Q8_ACT_BYTES(matmul_max_cols(hp)));
     b->matmul.xpk = calloc(T * pk_blocks(matmul_max_cols(hp)) + 1, sizeof(pk_act));
     b->segments_left = calloc((size_t)hp->n_head_kv, sizeof(atomic_int));
@@ -179,7 +179,7 @@ pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
     struct threadpool *pool = threadpool_create(n_threads);
     if (!pool) return PYKV_ERR_NOMEM;
     float *scores = calloc((size_t)n_threads * ctx->buf.scores_stride, sizeof(float));
-    float *mm = calloc((size_t)n_threads * MATMUL_SCRATCH_FLOATS(matmul_max_cols(hp)), sizeof(float));
+    float *mm = calloc((size_t)n_threads * matmul_scratch_floats(matmul_max_cols(hp)), sizeof(float));
     float *flash = calloc((size_t)n_threads * ctx->buf.flash_work_stride, sizeof(float));
     if (!scores || !mm || !flash) {
         free(scores); free(mm); free(flash); threadpool_free(pool);

@@ -22,7 +22,7 @@ struct scratch {
     float *up;       // (n_ubatch, n_ff)
     float *scores;   // (n_threads, scores_stride) attention weights of a tile of queries
     size_t scores_stride;   // ATTENTION_TILE * (n_ctx + n_ubatch)
-    struct matmul_buf matmul;   // dequant: (n_threads, MATMUL_SCRATCH_FLOATS(max input features))
+    struct matmul_buf matmul;   // dequant: (n_threads, matmul_scratch_floats(max input features))
     float *rope_inv_freq;   // (n_rot / 2) base^(-2i/n_rot) / freq_factor
     float *rope_cs;         // (n_ubatch, n_rot) the chunk's tokens' RoPE cos and sin (rope_angles)
     float *attn_colsum;     // (n_head, n_ctx) attention received per entry, when the policy asks

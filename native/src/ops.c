@@ -103,8 +103,8 @@ static void matmul_batch_task(void *arg, int ith, int nth) {
     const struct matmul_job *job = arg;
     const struct tensor *w = job->w;
     int64_t cols = w->ne[0], rows = w->ne[1], row_bytes = type_row_bytes(w->type, cols);
-    float *block = job->scratch + (size_t)ith * MATMUL_SCRATCH_FLOATS(cols);
-    pk_weight *packed = (pk_weight *)block;   // MATMUL_SCRATCH_FLOATS has room for either
+    float *block = job->scratch + (size_t)ith * matmul_scratch_floats(cols);
+    pk_weight *packed = (pk_weight *)block;   // matmul_scratch_floats has room for either
     const int run = gemm_q8_run(w->type);
     long n_blocks = (long)((rows + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK);
     long b0, b1;

@@ -49,9 +49,8 @@ static inline size_t matmul_scratch_floats(int64_t cols) {
     const size_t packed = (size_t)MATMUL_ROW_BLOCK * (size_t)pk_blocks(cols) * (sizeof(pk_weight) / sizeof(float));
     return dequant > packed ? dequant : packed;
 }
-#define MATMUL_SCRATCH_FLOATS(cols) matmul_scratch_floats(cols)
 struct matmul_buf {
-    float *dequant;   // threadpool_size(pool) * MATMUL_SCRATCH_FLOATS(cols) floats
+    float *dequant;   // threadpool_size(pool) * matmul_scratch_floats(cols) floats
     void  *xq;        // a quantised row (Q8_ACT_BYTES(cols))
     void  *xpk;       // n_ubatch * pk_blocks(cols) pk_act (prefill's packed activations)
     int    exact;     // float activations everywhere

@@ -27,7 +27,7 @@ struct fixture {
 
 static void fixture_init(struct fixture *f, int64_t max_cols, int max_T, int n_threads) {
     f->pool = threadpool_create(n_threads);
-    f->buf.dequant = calloc((size_t)threadpool_size(f->pool) * MATMUL_SCRATCH_FLOATS(max_cols), sizeof(float));
+    f->buf.dequant = calloc((size_t)threadpool_size(f->pool) * matmul_scratch_floats(max_cols), sizeof(float));
     f->buf.xq = calloc(1, Q8_ACT_BYTES(max_cols));
     f->buf.xpk = calloc((size_t)(max_T * pk_blocks(max_cols) + 1), sizeof(pk_act));
     f->buf.exact = 0;
