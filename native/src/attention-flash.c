@@ -114,8 +114,10 @@ void block_scores_avx2(const float *const *q, const int nr, const float *Kt, int
     for (int r = 0; r < nr; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
     for (int c = 0; c < d; c++) {
         const float *kt = Kt + (size_t)c * FLASH_KEYS;
-        const __m256 k0 = _mm256_loadu_ps(kt), k1 = _mm256_loadu_ps(kt + 8);
-        const __m256 k2 = _mm256_loadu_ps(kt + 16), k3 = _mm256_loadu_ps(kt + 24);
+        __m256 k0 = _mm256_loadu_ps(kt), k1 = _mm256_loadu_ps(kt + 8);
+        __m256 k2 = _mm256_loadu_ps(kt + 16), k3 = _mm256_loadu_ps(kt + 24);
+        // in registers: the compiler would fold each load into both rows' multiply-adds
+        __asm__("" : "+x"(k0), "+x"(k1), "+x"(k2), "+x"(k3));
         for (int r = 0; r < nr; r++) {
             const __m256 qc = _mm256_broadcast_ss(q[r] + c);
             a[r][0] = _mm256_fmadd_ps(qc, k0, a[r][0]);
@@ -135,8 +137,9 @@ void block_scores_avx2(const float *const *q, const int nr, const float *Kt, int
 }
 
 // The online-softmax step of one row: its block scores s (masked lanes -inf) become
-// weights, the running state is rescaled, and o += weights x Vb for the nv visible rows.
-static inline AVX2_TGT void row_update_avx2(float *s, int nv, const float *Vb, int d, float *m, float *lsum, float *o) {
+// weights in place and the running max and sum move on; returns the factor its running
+// output must be rescaled by.
+static inline AVX2_TGT float row_softmax_avx2(float *s, float *m, float *lsum) {
     __m256 v0 = _mm256_loadu_ps(s), v1 = _mm256_loadu_ps(s + 8), v2 = _mm256_loadu_ps(s + 16), v3 = _mm256_loadu_ps(s + 24);
     const __m256 mx = _mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3));
     const float mb = hmax_ps(mx);
@@ -150,21 +153,35 @@ static inline AVX2_TGT void row_update_avx2(float *s, int nv, const float *Vb, i
     v2 = exp_ps(_mm256_sub_ps(v2, vm)); v3 = exp_ps(_mm256_sub_ps(v3, vm));
     _mm256_storeu_ps(s, v0); _mm256_storeu_ps(s + 8, v1); _mm256_storeu_ps(s + 16, v2); _mm256_storeu_ps(s + 24, v3);
     *lsum = *lsum * corr + hsum_ps(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
+    return corr;
+}
 
-    const __m256 vc = _mm256_set1_ps(corr);
+// o_r = o_r * corr_r + weights_r x Vb for nr (1 or 2) rows that see the block's first nv
+// entries. Two rows share every value load and keep eight independent multiply-add chains,
+// enough to hide the FMA latency.
+static inline __attribute__((always_inline)) AVX2_TGT
+void rows_values_avx2(const int nr, const float *s, const float *corr, int nv, const float *Vb, int d, float *o) {
     for (int c = 0; c < d; c += 32) {
-        __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(o + c), vc), o1 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 8), vc);
-        __m256 o2 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 16), vc), o3 = _mm256_mul_ps(_mm256_loadu_ps(o + c + 24), vc);
+        __m256 a[2][4];
+        for (int r = 0; r < nr; r++) {
+            const __m256 vc = _mm256_set1_ps(corr[r]);
+            for (int b = 0; b < 4; b++) a[r][b] = _mm256_mul_ps(_mm256_loadu_ps(o + (size_t)r * d + c + 8 * b), vc);
+        }
         for (int j = 0; j < nv; j++) {
             const float *v = Vb + (size_t)j * d + c;
-            const __m256 p = _mm256_broadcast_ss(s + j);
-            o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), o0);
-            o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), o1);
-            o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), o2);
-            o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), o3);
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+            __asm__("" : "+x"(v0), "+x"(v1), "+x"(v2), "+x"(v3));   // loaded once for both rows
+            for (int r = 0; r < nr; r++) {
+                const __m256 p = _mm256_broadcast_ss(s + r * FLASH_KEYS + j);
+                a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(p, v1, a[r][1]);
+                a[r][2] = _mm256_fmadd_ps(p, v2, a[r][2]);
+                a[r][3] = _mm256_fmadd_ps(p, v3, a[r][3]);
+            }
         }
-        _mm256_storeu_ps(o + c, o0); _mm256_storeu_ps(o + c + 8, o1);
-        _mm256_storeu_ps(o + c + 16, o2); _mm256_storeu_ps(o + c + 24, o3);
+        for (int r = 0; r < nr; r++)
+            for (int b = 0; b < 4; b++) _mm256_storeu_ps(o + (size_t)r * d + c + 8 * b, a[r][b]);
     }
 }
 
@@ -181,10 +198,15 @@ static AVX2_TGT void rows_avx2(const float *q, size_t q_stride, int n_rep, int r
             nv[i] = n_vis0 + tok - j0;
             if (nv[i] > FLASH_KEYS) nv[i] = FLASH_KEYS;
         }
+        float corr[2];
         if (nr == 2) block_scores_avx2(qr, 2, Kt, d, scale, nv, s);
         else block_scores_avx2(qr, 1, Kt, d, scale, nv, s);
-        for (int i = 0; i < nr; i++)
-            row_update_avx2(s + i * FLASH_KEYS, nv[i], Vb, d, m + r + i, lsum + r + i, o + (size_t)(r + i) * d);
+        for (int i = 0; i < nr; i++) corr[i] = row_softmax_avx2(s + i * FLASH_KEYS, m + r + i, lsum + r + i);
+        // rows that see different entries (the chunk's diagonal) go one at a time: a masked
+        // entry's value is never read, so one that is not finite cannot reach the other row
+        if (nr == 2 && nv[0] == nv[1]) rows_values_avx2(2, s, corr, nv[0], Vb, d, o + (size_t)r * d);
+        else
+            for (int i = 0; i < nr; i++) rows_values_avx2(1, s + i * FLASH_KEYS, corr + i, nv[i], Vb, d, o + (size_t)(r + i) * d);
     }
 }
 #else

@@ -26,7 +26,7 @@ void attention_weights(const float *q, int nq, const struct kv_list *l, int n, i
 // (online softmax); out takes the rows at the same offsets (out_stride between tokens).
 // work: flash_work_floats(d, n_rep) floats; n_tok <= flash_tokens_per_block(n_rep).
 #define FLASH_KEYS 32
-#define FLASH_ROWS 24   // query rows per block (at least one token's)
+#define FLASH_ROWS 48   // query rows per block (at least one token's)
 int    flash_tokens_per_block(int n_rep);
 size_t flash_work_floats(int d, int n_rep);
 void   attention_flash(const float *q, size_t q_stride, int n_tok, int n_rep, int n_vis0, const struct kv_list *l,

@@ -2,7 +2,8 @@
 // double-precision softmax attention:
 //  * blocked prefill attention (attention_flash, AVX2 and scalar): blocks of tokens with their
 //    GQA group of query heads, causal inside the block, lists that end inside a key block or
-//    on its edge, head sizes on and off the SIMD path (d % 32), floats and halves;
+//    on its edge, head sizes on and off the SIMD path (d % 32), floats and halves, and an
+//    infinite value that only the last token sees;
 //  * decode split into segments (attention_group_partial + attention_merge) for every way of
 //    cutting a list.
 #include "attention.h"
@@ -11,6 +12,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static float frand(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
 
@@ -49,10 +51,19 @@ static struct kv_list *random_list(struct kv_cache *cache, int d, int n, int f16
 
 // n_tok tokens with n_rep heads each; token i sees n_vis0 + i entries of a list of
 // n_vis0 + n_tok - 1 (the block is the end of a chunk) plus `extra` entries nobody sees.
-static void check_flash(int d, int n_rep, int n_tok, int n_vis0, int extra, int f16, int scalar) {
+// poison: the entry only the last token sees gets infinite values, and the other tokens'
+// outputs must not notice (the last token's is not checked).
+static void check_flash(int d, int n_rep, int n_tok, int n_vis0, int extra, int f16, int scalar, int poison) {
     struct kv_cache cache;
     const int n = n_vis0 + n_tok - 1 + extra;
     struct kv_list *l = random_list(&cache, d, n, f16);
+    if (poison) {
+        float k[PYKV_MAX_HEAD_DIM], v[PYKV_MAX_HEAD_DIM], tmp[PYKV_MAX_HEAD_DIM];
+        const int j = n_vis0 + n_tok - 2;
+        memcpy(k, kv_key_f32(l, j, d, tmp), (size_t)d * sizeof(float));
+        for (int i = 0; i < d; i++) v[i] = INFINITY;
+        kv_list_set_kv(l, j, k, v, d);
+    }
     const size_t stride = (size_t)(n_rep + 1) * d;   // one unused head between tokens
     float *q = malloc((size_t)n_tok * stride * sizeof(float)), *out = malloc((size_t)n_tok * stride * sizeof(float));
     float *work = malloc(flash_work_floats(d, n_rep) * sizeof(float));
@@ -60,7 +71,7 @@ static void check_flash(int d, int n_rep, int n_tok, int n_vis0, int extra, int 
     for (size_t i = 0; i < (size_t)n_tok * stride; i++) { q[i] = 3.0f * frand(); out[i] = 7.0f; }
     (scalar ? attention_flash_scalar : attention_flash)(q, stride, n_tok, n_rep, n_vis0, l, d, out, stride, work);
     for (int t = 0; t < n_tok; t++) {
-        for (int h = 0; h < n_rep; h++) {
+        for (int h = 0; h < n_rep && !(poison && t == n_tok - 1); h++) {
             reference(q + (size_t)t * stride + (size_t)h * d, l, n_vis0 + t, d, ref);
             for (int i = 0; i < d; i++) CHECK_NEAR(out[(size_t)t * stride + (size_t)h * d + i], ref[i], 3e-5);
         }
@@ -107,11 +118,12 @@ int main(void) {
             const int vis0[] = { 1, 31, 32, 33, 70, 97 };
             for (int c = 0; c < 6; c++)
                 for (int f16 = 0; f16 < 2; f16++) {
-                    check_flash(ds[a], reps[b], n_tok, vis0[c], 0, f16, 0);
-                    check_flash(ds[a], reps[b], n_tok, vis0[c], 0, f16, 1);
+                    check_flash(ds[a], reps[b], n_tok, vis0[c], 0, f16, 0, 0);
+                    check_flash(ds[a], reps[b], n_tok, vis0[c], 0, f16, 1, 0);
+                    if (n_tok > 1) check_flash(ds[a], reps[b], n_tok, vis0[c], 0, f16, 0, 1);
                 }
-            check_flash(ds[a], reps[b], 1, 40, 5, 1, 0);            // a single token
-            check_flash(ds[a], reps[b], n_tok > 2 ? 2 : 1, 64, 3, 0, 0);
+            check_flash(ds[a], reps[b], 1, 40, 5, 1, 0, 0);            // a single token
+            check_flash(ds[a], reps[b], n_tok > 2 ? 2 : 1, 64, 3, 0, 0, 0);
         }
     for (int a = 0; a < 3; a++)
         for (int nq = 1; nq <= ATTENTION_TILE; nq++) {
