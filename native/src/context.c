@@ -296,6 +296,7 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
         int T = next_chunk_size(ctx, n_tokens - done, n_probe);
         int last = done + T == n_tokens, p = last ? 0 : n_probe;
         ctx->event.is_last_chunk = last;
+        ctx->event.is_first_chunk = done == 0;
         memcpy(ctx->chunk_tokens, tokens + done, (size_t)T * sizeof(pykv_token));
         if (p) memcpy(ctx->chunk_tokens + T, probe, (size_t)p * sizeof(pykv_token));
         for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++) ctx->chunk_start_n[i] = ctx->cache.lists[i].n;

@@ -35,6 +35,7 @@ struct policy_event {
     int32_t               n_past;        // tokens in the sequence, this chunk included
     int32_t               n_prompt;      // tokens of the current pykv_decode() call (1 = decode step)
     int32_t               is_last_chunk; // this chunk ends the current pykv_decode() call
+    int32_t               is_first_chunk; // this chunk starts the current pykv_decode() call
     // after_layer only: this chunk's queries, post-RoPE, (T, n_head, head_dim); the chunk's
     // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
     const float          *q;

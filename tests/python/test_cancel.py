@@ -150,3 +150,30 @@ def test_cancel_stops_a_generation(smollm2_path, policy):
         assert res.finish_reason == "cancelled"
         assert 4 <= len(res.tokens) < N_PROMPT - 64
         assert_consistent(llm)
+
+
+def test_take_starts_afresh_after_a_cancelled_prefill(smollm2_path):
+    """TAKE carries its probe scores (an EMA) from chunk to chunk of one call. A call cut
+    short by a cancel must not hand them to the next call, even one of the same length that
+    starts where the cancelled one stopped: the next call selects exactly what a context
+    restored from the same cache (so with no TAKE history) selects."""
+    other = [int(t) for t in np.random.default_rng(6).integers(100, 40000, size=N_PROMPT)]
+    kw = dict(n_ctx=2 * N_PROMPT + 64, n_batch=N_BATCH, n_threads=2, verbose=False, policy="take", budget=96)
+    with Llama(str(smollm2_path), **kw) as llm, Llama(str(smollm2_path), **kw) as fresh:
+        t0 = time.perf_counter()
+        llm.eval(PROMPT)
+        whole = time.perf_counter() - t0
+        for frac in (0.3, 0.5, 0.15, 0.7, 0.05):
+            llm.reset()
+            if eval_cancelled_after(llm, PROMPT, frac * whole) and 0 < llm.n_past < N_PROMPT:
+                break
+        else:
+            pytest.skip("no cancel landed between two chunks of the prefill")
+        fresh.load_state(llm.save_state())
+        llm.eval(other)
+        fresh.eval(other)
+        info = llm.model_info
+        for layer in range(info["n_layer"]):
+            for g in range(info["n_head_kv"]):
+                assert llm.kv_positions(layer, g) == fresh.kv_positions(layer, g), (layer, g)
+        np.testing.assert_array_equal(llm.logits(), fresh.logits())

@@ -60,9 +60,6 @@ struct take {
     int32_t          warmup_budget;   // -1 = min(call tokens, 20 * B)
     int32_t          kernel;
     // state of the current multi-token call
-    int              in_call;
-    int32_t          call_tokens;     // n_prompt of the call
-    int32_t          next_start;      // where the call's next chunk starts
     int32_t          n_layer;
     struct take_ema *ema;             // (n_layer), allocated at the first chunk
 };
@@ -116,25 +113,21 @@ static pykv_status take_init(const struct policy_config *cfg, struct kv_policy *
 
 static void take_reset(struct kv_policy *base) {
     struct take *p = (struct take *)base;
-    p->in_call = 0;
     if (p->ema)
         for (int32_t l = 0; l < p->n_layer; l++) p->ema[l].rows = 0;
 }
 
-// The first scored layer of a chunk: recognise a new call (and restart the EMA).
+// The first scored layer of a chunk: a call's first chunk restarts the EMA (the context
+// says which chunk starts a call, so one cut short by a cancel or an error does not carry
+// its scores into the next).
 static pykv_status begin_chunk(struct take *p, const struct policy_event *ev) {
     if (!p->ema) {
         p->n_layer = ev->hp->n_layer;
         p->ema = calloc((size_t)p->n_layer, sizeof(*p->ema));
         if (!p->ema) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe state");
     }
-    const int32_t start = ev->n_past - (ev->T - ev->n_probe);
-    if (!p->in_call || start != p->next_start || ev->n_prompt != p->call_tokens) {
+    if (ev->is_first_chunk)
         for (int32_t l = 0; l < p->n_layer; l++) p->ema[l].rows = 0;
-        p->in_call = 1;
-        p->call_tokens = ev->n_prompt;
-    }
-    p->next_start = ev->n_past;
     return PYKV_OK;
 }
 
@@ -208,10 +201,7 @@ static pykv_status evict_layer(struct take *p, const struct policy_event *ev, co
 
 static pykv_status take_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     struct take *p = (struct take *)base;
-    if (ev->n_prompt <= 1 || ev->T <= 0) {   // decode step: the cache grows
-        p->in_call = 0;
-        return PYKV_OK;
-    }
+    if (ev->n_prompt <= 1 || ev->T <= 0) return PYKV_OK;   // decode step: the cache grows
     const struct hparams *hp = ev->hp;
     const int32_t WL = p->warmup_layers < 0 ? hp->n_layer / 2 : p->warmup_layers;
     if (WL > hp->n_layer)
@@ -220,7 +210,6 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
     const int32_t key = WL - 1, first = key > 0 ? key : 0;
     if (ev->layer < first) return PYKV_OK;   // shallow layers wait for the key layer
     if (ev->layer == first) PYKV_TRY(begin_chunk(p, ev));
-    if (ev->is_last_chunk && ev->layer == hp->n_layer - 1) p->in_call = 0;
 
     // The probe rows: the appended probe, or the last chunk's real tail.
     struct take_ema *e = &p->ema[ev->layer];
