@@ -172,6 +172,10 @@ def _generate(args, llm, prompt, path, load_ms, sampling) -> int:
         if not args.prompt_cache_ro:
             llm._after_prompt = lambda: _save_prompt_cache(llm, args.prompt_cache, path)
 
+    # On a terminal a long prompt shows its progress on stderr; the prompt's text is then
+    # echoed once it has been evaluated, so that the progress line does not overwrite it.
+    progress = PromptProgress.for_stderr()
+    echo = show_prompt and streaming
     interrupted = False
     steps = None
     t_start = time.perf_counter()
@@ -179,19 +183,27 @@ def _generate(args, llm, prompt, path, load_ms, sampling) -> int:
         if streaming and args.n_predict != 0:
             # generate() checks the prompt (empty, longer than the context) before it returns
             # the stream, so an error is not printed after the prompt's text
-            steps = llm.generate(text_in, stream=True, **kwargs)
-        if show_prompt and streaming:
+            steps = llm.generate(text_in, stream=True, prompt_progress=progress, **kwargs)
+        if echo and progress is None:
             _write(prompt)
+            echo = False
         if args.n_predict == 0:
-            result = _prefill_only(llm, text_in)
+            result = _prefill_only(llm, text_in, progress)
         elif streaming:
             for chunk in steps:
+                if echo:
+                    _write(prompt)
+                    echo = False
                 _write(chunk.text)
             result = llm.last_result
         else:
-            result = llm.generate(text_in, stream=False, **kwargs)
+            result = llm.generate(text_in, stream=False, prompt_progress=progress, **kwargs)
+        if echo:   # the prompt alone (-n 0, or nothing generated)
+            _write(prompt)
     except KeyboardInterrupt:
         interrupted = True
+        if progress is not None:
+            progress.clear()
         if steps is not None:
             steps.close()  # the generator records what it had as llm.last_result
         result = getattr(llm, "last_result", None)
@@ -231,12 +243,40 @@ class _PrefillResult:
         self.kv_stats = llm.kv_stats()
 
 
-def _prefill_only(llm, prompt):
+class PromptProgress:
+    """'pykv: prompt 1024/8192 tokens (12%)' after each chunk of a prompt of several chunks,
+    redrawn in place, erased when the prompt is done."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.shown = False
+
+    @classmethod
+    def for_stderr(cls):
+        """On a terminal only: a log keeps no progress lines."""
+        return cls(sys.stderr) if sys.stderr.isatty() else None
+
+    def __call__(self, n_done: int, n_total: int) -> None:
+        if n_done >= n_total:
+            self.clear()
+            return
+        self.stream.write(f"\rpykv: prompt {n_done}/{n_total} tokens ({100 * n_done // n_total}%)")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def _prefill_only(llm, prompt, progress=None):
     tokens = llm._prompt_tokens(prompt)
     cached = llm._start_from(tokens)
     from ._ffi import lib
     lib.pykv_reset_timings(llm._ctx)
-    llm.eval(tokens[cached:])
+    llm.eval(tokens[cached:], progress=progress)
     if llm._after_prompt is not None:
         llm._after_prompt()
     return _PrefillResult(llm, len(tokens), cached)

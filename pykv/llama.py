@@ -10,7 +10,7 @@ import random
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -79,6 +79,25 @@ class Count(int):
     def __call__(self) -> int:
         return int(self)
 
+
+
+def _decode_in_chunks(ctx, arr, n, progress, raised):
+    """pykv_decode with a progress callback: Python gets control after every chunk, so a
+    KeyboardInterrupt (or an exception from progress, or progress returning False) stops the
+    call at the next chunk boundary; what was raised is appended to `raised`."""
+    def stop(_type, exc, _tb):
+        raised.append(exc)
+        return 0
+
+    @ffi.callback("pykv_progress_callback", onerror=stop)
+    def on_chunk(n_done, n_total, _user):
+        return 0 if progress is not None and progress(n_done, n_total) is False else 1
+
+    lib.pykv_set_progress_callback(ctx, on_chunk, ffi.NULL)
+    try:
+        return lib.pykv_decode(ctx, arr, n)
+    finally:
+        lib.pykv_set_progress_callback(ctx, ffi.NULL, ffi.NULL)
 
 class Llama:
     """A GGUF model with one context (KV cache) for evaluation and generation."""
@@ -308,17 +327,27 @@ class Llama:
 
     n_tokens = n_past
 
-    def eval(self, tokens: Sequence[int]) -> None:
+    def eval(self, tokens: Sequence[int], progress: Optional[Callable[[int, int], object]] = None) -> None:
         """Append tokens to the context. Several tokens are a prefill (run in chunks of
-        n_batch); one token is a decode step."""
+        n_batch); one token is a decode step. progress(n_done, n_total) is called after each
+        chunk of a prefill; returning False stops the call at the next chunk boundary, as
+        cancel() does (GenerationCancelled). Python runs between the chunks either way, so
+        Ctrl-C (KeyboardInterrupt), or an exception from progress, stops a long prefill there
+        too and is raised once the call has stopped; the chunks done stay evaluated."""
         tokens = list(tokens)
         ctx = self._need_ctx()
         if not tokens:
             return
         arr = ffi.new("pykv_token[]", tokens)
         before = lib.pykv_n_past(ctx)
-        status = lib.pykv_decode(ctx, arr, len(tokens))
+        raised: List[BaseException] = []
+        if len(tokens) == 1:
+            status = lib.pykv_decode(ctx, arr, 1)
+        else:
+            status = _decode_in_chunks(ctx, arr, len(tokens), progress, raised)
         self.input_ids.extend(tokens[:lib.pykv_n_past(ctx) - before])
+        if raised:
+            raise raised[0]
         check(status)
 
     def set_probe(self, probe) -> None:
@@ -518,7 +547,7 @@ class Llama:
                  logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None,
                  grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
                  mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, typical_p: float = 1.0,
-                 logits_processor=None, stopping_criteria=None):
+                 logits_processor=None, stopping_criteria=None, prompt_progress=None):
         """Generate text after prompt (text or token ids). With the `full` policy the context
         keeps the longest prefix of the prompt it already holds and evaluates the rest
         (result.cached_tokens); otherwise, or after reset(), it starts afresh, unless the context
@@ -540,6 +569,8 @@ class Llama:
         (token ids so far, logits) to the scores the sampler then draws from; stopping_criteria
         (StoppingCriteriaList) is asked after each drawn token, with the ids including it and
         the logits it was drawn from: True ends the generation there (finish_reason "stop").
+        prompt_progress(n_done, n_total) is called after each chunk of the prompt's evaluation
+        (as eval()'s progress: False stops it).
         Returns a GenerationResult, or with stream=True an iterator of GenerationChunk whose
         final result is left in self.last_result."""
         self._need_ctx()
@@ -558,7 +589,7 @@ class Llama:
         callbacks = (as_callback(logits_processor, LogitsProcessorList, "logits_processor"),
                      as_callback(stopping_criteria, StoppingCriteriaList, "stopping_criteria"))
         steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos, n_logprobs,
-                                     n_prompt_logprobs, matcher, callbacks)
+                                     n_prompt_logprobs, matcher, callbacks, prompt_progress)
         if stream:
             return steps
         for _ in steps:
@@ -622,7 +653,8 @@ class Llama:
         return self._draw(sampler, processor, lambda: np.array(self.input_ids, dtype=np.intc))[0]
 
     def _generate_steps(self, prompt_tokens, max_tokens, sampler, stop, ignore_eos, n_logprobs=None,
-                        n_prompt_logprobs=None, grammar=None, callbacks=(None, None)) -> Iterator[GenerationChunk]:
+                        n_prompt_logprobs=None, grammar=None, callbacks=(None, None),
+                        prompt_progress=None) -> Iterator[GenerationChunk]:
         if n_prompt_logprobs is None:
             cached = self._start_from(prompt_tokens)
         else:   # every prompt token's logits are needed: none of it may come from the context
@@ -652,7 +684,7 @@ class Llama:
 
         try:
             if n_prompt_logprobs is None:
-                self.eval(prompt_tokens[cached:])
+                self.eval(prompt_tokens[cached:], progress=prompt_progress)
             else:
                 prompt_logprobs = unsent_prompt = self._eval_prompt_logprobs(prompt_tokens, n_prompt_logprobs)
             if after_prompt is not None:

@@ -266,6 +266,13 @@ PYKV_API pykv_status pykv_state_n_tokens(const void *src, size_t size, int32_t *
  * arrives between two calls stops the next at its start, before it evaluates anything) or
  * pykv_reset or pykv_truncate clears it. */
 PYKV_API void        pykv_cancel(pykv_context *ctx);
+/* Progress of a long prompt: pykv_decode calls it on the calling thread after each chunk of
+ * a multi-token call, with the call's tokens evaluated so far and its total (the last call
+ * has n_done == n_total). Returning 0 asks the call to stop, as pykv_cancel does; any other
+ * value lets it go on. NULL removes it. */
+typedef int (*pykv_progress_callback)(int32_t n_done, int32_t n_total, void *user_data);
+PYKV_API void        pykv_set_progress_callback(pykv_context *ctx, pykv_progress_callback callback,
+                                                void *user_data);
 
 struct pykv_kv_stats {
     size_t      struct_size;

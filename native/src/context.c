@@ -312,6 +312,8 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
         done += T;
         pykv_status hook = is_prefill ? run_hook(ctx, ops->after_chunk) : PYKV_OK;
         if (hook != PYKV_OK) { ctx->out.n = 0; return hook; }
+        if (is_prefill && ctx->progress && !ctx->progress(done, n_tokens, ctx->progress_user))
+            atomic_store(&ctx->cancel, 1);   // stops the next chunk, or is reported below
     }
     pykv_status hook = run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode);
     if (hook != PYKV_OK) { ctx->out.n = 0; return hook; }
@@ -376,6 +378,12 @@ pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep) {
 
 void pykv_cancel(pykv_context *ctx) {
     if (ctx) atomic_store(&ctx->cancel, 1);
+}
+
+void pykv_set_progress_callback(pykv_context *ctx, pykv_progress_callback callback, void *user_data) {
+    if (!ctx) return;
+    ctx->progress = callback;
+    ctx->progress_user = user_data;
 }
 
 pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *s) {

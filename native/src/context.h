@@ -61,6 +61,8 @@ struct pykv_context {
     int32_t            n_probe_set;
     pykv_token        *chunk_tokens;    // (n_ubatch) a chunk followed by its probe
     atomic_int         cancel;
+    pykv_progress_callback progress;   // after each chunk of a multi-token call, or NULL
+    void              *progress_user;
     struct pykv_timings timings;
 };
 

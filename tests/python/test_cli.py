@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from _signals import sigint_as_at_a_terminal
 from pykv.cli import main
 
 PROMPT = "The capital of France is"
@@ -250,12 +251,6 @@ def test_info_prints_tensor_table(smollm2_path):
     assert "budget" in out
 
 
-def _sigint_as_at_a_terminal():
-    # A suite started in the background (`bash tests/run.sh &`, nohup) inherits SIGINT ignored,
-    # and Python keeps an ignored SIGINT ignored: give the child the disposition Ctrl-C meets.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.model
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT delivery")
 def test_ctrl_c_stops_cleanly(smollm2_path):
@@ -263,7 +258,7 @@ def test_ctrl_c_stops_cleanly(smollm2_path):
     proc = subprocess.Popen([sys.executable, "-m", "pykv", "generate", str(smollm2_path), "-p", PROMPT,
                              "-n", "-1", "--ignore-eos", "-c", "2048", "-t", "2", "-s", "3"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            preexec_fn=_sigint_as_at_a_terminal)
+                            preexec_fn=sigint_as_at_a_terminal)
     try:
         got = b""
         deadline = time.monotonic() + TIMEOUT

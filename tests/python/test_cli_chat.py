@@ -70,12 +70,12 @@ def test_ctrl_c_cuts_a_reply_short_and_the_session_goes_on(smollm2_path):
     import signal
     import time
 
-    from test_cli import _sigint_as_at_a_terminal
+    from _signals import sigint_as_at_a_terminal
 
     env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "pykv", "chat", str(smollm2_path), "-n", "2000", "-c", "4096",
                              "-t", "2", "-s", "3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, preexec_fn=_sigint_as_at_a_terminal)
+                            stderr=subprocess.PIPE, env=env, preexec_fn=sigint_as_at_a_terminal)
     try:
         proc.stdin.write(b"Write a very long story about a dragon and a knight, with many chapters.\n")
         proc.stdin.flush()
