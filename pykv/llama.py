@@ -80,7 +80,6 @@ class Count(int):
         return int(self)
 
 
-
 def _decode_in_chunks(ctx, arr, n, progress, raised):
     """pykv_decode with a progress callback: Python gets control after every chunk, so a
     KeyboardInterrupt (or an exception from progress, or progress returning False) stops the
@@ -98,6 +97,7 @@ def _decode_in_chunks(ctx, arr, n, progress, raised):
         return lib.pykv_decode(ctx, arr, n)
     finally:
         lib.pykv_set_progress_callback(ctx, ffi.NULL, ffi.NULL)
+
 
 class Llama:
     """A GGUF model with one context (KV cache) for evaluation and generation."""
