@@ -275,6 +275,14 @@ pykv_status pykv_set_probe(pykv_context *ctx, const pykv_token *tokens, int32_t 
     return PYKV_OK;
 }
 
+// The time a call took for its first n tokens (t0 .. t_end) goes into the timings; a call
+// that stops early counts the chunks it finished, which stay evaluated.
+static void add_timings(pykv_context *ctx, int is_prefill, int32_t n, double t0, double t_end) {
+    if (n == 0) return;
+    if (is_prefill) { ctx->timings.t_prefill_ms += t_end - t0; ctx->timings.n_prefill += n; }
+    else            { ctx->timings.t_decode_ms += t_end - t0;  ctx->timings.n_decode += n; }
+}
+
 pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
     pykv_clear_error();
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: ctx is NULL");
@@ -288,7 +296,8 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
     int32_t n_probe;
     PYKV_TRY(choose_probe(ctx, tokens, n_tokens, &probe, &n_probe));
     PYKV_TRY(outputs_reserve(&ctx->out, n_tokens, ctx->model->hp.n_vocab, ctx->model->hp.n_embd));
-    double t0 = perf_now_ms();
+    const double t0 = perf_now_ms();
+    double t_done = t0;   // when the last finished chunk ended
     ctx->event = (struct policy_event){ .cache = &ctx->cache, .hp = &ctx->model->hp, .pool = ctx->pool,
                                         .layer = -1, .n_prompt = n_tokens };
     ctx->single_run = 0;   // until this call completes on an empty context
@@ -306,22 +315,26 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
             ctx->has_logits = 0;
             ctx->out.n = 0;
             if (st == PYKV_ERR_CANCELLED) atomic_store(&ctx->cancel, 0);   // reported: no longer pending
+            add_timings(ctx, is_prefill, done, t0, t_done);
             return st;
         }
         ctx->n_past += T;
         done += T;
+        t_done = perf_now_ms();
         pykv_status hook = is_prefill ? run_hook(ctx, ops->after_chunk) : PYKV_OK;
-        if (hook != PYKV_OK) { ctx->out.n = 0; return hook; }
+        if (hook != PYKV_OK) {
+            ctx->out.n = 0;
+            add_timings(ctx, is_prefill, done, t0, t_done);
+            return hook;
+        }
         if (is_prefill && ctx->progress && !ctx->progress(done, n_tokens, ctx->progress_user))
             atomic_store(&ctx->cancel, 1);   // stops the next chunk, or is reported below
     }
     pykv_status hook = run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode);
+    add_timings(ctx, is_prefill, n_tokens, t0, perf_now_ms());
     if (hook != PYKV_OK) { ctx->out.n = 0; return hook; }
 
     ctx->single_run = was_empty;
-    double ms = perf_now_ms() - t0;
-    if (is_prefill) { ctx->timings.t_prefill_ms += ms; ctx->timings.n_prefill += n_tokens; }
-    else            { ctx->timings.t_decode_ms += ms;  ctx->timings.n_decode += n_tokens; }
     // a cancel that arrived while the last chunk ran (which a layer-by-layer policy does not
     // stop half way) is still reported, so a generation loop stops here
     if (atomic_exchange(&ctx->cancel, 0))

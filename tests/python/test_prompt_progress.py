@@ -52,6 +52,8 @@ def test_progress_false_stops_at_the_next_chunk(smollm2_path, policy):
         with pytest.raises(GenerationCancelled):
             llm.eval(PROMPT, progress=lambda done, total: done < 2 * N_BATCH)
         assert llm.n_past == 2 * N_BATCH and len(llm.input_ids) == 2 * N_BATCH
+        timings = llm.timings()   # the chunks that stay evaluated count, the stopped one not
+        assert timings["prompt_n"] == 2 * N_BATCH and timings["prompt_ms"] > 0
         llm.eval(PROMPT[llm.n_past:])   # goes on from where it stopped
         assert llm.n_past == N_PROMPT
         if policy == "full":   # the same chunks in the same order: the same logits
