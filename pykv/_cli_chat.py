@@ -3,15 +3,15 @@
 Each turn renders the whole conversation. With the `full` policy the context keeps what it
 holds of the earlier turns (Llama.generate's prefix match), so a turn evaluates only its new
 tokens; an evicting policy compresses the conversation as it stands, from a fresh context.
-Ctrl-C during a reply cuts the reply short and keeps the conversation; at the prompt it ends
-the session (exit 130).
+Ctrl-C during a reply (or during a long turn's evaluation, at the next chunk) cuts the reply
+short and keeps the conversation; at the prompt it ends the session (exit 130).
 """
 from __future__ import annotations
 
 import sys
 
 from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, model_path_arg
-from ._cli_generate import _write, check_model_flags, load_model, print_kv_stats, sampling_kwargs
+from ._cli_generate import PromptProgress, _write, check_model_flags, load_model, print_kv_stats, sampling_kwargs
 from .errors import ContextOverflowError, PykvError
 
 COMMANDS = "/reset starts over, /exit ends"
@@ -118,11 +118,14 @@ def _reply(llm, messages, sampling):
     if len(prompt) >= llm.n_ctx:
         raise ContextOverflowError(f"the conversation has {len(prompt)} tokens and leaves no room for a reply "
                                    f"in n_ctx={llm.n_ctx}")
-    steps = llm.generate(prompt, stream=True, **sampling)
+    progress = PromptProgress.for_stderr()   # a long turn (a pasted document) shows its progress
+    steps = llm.generate(prompt, stream=True, prompt_progress=progress, **sampling)
     try:
         for chunk in steps:
             _write(chunk.text)
     except KeyboardInterrupt:
+        if progress is not None:
+            progress.clear()
         steps.close()   # the generator records the reply so far as llm.last_result
     _write("\n")
     return llm.last_result

@@ -167,3 +167,28 @@ def test_ctrl_c_stops_a_long_prompt_at_the_next_chunk(smollm2_path, tmp_path):
     done, total = steps[-1]
     assert total > 2000 and done <= 4 * N_BATCH, steps   # stopped long before the end
     assert b"interrupted" in shown and b"Traceback" not in shown
+
+
+def test_chat_shows_the_progress_of_a_long_turn(smollm2_path, tmp_path):
+    """A pasted document in `pykv chat`: its turn's progress on the terminal, then the reply."""
+    master, slave = os.openpty()
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "pykv", "chat", str(smollm2_path), "-b", str(N_BATCH), "-n", "4",
+                             "--temp", "0", "-t", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=slave,
+                            env=env)
+    os.close(slave)
+    try:
+        proc.stdin.write(("Summarise: " + _prompt_file(tmp_path, 300).read_text() + "\n").encode())
+        proc.stdin.close()
+        shown = _read_terminal(master, proc)
+        out = proc.stdout.read().decode()
+        assert proc.wait(timeout=60) == 0, shown
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    steps = PROGRESS_LINE.findall(shown)
+    assert len(steps) >= 3, shown
+    last = list(PROGRESS_LINE.finditer(shown))[-1]
+    assert shown[last.end():].startswith(b"\r\x1b[K")
+    assert out.strip()   # the reply
