@@ -746,7 +746,7 @@ class Llama:
                           echo: bool = False, grammar: Union[None, str, LlamaGrammar] = None,
                           mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                           typical_p: float = 1.0, logits_processor=None, stopping_criteria=None,
-                          suffix: Optional[str] = None):
+                          suffix: Optional[str] = None, prompt_progress=None):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
         logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
         top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python.
@@ -754,7 +754,7 @@ class Llama:
         (the first one's null, as OpenAI's): the whole prompt is then evaluated afresh.
         grammar, logits_processor and stopping_criteria work as in generate(). suffix fills in
         the middle: the completion is what goes between prompt and suffix (the model needs FIM
-        tokens; see pykv._fim)."""
+        tokens; see pykv._fim). prompt_progress works as in generate()."""
         from ._openai import completion
         if suffix is not None:
             if echo:
@@ -766,7 +766,8 @@ class Llama:
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                           logit_bias=logit_bias, logprobs=logprobs, grammar=grammar, mirostat_mode=mirostat_mode,
                           mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, typical_p=typical_p,
-                          logits_processor=logits_processor, stopping_criteria=stopping_criteria)
+                          logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                          prompt_progress=prompt_progress)
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True, tools=None) -> List[int]:
         """Token ids of messages rendered with the model's chat template (ChatML without one).
@@ -800,7 +801,7 @@ class Llama:
                                grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, typical_p: float = 1.0, tools=None,
                                tool_choice=None, functions=None, function_call=None, logits_processor=None,
-                               stopping_criteria=None):
+                               stopping_criteria=None, prompt_progress=None):
         """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
         the GGUF's chat template, an OpenAI-shaped "chat.completion" dict back (or its chunks with
         stream=True). max_tokens=None runs until end of generation or a full context.
@@ -814,8 +815,8 @@ class Llama:
         "function": {"name": ...}}) let the model call functions: a call comes back in the
         message's "tool_calls" with finish_reason "tool_calls". "required" and a named function
         bind the reply to a call whose arguments follow the function's parameters schema. The
-        older functions and function_call are taken too. See pykv._tools. logits_processor and
-        stopping_criteria work as in generate()."""
+        older functions and function_call are taken too. See pykv._tools. logits_processor,
+        stopping_criteria and prompt_progress work as in generate()."""
         from ._openai import chat_completion
         from ._tools import check_tools, choose
         if top_logprobs is not None and not logprobs:
@@ -840,6 +841,6 @@ class Llama:
                                logit_bias=logit_bias, logprobs=(top_logprobs or 0) if logprobs else None,
                                grammar=grammar, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                                mirostat_eta=mirostat_eta, typical_p=typical_p, logits_processor=logits_processor,
-                               stopping_criteria=stopping_criteria)
+                               stopping_criteria=stopping_criteria, prompt_progress=prompt_progress)
 
     __call__ = create_completion

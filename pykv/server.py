@@ -12,13 +12,16 @@ unknown fields are ignored, as OpenAI clients send some pykv does not use ("user
 "json_schema" (completions) constrain the output; "tools" and "tool_choice" (chat) let the
 model call functions, as OpenAI's API does. A bad
 field is a 400 with OpenAI's {"error": {...}} body; a client that goes away mid-stream
-cancels its generation. With an API key, every endpoint but /health wants
+cancels its generation, and one that goes away while its prompt is evaluated stops that at
+the next chunk (a long prompt would otherwise hold the server for its whole length). With an API key, every endpoint but /health wants
 `Authorization: Bearer KEY` (401 otherwise).
 """
 from __future__ import annotations
 
 import hmac
 import json
+import select
+import socket
 import sys
 import threading
 import traceback
@@ -146,6 +149,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(exc.status, str(exc))
         except (errors.InvalidArgumentError, errors.ContextOverflowError, TypeError, ValueError) as exc:
             self._send_error(400, str(exc))
+        except errors.GenerationCancelled:
+            self.close_connection = True
+            if not _hung_up(self.connection):   # else no one is left to answer
+                self._send_error(503, "the generation was cancelled")
         except Exception as exc:  # noqa: BLE001 - the runtime failed: a 500 that says why, never a dropped line
             if self.server.verbose:
                 traceback.print_exc()
@@ -187,6 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
             out = llm.create_embedding(kwargs["input"], model=self.server.model_name)
             self._send_json(200, out)
             return
+        kwargs = dict(kwargs, prompt_progress=self._client_waiting)
         if path == "/v1/chat/completions":
             out = llm.create_chat_completion(**kwargs)
         else:
@@ -196,6 +204,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, out)
             return
         self._stream(out)
+
+    def _client_waiting(self, _done: int, _total: int) -> bool:
+        """Between the chunks of a prompt: False (stop) once the client has hung up."""
+        return not _hung_up(self.connection)
 
     def _event(self, obj) -> None:
         self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
@@ -225,6 +237,15 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # noqa: BLE001 - after the headers: an error event ends the stream
             chunks.close()
             self._event({"error": {"message": str(exc), "type": "server_error", "code": 500}})
+
+
+def _hung_up(sock) -> bool:
+    """Whether the peer has closed the connection: readable, with nothing left to read."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _prepend(first, rest):

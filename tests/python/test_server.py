@@ -330,3 +330,37 @@ def test_tools(served):
     status, bad = request(url + "/v1/chat/completions", dict(body, tool_choice={"type": "function",
                                                                                 "function": {"name": "mul"}}))
     assert status == 400 and "not among the tools" in bad["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_leaving_during_its_prompt_stops_it(tiny_model, stream):
+    """A client that hangs up while its long prompt is evaluated: the server stops at the next
+    chunk (the prompt would otherwise hold it for its whole length) and serves the next one."""
+    import socket
+    import time
+    with Llama(str(tiny_model()), n_ctx=4096, n_batch=32, **EXACT) as llm:
+        server = make_server(llm, "127.0.0.1", 0, model_name="tiny")
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            prompt = [5 + i % 290 for i in range(3000)]
+            body = json.dumps(dict(prompt=prompt, max_tokens=4, temperature=0, stream=stream)).encode()
+            with socket.create_connection(server.server_address, timeout=TIMEOUT) as sock:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            deadline = time.monotonic() + TIMEOUT
+            while getattr(llm, "last_result", None) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with server.lock:   # the request is done
+                result = llm.last_result
+                n_past = llm.n_past
+            assert result.finish_reason == "cancelled"
+            assert n_past < len(prompt) // 2, n_past   # stopped long before the prompt's end
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            status, out = request(url + "/v1/completions", dict(prompt="the dog", max_tokens=3, temperature=0))
+            assert status == 200 and out["choices"][0]["text"] == llm.create_completion(
+                "the dog", max_tokens=3, temperature=0)["choices"][0]["text"]
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(TIMEOUT)
