@@ -90,15 +90,18 @@ def _prompt_file(tmp_path, n_words):
     return path
 
 
-def _generate_on_a_terminal(smollm2_path, prompt_file, *flags):
-    """pykv generate with stderr on a pseudo-terminal; returns the process and the pty's end."""
+def _on_a_terminal(*args, stdin=None):
+    """`python -m pykv ARGS` with stderr on a pseudo-terminal; the process and the pty's end."""
     master, slave = os.openpty()
     env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "pykv", "generate", str(smollm2_path), "-f", str(prompt_file),
-                             "-b", str(N_BATCH), "-t", "2", "--temp", "0", *flags],
-                            stdout=subprocess.PIPE, stderr=slave, env=env, preexec_fn=sigint_as_at_a_terminal)
+    proc = subprocess.Popen([sys.executable, "-m", "pykv", *map(str, args)], stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=slave, env=env, preexec_fn=sigint_as_at_a_terminal)
     os.close(slave)
     return proc, master
+
+
+def _generate_on_a_terminal(smollm2_path, prompt_file, *flags):
+    return _on_a_terminal("generate", smollm2_path, "-f", prompt_file, "-b", N_BATCH, "-t", 2, "--temp", 0, *flags)
 
 
 def _read_terminal(master, proc, until=None, timeout=120):
@@ -119,10 +122,12 @@ def _read_terminal(master, proc, until=None, timeout=120):
     return got
 
 
-def test_command_shows_and_erases_prompt_progress(smollm2_path, tmp_path):
-    path = _prompt_file(tmp_path, 400)
-    proc, master = _generate_on_a_terminal(smollm2_path, path, "-n", "4")
+def _run_to_the_end(proc, master, stdin_text=None):
+    """(what the terminal showed, stdout) of a run that must succeed."""
     try:
+        if stdin_text is not None:
+            proc.stdin.write(stdin_text.encode())
+            proc.stdin.close()
         shown = _read_terminal(master, proc)
         out = proc.stdout.read().decode()
         assert proc.wait(timeout=60) == 0, shown
@@ -130,11 +135,21 @@ def test_command_shows_and_erases_prompt_progress(smollm2_path, tmp_path):
         os.close(master)
         if proc.poll() is None:
             proc.kill()
+    return shown, out
+
+
+def _assert_progress_shown_then_erased(shown):
     steps = [(int(a), int(b)) for a, b in PROGRESS_LINE.findall(shown)]
-    assert len(steps) >= 3 and all(done < total for done, total in steps)
+    assert len(steps) >= 3 and all(done < total for done, total in steps), shown
     assert [done for done, _ in steps] == sorted(done for done, _ in steps)
     last = list(PROGRESS_LINE.finditer(shown))[-1]
     assert shown[last.end():].startswith(b"\r\x1b[K")   # erased before anything else
+
+
+def test_command_shows_and_erases_prompt_progress(smollm2_path, tmp_path):
+    path = _prompt_file(tmp_path, 400)
+    shown, out = _run_to_the_end(*_generate_on_a_terminal(smollm2_path, path, "-n", "4"))
+    _assert_progress_shown_then_erased(shown)
     assert out.startswith(path.read_text())   # the prompt is echoed after its evaluation
     assert len(out) > len(path.read_text())
 
@@ -171,24 +186,8 @@ def test_ctrl_c_stops_a_long_prompt_at_the_next_chunk(smollm2_path, tmp_path):
 
 def test_chat_shows_the_progress_of_a_long_turn(smollm2_path, tmp_path):
     """A pasted document in `pykv chat`: its turn's progress on the terminal, then the reply."""
-    master, slave = os.openpty()
-    env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "pykv", "chat", str(smollm2_path), "-b", str(N_BATCH), "-n", "4",
-                             "--temp", "0", "-t", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=slave,
-                            env=env)
-    os.close(slave)
-    try:
-        proc.stdin.write(("Summarise: " + _prompt_file(tmp_path, 300).read_text() + "\n").encode())
-        proc.stdin.close()
-        shown = _read_terminal(master, proc)
-        out = proc.stdout.read().decode()
-        assert proc.wait(timeout=60) == 0, shown
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-    steps = PROGRESS_LINE.findall(shown)
-    assert len(steps) >= 3, shown
-    last = list(PROGRESS_LINE.finditer(shown))[-1]
-    assert shown[last.end():].startswith(b"\r\x1b[K")
+    proc, master = _on_a_terminal("chat", smollm2_path, "-b", N_BATCH, "-n", 4, "--temp", 0, "-t", 2,
+                                  stdin=subprocess.PIPE)
+    shown, out = _run_to_the_end(proc, master, "Summarise: " + _prompt_file(tmp_path, 300).read_text() + "\n")
+    _assert_progress_shown_then_erased(shown)
     assert out.strip()   # the reply
