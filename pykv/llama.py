@@ -127,6 +127,7 @@ class Llama:
         self.n_vocab = Count(self._info["n_vocab"])
         self.input_ids: List[int] = []   # the tokens evaluated in the context, in order
         self._after_prompt = None        # called by generate() once the prompt is evaluated
+        self._evaluating = False         # inside eval(): its progress callback may call in
 
         if vocab_only:
             return
@@ -190,8 +191,13 @@ class Llama:
 
     # ---- lifetime ----
 
+    def _refuse_in_eval(self, what: str) -> None:
+        if getattr(self, "_evaluating", False):
+            raise errors.InvalidArgumentError(f"{what} cannot run inside eval() (from its progress callback)")
+
     def close(self) -> None:
         """Free the context and the model now (also done by `with` and on garbage collection)."""
+        self._refuse_in_eval("close()")
         if self._ctx is not None:
             lib.pykv_context_free(self._ctx)
             self._ctx = None
@@ -344,7 +350,11 @@ class Llama:
         if len(tokens) == 1:
             status = lib.pykv_decode(ctx, arr, 1)
         else:
-            status = _decode_in_chunks(ctx, arr, len(tokens), progress, raised)
+            outer, self._evaluating = self._evaluating, True
+            try:
+                status = _decode_in_chunks(ctx, arr, len(tokens), progress, raised)
+            finally:
+                self._evaluating = outer
         self.input_ids.extend(tokens[:lib.pykv_n_past(ctx) - before])
         if raised:
             raise raised[0]
@@ -432,6 +442,7 @@ class Llama:
 
     def reset(self) -> None:
         """Clear the context: every token and the KV cache's memory."""
+        self._refuse_in_eval("reset()")
         lib.pykv_reset(self._need_ctx())
         self.input_ids = []
 

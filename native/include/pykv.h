@@ -269,7 +269,11 @@ PYKV_API void        pykv_cancel(pykv_context *ctx);
 /* Progress of a long prompt: pykv_decode calls it on the calling thread after each chunk of
  * a multi-token call, with the call's tokens evaluated so far and its total (the last call
  * has n_done == n_total). Returning 0 asks the call to stop, as pykv_cancel does; any other
- * value lets it go on. NULL removes it. */
+ * value lets it go on. NULL removes it. It may read the context and call pykv_cancel; the
+ * calls that would change the context (pykv_decode, pykv_reset, pykv_truncate,
+ * pykv_state_load, pykv_set_probe, the output switches, pykv_context_set_threads) refuse
+ * with PYKV_ERR_INVALID_ARG while the call runs (pykv_reset does nothing and sets the
+ * error). */
 typedef int (*pykv_progress_callback)(int32_t n_done, int32_t n_total, void *user_data);
 PYKV_API void        pykv_set_progress_callback(pykv_context *ctx, pykv_progress_callback callback,
                                                 void *user_data);

@@ -174,6 +174,7 @@ void pykv_context_free(pykv_context *ctx) {
 pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
     if (!ctx || n_threads < 1 || n_threads > 512)
         return pykv_error(PYKV_ERR_INVALID_ARG, "n_threads must be between 1 and 512, got %d", n_threads);
+    PYKV_TRY(context_refuse_busy(ctx, "pykv_context_set_threads"));
     if (n_threads == threadpool_size(ctx->pool)) return PYKV_OK;
     const struct hparams *hp = &ctx->model->hp;
     struct threadpool *pool = threadpool_create(n_threads);
@@ -259,6 +260,7 @@ static pykv_status choose_probe(pykv_context *ctx, const pykv_token *tokens, int
 
 pykv_status pykv_set_probe(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_set_probe: ctx is NULL");
+    PYKV_TRY(context_refuse_busy(ctx, "pykv_set_probe"));
     if (n_tokens < 0 || (n_tokens > 0 && !tokens)) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_set_probe: invalid token array");
     for (int32_t i = 0; i < n_tokens; i++)
         if (tokens[i] < 0 || tokens[i] >= ctx->model->hp.n_vocab)
@@ -283,9 +285,25 @@ static void add_timings(pykv_context *ctx, int is_prefill, int32_t n, double t0,
     else            { ctx->timings.t_decode_ms += t_end - t0;  ctx->timings.n_decode += n; }
 }
 
+pykv_status context_refuse_busy(const pykv_context *ctx, const char *what) {
+    return ctx->in_decode ? pykv_error(PYKV_ERR_INVALID_ARG, "%s: not while pykv_decode runs on this context "
+                                       "(from its progress callback)", what)
+                          : PYKV_OK;
+}
+
+static pykv_status decode_tokens(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens);
+
 pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
     pykv_clear_error();
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: ctx is NULL");
+    PYKV_TRY(context_refuse_busy(ctx, "pykv_decode"));
+    ctx->in_decode = 1;
+    const pykv_status st = decode_tokens(ctx, tokens, n_tokens);
+    ctx->in_decode = 0;
+    return st;
+}
+
+static pykv_status decode_tokens(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
     ctx->out.n = 0;   // the rows are this call's, or none when it fails
     PYKV_TRY(check_tokens(ctx, tokens, n_tokens));
     if (n_tokens == 0) return PYKV_OK;
@@ -353,7 +371,7 @@ int32_t pykv_is_single_run(const pykv_context *ctx) {
 }
 
 void pykv_reset(pykv_context *ctx) {
-    if (!ctx) return;
+    if (!ctx || context_refuse_busy(ctx, "pykv_reset") != PYKV_OK) return;   // the error says why
     kv_cache_clear(&ctx->cache);
     if (ctx->policy->ops->reset) ctx->policy->ops->reset(ctx->policy);
     ctx->n_past = 0;
@@ -365,6 +383,7 @@ void pykv_reset(pykv_context *ctx) {
 pykv_status pykv_truncate(pykv_context *ctx, int32_t n_keep) {
     pykv_clear_error();
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_truncate: ctx is NULL");
+    PYKV_TRY(context_refuse_busy(ctx, "pykv_truncate"));
     if (n_keep < 0 || n_keep > ctx->n_past)
         return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_truncate: n_keep %d is outside 0..%d (the tokens evaluated)",
                           n_keep, ctx->n_past);

@@ -63,8 +63,13 @@ struct pykv_context {
     atomic_int         cancel;
     pykv_progress_callback progress;   // after each chunk of a multi-token call, or NULL
     void              *progress_user;
+    int                in_decode;      // a pykv_decode runs (its progress callback may call in)
     struct pykv_timings timings;
 };
+
+// PYKV_OK, or an error naming `what` while a pykv_decode runs on ctx: the calls that change
+// the context refuse from inside its progress callback.
+pykv_status context_refuse_busy(const pykv_context *ctx, const char *what);
 
 // Run tokens [0, T) at positions n_past.. through every layer, appending their K/V to the
 // cache; computes the logits of the last token when want_logits, and the per-token outputs

@@ -56,6 +56,7 @@ static void switch_output(struct token_outputs *o, int *flag, float **rows, int3
 pykv_status pykv_set_logits_all(pykv_context *ctx, int32_t on) {
     pykv_clear_error();
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_set_logits_all: ctx is NULL");
+    PYKV_TRY(context_refuse_busy(ctx, "pykv_set_logits_all"));
     switch_output(&ctx->out, &ctx->out.logits_all, &ctx->out.logits, &ctx->out.cap_logits, on);
     return PYKV_OK;
 }
@@ -63,6 +64,7 @@ pykv_status pykv_set_logits_all(pykv_context *ctx, int32_t on) {
 pykv_status pykv_set_embeddings(pykv_context *ctx, int32_t on) {
     pykv_clear_error();
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_set_embeddings: ctx is NULL");
+    PYKV_TRY(context_refuse_busy(ctx, "pykv_set_embeddings"));
     switch_output(&ctx->out, &ctx->out.embeddings, &ctx->out.embd, &ctx->out.cap_embd, on);
     return PYKV_OK;
 }

@@ -192,6 +192,7 @@ static pykv_status load_list(struct kv_cache *c, struct kv_list *l, struct state
 pykv_status pykv_state_load(pykv_context *ctx, const void *src, size_t size) {
     pykv_clear_error();
     if (!ctx || (!src && size)) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_state_load: NULL argument");
+    PYKV_TRY(context_refuse_busy(ctx, "pykv_state_load"));
     struct kv_cache *c = &ctx->cache;
     struct checked_state s = { .list_n = malloc((size_t)c->n_layer * c->n_head_kv * sizeof(int32_t)) };
     if (!s.list_n) return pykv_error(PYKV_ERR_NOMEM, "out of memory loading a state");

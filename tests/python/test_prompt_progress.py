@@ -191,3 +191,28 @@ def test_chat_shows_the_progress_of_a_long_turn(smollm2_path, tmp_path):
     shown, out = _run_to_the_end(proc, master, "Summarise: " + _prompt_file(tmp_path, 300).read_text() + "\n")
     _assert_progress_shown_then_erased(shown)
     assert out.strip()   # the reply
+
+
+@pytest.mark.parametrize("call", ["eval", "reset", "close", "truncate", "load_state", "set_probe", "set_threads"])
+def test_progress_cannot_change_the_context_under_its_call(smollm2_path, call):
+    """What progress may not do to the context its call is evaluating: each refuses with
+    InvalidArgumentError, which stops the call as any exception does; the context stays
+    consistent and usable."""
+    from pykv.errors import InvalidArgumentError
+    with _open(smollm2_path) as llm:
+        llm.eval(PROMPT[:10])
+        state = llm.save_state()
+        actions = {"eval": lambda: llm.eval(PROMPT[:5]), "reset": llm.reset, "close": llm.close,
+                   "truncate": lambda: llm.truncate(3), "load_state": lambda: llm.load_state(state),
+                   "set_probe": lambda: llm.set_probe([5, 6]), "set_threads": lambda: llm.set_threads(1)}
+
+        def meddle(done, total):
+            if done == 2 * N_BATCH:
+                actions[call]()
+        with pytest.raises(InvalidArgumentError, match="progress callback"):
+            llm.eval(PROMPT, progress=meddle)
+        assert llm.n_past == 10 + 2 * N_BATCH and llm.input_ids == PROMPT[:10] + PROMPT[:2 * N_BATCH]
+        for g in range(llm.model_info["n_head_kv"]):
+            assert list(llm.kv_positions(0, g)) == list(range(llm.n_past))
+        llm.eval(PROMPT[:4])   # usable: the next call runs
+        assert llm.n_past == 14 + 2 * N_BATCH
