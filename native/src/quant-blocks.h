@@ -20,6 +20,20 @@ typedef struct { uint16_t d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;       // x 
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
 typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;
+
+// A 32-element block's two leading f16 fields as one word, the first in the low half: d and
+// m for the types with a min (Q4_1, Q5_1), d twice for the centred ones (their m-like term is
+// d times the centre). The SIMD kernels convert both halves at once.
+static inline uint32_t block_f16_dm(const void *blk) {
+    uint32_t dm;
+    __builtin_memcpy(&dm, blk, 4);
+    return dm;
+}
+static inline uint32_t block_f16_dd(const void *blk) {
+    uint16_t d;
+    __builtin_memcpy(&d, blk, 2);
+    return (uint32_t)d | (uint32_t)d << 16;
+}
 // Q4_K/Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit min packed in `scales`.
 typedef struct {
     uint16_t d, dmin;

@@ -23,16 +23,11 @@ static inline AVX2_TGT __m256i act_bytes(const block_q8_act *x) { return _mm256_
 // the types with a min (d and m are adjacent f16s, x's d and s adjacent floats, so one
 // convert and one multiply give both) and d_w * s for the centred types (the centre, -8 or
 // -16, is applied once at the end).
-static inline AVX2_TGT __m128 scales_dm(const void *blk, const block_q8_act *x) {
-    uint32_t dm;
-    __builtin_memcpy(&dm, blk, 4);
-    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)x)));
+static inline AVX2_TGT __m128 block_scales(uint32_t f16_pair, const block_q8_act *x) {
+    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)f16_pair)), _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)x)));
 }
-static inline AVX2_TGT __m128 scales_dd(const void *blk, const block_q8_act *x) {
-    uint16_t d;
-    __builtin_memcpy(&d, blk, 2);
-    return _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi16((short)d)), _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)x)));
-}
+static inline AVX2_TGT __m128 scales_dm(const void *blk, const block_q8_act *x) { return block_scales(block_f16_dm(blk), x); }
+static inline AVX2_TGT __m128 scales_dd(const void *blk, const block_q8_act *x) { return block_scales(block_f16_dd(blk), x); }
 
 // One kernel per type: QUANTS(b) gives the block's unsigned quants, SCALES its two factors,
 // and the offset terms add up to CENTRE times lane 1's sum.

@@ -10,25 +10,10 @@
 // Q4_1 row in cache; SmolLM2 Q4_1's decode step +10..14% (BENCHMARKS.md); Q8_0 from memory,
 // where the one-row kernel already streams at the bandwidth, the same speed.
 #if defined(__x86_64__) || defined(__i386__)
-#include <string.h>
-
 #include "pykv.h"
 #include "quant-blocks.h"
 #include "quant-q8.h"
 #include "simd-avx2.h"
-
-// Lanes 2r, 2r + 1: row r's block scale d and its offset factor as f16 (m for the types with a
-// min, d again for the centred ones, whose centre is applied once at the end).
-static inline uint32_t scale_min(const void *blk) {
-    uint32_t dm;
-    memcpy(&dm, blk, 4);
-    return dm;
-}
-static inline uint32_t scale_scale(const void *blk) {
-    uint16_t d;
-    memcpy(&d, blk, 2);
-    return (uint32_t)d | (uint32_t)d << 16;
-}
 
 // Eight int32 partial sums of one block's 32 products, for each kind of quants.
 #define Q4_ISUM(blk, xa) isum_u8s8(q4_quants((blk).qs), xa)
@@ -54,6 +39,7 @@ static inline uint32_t scale_scale(const void *blk) {
             const __m256i xa = _mm256_loadu_si256((const __m256i *)x[i].qs);                             \
             const __m256i s01 = _mm256_hadd_epi32(ISUM(b[0][i], xa), ISUM(b[1][i], xa));                 \
             const __m256i s23 = _mm256_hadd_epi32(ISUM(b[2][i], xa), ISUM(b[3][i], xa));                 \
+            /* lanes 2r, 2r + 1: row r's d and offset factor (block_f16_dm / block_f16_dd) */            \
             const __m256 dm = _mm256_cvtph_ps(_mm_setr_epi32((int)SCALES(&b[0][i]), (int)SCALES(&b[1][i]), \
                                                              (int)SCALES(&b[2][i]), (int)SCALES(&b[3][i]))); \
             const __m256 f = _mm256_mul_ps(dm, _mm256_castpd_ps(_mm256_broadcast_sd((const double *)&x[i]))); \
@@ -67,12 +53,12 @@ static inline uint32_t scale_scale(const void *blk) {
         for (int r = 0; r < 4; r++) out[r] = (a[r] + a[r + 4]) + (CENTRE) * o[2 * r + 1];                 \
     }
 
-Q8_DOT4(q8dot4_q4_0, block_q4_0, Q4_ISUM, scale_scale, -8.0f)
-Q8_DOT4(q8dot4_q4_1, block_q4_1, Q4_ISUM, scale_min, 1.0f)
-Q8_DOT4(q8dot4_q5_0, block_q5_0, Q5_ISUM, scale_scale, -16.0f)
-Q8_DOT4(q8dot4_q5_1, block_q5_1, Q5_ISUM, scale_min, 1.0f)
-Q8_DOT4(q8dot4_q8_0, block_q8_0, Q8_ISUM, scale_scale, 0.0f)
-Q8_DOT4(q8dot4_iq4_nl, block_iq4_nl, IQ4_ISUM, scale_scale, 0.0f)
+Q8_DOT4(q8dot4_q4_0, block_q4_0, Q4_ISUM, block_f16_dd, -8.0f)
+Q8_DOT4(q8dot4_q4_1, block_q4_1, Q4_ISUM, block_f16_dm, 1.0f)
+Q8_DOT4(q8dot4_q5_0, block_q5_0, Q5_ISUM, block_f16_dd, -16.0f)
+Q8_DOT4(q8dot4_q5_1, block_q5_1, Q5_ISUM, block_f16_dm, 1.0f)
+Q8_DOT4(q8dot4_q8_0, block_q8_0, Q8_ISUM, block_f16_dd, 0.0f)
+Q8_DOT4(q8dot4_iq4_nl, block_iq4_nl, IQ4_ISUM, block_f16_dd, 0.0f)
 
 const vec_dot4_q8_fn q8_avx2_dots4[Q8_N_TYPES] = {
     [PYKV_TYPE_Q4_0] = q8dot4_q4_0,
