@@ -12,6 +12,9 @@ import resource
 import time
 
 
+LLAMA_CPP_Q8_0 = 8   # ggml_type
+
+
 def token_ids(n, n_vocab, seed):
     rng = random.Random(seed)
     return [rng.randrange(100, n_vocab - 100) for _ in range(n)]
@@ -21,14 +24,19 @@ def run_pykv(args):
     from pykv import Llama
     budget = None if args.policy == "full" else args.budget
     llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_batch=args.n_batch,
-                policy=args.policy, budget=budget)
+                policy=args.policy, budget=budget, kv_type=args.cache_type)
     return llm, llm.n_vocab, llm.eval, llm.reset
 
 
 def run_llamacpp(args):
     from llama_cpp import Llama
+    kv = {}
+    if args.cache_type == "q8_0":   # llama.cpp stores a quantized V only with flash attention on
+        kv = dict(type_k=LLAMA_CPP_Q8_0, type_v=LLAMA_CPP_Q8_0, flash_attn=True)
+    elif args.cache_type == "f32":
+        kv = dict(type_k=0, type_v=0)
     llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads,
-                n_batch=args.n_batch, n_ubatch=args.n_batch, verbose=False)
+                n_batch=args.n_batch, n_ubatch=args.n_batch, verbose=False, **kv)
     return llm, llm.n_vocab(), llm.eval, llm.reset
 
 
@@ -43,6 +51,7 @@ def main():
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--policy", default="full", help="pykv's KV policy")
     p.add_argument("--budget", type=int, default=256)
+    p.add_argument("--cache-type", default="f16", choices=["f16", "f32", "q8_0"], help="K and V storage, both engines")
     p.add_argument("--continue", dest="cont", action="store_true",
                    help="decode right after the timed prompt (no reset)")
     args = p.parse_args()

@@ -11,6 +11,7 @@ llama-cpp-python lives in its own environment (pip install llama-cpp-python in a
 --llamacpp-python names that interpreter. Each run is a fresh process per engine; the figures
 are medians over --reps runs with the spread (min..max), and the ratio pykv / llama.cpp.
 llama.cpp always keeps the full cache; pykv runs once per --policies entry (budget --budget).
+--cache-type q8_0 stores K and V as Q8_0 in both (llama.cpp then needs flash attention on).
 --memory N: an N-token prompt then 128 decoded tokens; reports time to first token, decode
 speed and the process's peak RSS (ratios: pykv / llama.cpp, lower is better for both).
 """
@@ -39,7 +40,7 @@ def raise_priority():
 def run_once(python, engine, policy, args, test):
     cmd = [python, str(WORKER), "--engine", engine, "--model", args.model, "--threads", str(args.threads),
            "--n-prompt", str(test.get("pp", 0)), "--n-gen", str(test.get("tg", 0)), "--depth", str(test.get("depth", 0)),
-           "--policy", policy, "--budget", str(args.budget)]
+           "--policy", policy, "--budget", str(args.budget), "--cache-type", args.cache_type]
     if test.get("continue"):
         cmd.append("--continue")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -70,6 +71,8 @@ def main():
     p.add_argument("--memory", type=int, default=0, help="the long-prompt test: N prompt tokens then 128")
     p.add_argument("--policies", default="full", help="pykv policies, comma separated")
     p.add_argument("--budget", type=int, default=256)
+    p.add_argument("--cache-type", default="f16", choices=["f16", "f32", "q8_0"],
+                   help="K and V storage of both engines (q8_0: llama.cpp's -ctk q8_0 -ctv q8_0 -fa)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     raise_priority()

@@ -51,7 +51,7 @@ def measure(model, policy, args):
     budget = None if policy == "full" else args.budget
     n_steps = args.blocks * args.steps
     name, kwargs = policy_spec(policy)
-    kw = dict(n_threads=args.threads, policy=name, budget=budget, policy_kwargs=kwargs)
+    kw = dict(n_threads=args.threads, policy=name, budget=budget, policy_kwargs=kwargs, kv_type=args.cache_type)
     deep_ctx = args.depth + (args.steps if args.refill else n_steps + args.steps) + 16
     with Llama(model, n_ctx=deep_ctx, **kw) as deep, Llama(model, n_ctx=args.steps + 16, **kw) as shallow:
         context = tokens(args.depth, deep.n_vocab, 1)
@@ -96,6 +96,7 @@ def main():
     p.add_argument("--blocks", type=int, default=24, help="block pairs per policy")
     p.add_argument("--refill", action="store_true", help="re-evaluate the depth tokens before every deep block")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cache-type", default="f16", choices=["f16", "f32", "q8_0"], help="K and V storage, both sides")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     raise_priority()

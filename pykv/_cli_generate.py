@@ -122,6 +122,14 @@ def chat_template_arg(args):
     return read_flag_file("--chat-template-file", args.chat_template_file)
 
 
+def cache_type_arg(args) -> str:
+    """The one KV cache type of --cache-type (-ctk) and --cache-type-v (-ctv); f16 by default."""
+    k, v = getattr(args, "cache_type", None), getattr(args, "cache_type_v", None)
+    if k and v and k != v:
+        raise UsageError(f"keys and values share one cache type in pykv: -ctk {k} and -ctv {v} differ")
+    return k or v or "f16"
+
+
 def load_model(args, path, **extra):
     """A Llama from the shared model, context, policy and chat template flags (extra: more
     Llama arguments)."""
@@ -129,7 +137,7 @@ def load_model(args, path, **extra):
     return Llama(str(path), chat_template=chat_template_arg(args), n_ctx=args.ctx_size, n_threads=args.threads,
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
                  use_mmap=not args.no_mmap, policy=args.policy, budget=args.budget,
-                 window=args.window, sink=args.sink, exact_matmul=args.exact_matmul, kv_type=args.cache_type,
+                 window=args.window, sink=args.sink, exact_matmul=args.exact_matmul, kv_type=cache_type_arg(args),
                  policy_kwargs=parse_policy_args(args.policy_arg) or None, **extra)
 
 

@@ -11,7 +11,7 @@ from .cli import EXIT_OK, resolve_model_arg
 MAX_VALUE_CHARS = 100
 CTX_SIZES = (512, 2048, 4096, 8192, 32768)
 BUDGETS = (64, 128, 256, 512, 1024, 2048)
-KV_ELEMENT_BYTES = 2  # the default cache holds K and V as f16 (--cache-type f32 doubles it)
+KV_ELEMENT_BYTES = 2  # the default cache holds K and V as f16 (--cache-type f32 doubles it, q8_0: 34/64 of it)
 
 
 def kv_bytes_per_entry(info: dict) -> int:
@@ -116,7 +116,7 @@ def print_info(d: dict, out=sys.stdout) -> None:
         w("chat template: none")
     w()
     kv = d["kv_estimate"]
-    w(f"KV cache estimate (f16 K and V, the default; x2 with --cache-type f32; {info['n_layer']} layers x {info['n_head_kv']} KV heads "
+    w(f"KV cache estimate (f16 K and V, the default; x2 with --cache-type f32, x0.53 with q8_0; {info['n_layer']} layers x {info['n_head_kv']} KV heads "
       f"x head_dim {info['head_dim']}): {kv['bytes_per_token']:,} bytes per token")
     w("  policy full:")
     for n, b in kv["full"].items():

@@ -51,11 +51,14 @@ class GenerationResult:
     prompt_logprobs: Optional[List[Optional[TokenLogprob]]] = None
 
 
-_KV_TYPES = {"f16": "PYKV_TYPE_F16", "f32": "PYKV_TYPE_F32"}
+_KV_TYPES = {"f16": "PYKV_TYPE_F16", "f32": "PYKV_TYPE_F32", "q8_0": "PYKV_TYPE_Q8_0"}
+# bytes per stored key or value element
+_KV_ELEMENT_BYTES = {"f16": 2, "f32": 4, "q8_0": 34 / 32}
 
 
 def _kv_type_code(kv_type) -> int:
-    """'f16' (default: half the memory, as llama.cpp) or 'f32' (the exact path)."""
+    """'f16' (default: half the memory, as llama.cpp), 'f32' (the exact path) or 'q8_0'
+    (about a quarter of f32, as llama.cpp's -ctk q8_0 -ctv q8_0)."""
     name = str(kv_type).lower()
     if name not in _KV_TYPES:
         raise errors.InvalidArgumentError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
@@ -487,6 +490,7 @@ class Llama:
         ctx = self._need_ctx()
         stats = new_params("struct pykv_kv_stats")
         check(lib.pykv_kv_stats(ctx, stats))
+        kv_type = next(name for name, code in _KV_TYPES.items() if getattr(lib, code) == stats.kv_type)
         return {
             "entries": stats.entries,
             "entries_per_head": [[lib.pykv_kv_head_entries(ctx, layer, head) for head in range(stats.n_head_kv)]
@@ -496,8 +500,8 @@ class Llama:
             "evicted": stats.evicted,
             "merged": stats.merged,
             "policy": ffi.string(stats.policy).decode(),
-            "kv_type": "f16" if stats.kv_type == lib.PYKV_TYPE_F16 else "f32",
-            "bytes_per_element": 2 if stats.kv_type == lib.PYKV_TYPE_F16 else 4,
+            "kv_type": kv_type,
+            "bytes_per_element": _KV_ELEMENT_BYTES[kv_type],
         }
 
     def kv_positions(self, layer: int, head: int) -> List[int]:

@@ -296,10 +296,10 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 // Scores: E entries at a time (8 for one query, 4 for two or three, 2 for four), one
 // accumulator per (query, entry); each key row is loaded once for every query of the tile.
 static inline __attribute__((always_inline)) AVX2_TGT
-void scores_tile(const float *q, const int nq, const void *K, const int f16, int n, int d, float scale, float *w) {
+void scores_tile(const float *q, const int nq, const void *K, const int fmt, int n, int d, float scale, float *w) {
     enum { EMAX = 8 };
     const int E = nq == 1 ? 8 : nq <= 3 ? 4 : 2;
-    const size_t row = (size_t)d * (f16 ? 2 : 4);
+    const size_t row = kv_format_row_bytes(fmt, d);
     int j = 0;
     for (; j + E <= n; j += E) {
         const char *k0 = (const char *)K + (size_t)j * row;
@@ -309,7 +309,7 @@ void scores_tile(const float *q, const int nq, const void *K, const int f16, int
             for (int e = 0; e < E; e++) a[r][e] = _mm256_setzero_ps();
         for (int i = 0; i < d; i += 8) {
             for (int e = 0; e < E; e++) {
-                const __m256 x = load8_kv(k0 + (size_t)e * row, i, f16);
+                const __m256 x = load8_kv(k0 + (size_t)e * row, i, fmt);
                 for (int r = 0; r < nq; r++)
                     a[r][e] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), x, a[r][e]);
             }
@@ -320,7 +320,7 @@ void scores_tile(const float *q, const int nq, const void *K, const int f16, int
         const char *k0 = (const char *)K + (size_t)j * row;
         for (int r = 0; r < nq; r++) {
             __m256 a = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), load8_kv(k0, i, f16), a);
+            for (int i = 0; i < d; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), load8_kv(k0, i, fmt), a);
             w[(size_t)r * n + j] = hsum_ps(a) * scale;
         }
     }
@@ -330,10 +330,10 @@ void scores_tile(const float *q, const int nq, const void *K, const int f16, int
 // for every query of the tile, over U entries at a time with their own accumulators (2 for
 // one or three queries), so each pass reads a C-element slice of each value row once.
 static inline __attribute__((always_inline)) AVX2_TGT
-void weighted_sum_tile(const float *w, const int nq, const void *V, const int f16, int n, int d, float *out) {
+void weighted_sum_tile(const float *w, const int nq, const void *V, const int fmt, int n, int d, float *out) {
     enum { CMAX = 4, UMAX = 2 };   // C / 8 and U at most
     const int C8 = nq <= 2 && d % 32 == 0 ? 4 : 2, U = nq == 1 || nq == 3 ? 2 : 1;
-    const size_t row = (size_t)d * (f16 ? 2 : 4);
+    const size_t row = kv_format_row_bytes(fmt, d);
     for (int c = 0; c < d; c += 8 * C8) {
         __m256 a[UMAX][ATTENTION_TILE][CMAX];
         for (int u = 0; u < U; u++)
@@ -347,7 +347,7 @@ void weighted_sum_tile(const float *w, const int nq, const void *V, const int f1
             for (int u = 0; u < U; u++) {
                 const char *v = (const char *)V + (size_t)(j + u) * row;
                 __m256 vx[CMAX];
-                for (int x = 0; x < C8; x++) vx[x] = load8_kv(v, c + 8 * x, f16);
+                for (int x = 0; x < C8; x++) vx[x] = load8_kv(v, c + 8 * x, fmt);
                 for (int r = 0; r < nq; r++) {
                     const __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j + u);
                     for (int x = 0; x < C8; x++) a[u][r][x] = _mm256_fmadd_ps(p, vx[x], a[u][r][x]);
@@ -358,7 +358,7 @@ void weighted_sum_tile(const float *w, const int nq, const void *V, const int f1
             const char *v = (const char *)V + (size_t)j * row;
             for (int r = 0; r < nq; r++) {
                 const __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j);
-                for (int x = 0; x < C8; x++) a[0][r][x] = _mm256_fmadd_ps(p, load8_kv(v, c + 8 * x, f16), a[0][r][x]);
+                for (int x = 0; x < C8; x++) a[0][r][x] = _mm256_fmadd_ps(p, load8_kv(v, c + 8 * x, fmt), a[0][r][x]);
             }
         }
         for (int r = 0; r < nq; r++)
@@ -370,27 +370,31 @@ void weighted_sum_tile(const float *w, const int nq, const void *V, const int f1
     }
 }
 
-// One instance per (tile size, element type), so the loops over the tile unroll and the
-// element type is decided at compile time.
+// One instance per (tile size, element format), so the loops over the tile unroll and the
+// format is decided at compile time.
 typedef void (*scores_fn)(const float *q, const void *K, int n, int d, float scale, float *w);
 typedef void (*wsum_fn)(const float *w, const void *V, int n, int d, float *out);
-#define TILE_FNS(nq, f16)                                                                          \
-    static AVX2_TGT void scores_##nq##_##f16(const float *q, const void *K, int n, int d, float scale, float *w) { \
-        scores_tile(q, nq, K, f16, n, d, scale, w);                                                \
+#define TILE_FNS(nq, fmt)                                                                          \
+    static AVX2_TGT void scores_##nq##_##fmt(const float *q, const void *K, int n, int d, float scale, float *w) { \
+        scores_tile(q, nq, K, fmt, n, d, scale, w);                                                \
     }                                                                                              \
-    static AVX2_TGT void wsum_##nq##_##f16(const float *w, const void *V, int n, int d, float *out) { \
-        weighted_sum_tile(w, nq, V, f16, n, d, out);                                               \
+    static AVX2_TGT void wsum_##nq##_##fmt(const float *w, const void *V, int n, int d, float *out) { \
+        weighted_sum_tile(w, nq, V, fmt, n, d, out);                                               \
     }
 TILE_FNS(1, 0) TILE_FNS(2, 0) TILE_FNS(3, 0) TILE_FNS(4, 0)
 TILE_FNS(1, 1) TILE_FNS(2, 1) TILE_FNS(3, 1) TILE_FNS(4, 1)
+TILE_FNS(1, 2) TILE_FNS(2, 2) TILE_FNS(3, 2) TILE_FNS(4, 2)
+_Static_assert(KV_F32 == 0 && KV_F16 == 1 && KV_Q8_0 == 2 && KV_N_FORMATS == 3, "one row per format");
 
-static const scores_fn scores_avx2[2][ATTENTION_TILE + 1] = {
+static const scores_fn scores_avx2[KV_N_FORMATS][ATTENTION_TILE + 1] = {
     { NULL, scores_1_0, scores_2_0, scores_3_0, scores_4_0 },
     { NULL, scores_1_1, scores_2_1, scores_3_1, scores_4_1 },
+    { NULL, scores_1_2, scores_2_2, scores_3_2, scores_4_2 },
 };
-static const wsum_fn wsum_avx2[2][ATTENTION_TILE + 1] = {
+static const wsum_fn wsum_avx2[KV_N_FORMATS][ATTENTION_TILE + 1] = {
     { NULL, wsum_1_0, wsum_2_0, wsum_3_0, wsum_4_0 },
     { NULL, wsum_1_1, wsum_2_1, wsum_3_1, wsum_4_1 },
+    { NULL, wsum_1_2, wsum_2_2, wsum_3_2, wsum_4_2 },
 };
 
 static int use_avx2(int d) {
@@ -402,10 +406,10 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
     const float scale = 1.0f / sqrtf((float)d);
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
-        scores_avx2[l->f16][1](q, l->k, n, d, scale, weights);
+        scores_avx2[l->fmt][1](q, l->k, n, d, scale, weights);
         if (l->n_members) merged_weights(l, n, 1, weights);
         else softmax(weights, n);
-        wsum_avx2[l->f16][1](weights, l->v, n, d, out);
+        wsum_avx2[l->fmt][1](weights, l->v, n, d, out);
         return;
     }
 #endif
@@ -418,10 +422,10 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
 void attention_group(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights, float *out) {
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
-        scores_avx2[l->f16][nq](q, l->k, n, d, 1.0f / sqrtf((float)d), weights);
+        scores_avx2[l->fmt][nq](q, l->k, n, d, 1.0f / sqrtf((float)d), weights);
         if (l->n_members) merged_weights(l, n, nq, weights);
         else for (int r = 0; r < nq; r++) softmax(weights + (size_t)r * n, n);
-        wsum_avx2[l->f16][nq](weights, l->v, n, d, out);
+        wsum_avx2[l->fmt][nq](weights, l->v, n, d, out);
         return;
     }
 #endif
@@ -432,7 +436,7 @@ void attention_group(const float *q, int nq, const struct kv_list *l, int n, int
 void attention_weights(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights) {
     const float scale = 1.0f / sqrtf((float)d);
 #if defined(__x86_64__) || defined(__i386__)
-    if (use_avx2(d)) scores_avx2[l->f16][nq](q, l->k, n, d, scale, weights);
+    if (use_avx2(d)) scores_avx2[l->fmt][nq](q, l->k, n, d, scale, weights);
     else
 #endif
         for (int r = 0; r < nq; r++) scores_generic(q + (size_t)r * d, l, 0, n, d, scale, weights + (size_t)r * n);
@@ -458,9 +462,9 @@ void attention_group_partial(const float *q, int nq, const struct kv_list *l, in
     if (l->n_members) prefetch_members(l, j0, j1);
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
-        scores_avx2[l->f16][nq](q, kv_row(l, l->k, j0, d), n, d, scale, w);
+        scores_avx2[l->fmt][nq](q, kv_row(l, l->k, j0, d), n, d, scale, w);
         weights_exp(l, j0, n, nq, w, m, lsum);
-        wsum_avx2[l->f16][nq](w, kv_row(l, l->v, j0, d), n, d, out);
+        wsum_avx2[l->fmt][nq](w, kv_row(l, l->v, j0, d), n, d, out);
         return;
     }
 #endif
@@ -472,7 +476,7 @@ void attention_group_partial(const float *q, int nq, const struct kv_list *l, in
 void attention_dots(const float *x, const struct kv_list *l, int values, int n, int d, float *out) {
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
-        scores_avx2[l->f16][1](x, values ? l->v : l->k, n, d, 1.0f, out);
+        scores_avx2[l->fmt][1](x, values ? l->v : l->k, n, d, 1.0f, out);
         return;
     }
 #endif

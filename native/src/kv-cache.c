@@ -4,6 +4,7 @@
 #include "pages.h"
 #include "quant.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,16 +99,20 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
     return PYKV_OK;
 }
 
-pykv_status kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int f16) {
+pykv_status kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int fmt) {
     memset(c, 0, sizeof(*c));
-    c->f16 = f16 != 0;
+    if (fmt < 0 || fmt >= KV_N_FORMATS) return pykv_error(PYKV_ERR_INVALID_ARG, "unknown KV cache format %d", fmt);
+    if (fmt == KV_Q8_0 && head_dim % KV_Q8_BLOCK != 0)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "a q8_0 KV cache needs a head size that is a multiple of %d; this model's is %d",
+                          KV_Q8_BLOCK, head_dim);
+    c->fmt = fmt;
     c->n_layer = n_layer;
     c->n_head_kv = n_head_kv;
     c->head_dim = head_dim;
     c->max_entries = max_entries;
     c->lists = calloc((size_t)n_layer * n_head_kv, sizeof(struct kv_list));
     if (!c->lists) return pykv_error(PYKV_ERR_NOMEM, "out of memory creating the KV cache");
-    for (int i = 0; i < n_layer * n_head_kv; i++) c->lists[i].f16 = c->f16;
+    for (int i = 0; i < n_layer * n_head_kv; i++) c->lists[i].fmt = c->fmt;
     return PYKV_OK;
 }
 
@@ -143,9 +148,27 @@ pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra
     return list_resize(c, l, (int32_t)cap);
 }
 
+// d floats as Q8_0 blocks, as llama.cpp quantizes its cache: scale max|x| / 127 (stored
+// as a half), each value x * (1 / scale) rounded to the nearest int8, ties to even (as
+// the activation quantizer and the SIMD rounding do).
+static void quantize_row_q8_0(const float *x, uint8_t *dst, int32_t d) {
+    for (int32_t b = 0; b < d; b += KV_Q8_BLOCK, dst += KV_Q8_BLOCK_BYTES) {
+        float amax = 0.0f;
+        for (int i = 0; i < KV_Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        const uint16_t h = fp32_to_fp16(scale);
+        memcpy(dst, &h, sizeof(h));
+        for (int i = 0; i < KV_Q8_BLOCK; i++) {
+            const float q = nearbyintf(x[b + i] * inv);
+            dst[2 + i] = (uint8_t)(int8_t)(q >= -127.0f && q <= 127.0f ? q : 0.0f);   // NaN (an inf in the block): 0
+        }
+    }
+}
+
 static void store_row(const struct kv_list *l, void *base, int32_t j, const float *x, int32_t d) {
-    void *dst = (char *)base + (size_t)j * d * (l->f16 ? 2 : 4);
-    if (l->f16) fp32_to_fp16_row(x, dst, d);
+    void *dst = (char *)kv_row(l, base, j, d);
+    if (l->fmt == KV_F16) fp32_to_fp16_row(x, dst, d);
+    else if (l->fmt == KV_Q8_0) quantize_row_q8_0(x, dst, d);
     else memcpy(dst, x, (size_t)d * sizeof(float));
 }
 
@@ -156,8 +179,9 @@ void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v
 
 static const float *row_f32(const struct kv_list *l, const void *base, int32_t j, int32_t d, float *tmp) {
     const void *src = kv_row(l, base, j, d);
-    if (!l->f16) return src;
-    fp16_to_fp32_row(src, tmp, d);
+    if (l->fmt == KV_F32) return src;
+    if (l->fmt == KV_F16) fp16_to_fp32_row(src, tmp, d);
+    else dequant_row(PYKV_TYPE_Q8_0, src, tmp, d);
     return tmp;
 }
 
@@ -166,7 +190,8 @@ const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *
 
 float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d) {
     const void *k = kv_row(l, l->k, j, d);
-    return l->f16 ? vec_dot_for(PYKV_TYPE_F16)(k, q, d) : dot_f32(q, k, d);
+    if (l->fmt == KV_F32) return dot_f32(q, k, d);
+    return vec_dot_for(l->fmt == KV_F16 ? PYKV_TYPE_F16 : PYKV_TYPE_Q8_0)(k, q, d);
 }
 
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos) {

@@ -4,14 +4,29 @@
 // and has its own length, so eviction policies can keep different numbers of entries per
 // head and per layer. Storage grows by an eighth and shrinks when a policy compacts a list,
 // so the bytes reported are the bytes really allocated. Keys and values are stored as
-// IEEE halves (the default, as llama.cpp) or as floats (the exact path); code outside
-// kv-cache.c and the attention kernels reads them through the accessors below.
+// IEEE halves (the default, as llama.cpp), as floats (the exact path) or as Q8_0 blocks
+// (llama.cpp's `-ctk q8_0 -ctv q8_0`: 32 int8 and one half scale, 34 bytes per 32 values);
+// code outside kv-cache.c and the attention kernels reads them through the accessors below.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 #include "pykv.h"
 
 #define PYKV_MAX_HEAD_DIM 512   // the model loader refuses larger heads
+
+// How a cache stores its keys and values (the kernels are compiled once per format).
+enum kv_format { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_N_FORMATS };
+#define KV_Q8_BLOCK 32        // values per Q8_0 block
+#define KV_Q8_BLOCK_BYTES 34  // its half scale, then 32 int8
+
+static inline const char *kv_format_name(int fmt) {
+    return fmt == KV_F32 ? "f32" : fmt == KV_F16 ? "f16" : fmt == KV_Q8_0 ? "q8_0" : "unknown";
+}
+
+// Bytes of one stored row of d values (d a multiple of KV_Q8_BLOCK for Q8_0).
+static inline size_t kv_format_row_bytes(int fmt, int d) {
+    return fmt == KV_Q8_0 ? (size_t)(d / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES : (size_t)d * (fmt == KV_F16 ? 2 : 4);
+}
 
 struct kv_list {
     int32_t  n;     // entries in use
@@ -32,7 +47,7 @@ struct kv_list {
     int32_t  pool_used;     // floats appended since the pool was last rebuilt
     int32_t  pool_cap;      // floats allocated
     int32_t  pool_live;     // floats that belong to entries (the rest are gaps)
-    int32_t  f16;           // the cache's element type, copied here for the kernels
+    int32_t  fmt;           // enum kv_format of the cache, copied here for the kernels
 };
 
 struct kv_cache {
@@ -40,7 +55,7 @@ struct kv_cache {
     int32_t         n_head_kv;
     int32_t         head_dim;
     int32_t         max_entries;   // per list (n_ctx)
-    int32_t         f16;           // 1: keys and values stored as halves
+    int32_t         fmt;           // enum kv_format
     struct kv_list *lists;         // (n_layer * n_head_kv)
     // Counters: atomic, as a policy may evict from different lists on different threads.
     _Atomic int64_t bytes;
@@ -49,13 +64,13 @@ struct kv_cache {
     _Atomic int64_t merged;
 };
 
-pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int f16);
+pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int fmt);
 void            kv_cache_free(struct kv_cache *c);
 void            kv_cache_clear(struct kv_cache *c);   // drops every entry and its memory
 
 // Bytes of one key (or value) as stored.
 static inline size_t kv_cache_row_bytes(const struct kv_cache *c) {
-    return (size_t)c->head_dim * (c->f16 ? 2 : 4);
+    return kv_format_row_bytes(c->fmt, c->head_dim);
 }
 
 static inline struct kv_list *kv_cache_list(struct kv_cache *c, int layer, int head) {
@@ -83,7 +98,7 @@ pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra
 
 // Row j of a list's keys or values, in the stored type.
 static inline const void *kv_row(const struct kv_list *l, const void *base, int32_t j, int32_t d) {
-    return (const char *)base + (size_t)j * d * (l->f16 ? 2 : 4);
+    return (const char *)base + (size_t)j * kv_format_row_bytes(l->fmt, d);
 }
 // Key (or value) j as d floats: a pointer into the list when stored as floats, otherwise
 // converted into tmp (d floats).

@@ -48,10 +48,19 @@ static inline AVX2_TGT __m256 exp_ps(__m256 x) {
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-// Eight elements of a key or value row as floats, from halves or floats.
-static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void *row, int i, const int f16) {
-    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)))
-               : _mm256_loadu_ps((const float *)row + i);
+// Eight elements (from i, a multiple of 8) of a key or value row as floats, from floats,
+// halves or Q8_0 blocks (fmt: enum kv_format, 0, 1, 2; a constant where inlined). A Q8_0
+// element is its block's scale times its int8, one product, as the scalar dequantizer.
+static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void *row, int i, const int fmt) {
+    if (fmt == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    if (fmt == 2) {
+        const uint8_t *blk = (const uint8_t *)row + (size_t)(i / 32) * 34;
+        const __m128i q8 = _mm_loadl_epi64((const __m128i *)(blk + 2 + i % 32));
+        const __m128i h = _mm_cvtsi32_si128(blk[0] | blk[1] << 8);
+        const __m256 scale = _mm256_broadcastss_ps(_mm_cvtph_ps(h));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), scale);
+    }
+    return _mm256_loadu_ps((const float *)row + i);
 }
 
 // Weights are read once per token, straight from memory. The hardware prefetcher alone

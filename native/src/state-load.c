@@ -79,6 +79,14 @@ static int all_finite(const uint8_t *p, size_t bytes, int f16) {
     return !(bad | (((w & exponent) + low) & sign));
 }
 
+// The same for stored rows of any format: for Q8_0, every block's half scale.
+static int rows_finite(const uint8_t *p, size_t bytes, int fmt) {
+    if (fmt != KV_Q8_0) return all_finite(p, bytes, fmt == KV_F16);
+    for (size_t b = 0; b + KV_Q8_BLOCK_BYTES <= bytes; b += KV_Q8_BLOCK_BYTES)
+        if (!all_finite(p + b, 2, 1)) return 0;
+    return 1;
+}
+
 // One list's bytes: its length, positions and finite keys and values, and merged entries'
 // counts and norms (counts at least 1, norms finite and not negative). Skips over them.
 static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, int32_t n_past, int32_t *n_out) {
@@ -93,7 +101,7 @@ static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, i
     const uint8_t *kv = r->at;
     const size_t kv_bytes = 2 * (size_t)n * kv_cache_row_bytes(c);
     if (!state_take(r, NULL, kv_bytes)) return corrupt("its keys and values are cut short");
-    if (!all_finite(kv, kv_bytes, c->f16)) return corrupt("a key or value is not finite");
+    if (!rows_finite(kv, kv_bytes, c->fmt)) return corrupt("a key or value is not finite");
     *n_out = n;
     if (!merged) return PYKV_OK;
     int64_t norms = 0;
@@ -141,13 +149,13 @@ static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, 
     const struct kv_cache *c = &ctx->cache;
     struct state_reader r = { src, size };
     PYKV_TRY(read_header(&r, head));
-    const int32_t want[5] = { c->n_layer, c->n_head_kv, c->head_dim, ctx->model->hp.n_vocab, c->f16 };
+    const int32_t want[5] = { c->n_layer, c->n_head_kv, c->head_dim, ctx->model->hp.n_vocab, c->fmt };
     if (memcmp(head, want, sizeof(want)) != 0)
         return pykv_error(PYKV_ERR_INVALID_ARG,
                           "pykv_state_load: the state is of a model with %d layers, %d KV heads of %d, %d tokens "
-                          "and an %s cache; this context has %d, %d of %d, %d and %s",
-                          head[0], head[1], head[2], head[3], head[4] ? "f16" : "f32", want[0], want[1], want[2],
-                          want[3], want[4] ? "f16" : "f32");
+                          "and a KV cache of %s; this context has %d, %d of %d, %d and %s",
+                          head[0], head[1], head[2], head[3], kv_format_name(head[4]), want[0], want[1], want[2],
+                          want[3], kv_format_name(want[4]));
     const int32_t n_past = head[H_N_PAST], has_logits = head[H_HAS_LOGITS], single = head[H_SINGLE_RUN];
     if (n_past < 0 || (has_logits != 0 && has_logits != 1) || (has_logits && n_past == 0) ||
         (single != 0 && single != 1))

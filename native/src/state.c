@@ -67,7 +67,7 @@ static void write_state(const pykv_context *ctx, struct state_writer *w, const c
     const struct kv_cache *c = &ctx->cache;
     const int32_t n_vocab = ctx->model->hp.n_vocab;
     const uint32_t order = STATE_BYTE_ORDER;
-    const int32_t head[HEADER_I32] = { c->n_layer, c->n_head_kv, c->head_dim, n_vocab, c->f16, ctx->n_past,
+    const int32_t head[HEADER_I32] = { c->n_layer, c->n_head_kv, c->head_dim, n_vocab, c->fmt, ctx->n_past,
                                        ctx->has_logits, ctx->single_run };
     const int64_t counters[2] = { c->evicted, c->merged };
     state_put(w, STATE_MAGIC, sizeof(STATE_MAGIC));

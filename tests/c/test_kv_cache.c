@@ -1,9 +1,12 @@
 // test_kv_cache.c - ragged per-head lists: append, retain (compaction), byte accounting,
-// for both element types (the values used are exact in halves too), the accessors, and
-// cutting every list back to a prefix of positions.
+// for floats and halves (the values used are exact in halves too), the accessors, and
+// cutting every list back to a prefix of positions; Q8_0 storage against a quantizer
+// written out here (scale max|x| / 127 as a half, values rounded to nearest even).
 #include "check.h"
 #include "kv-cache.h"
+#include "quant.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static void fill(float *x, int n, float v) { for (int i = 0; i < n; i++) x[i] = v + (float)i; }
@@ -91,7 +94,62 @@ static void check_keep_prefix(int f16) {
     kv_cache_free(&c);
 }
 
+// What a Q8_0 row of d values reads back as: per block of 32, s = half(max|x| / 127) and
+// each value s * rint(x / (max|x| / 127)) (0 for an all-zero block).
+static void q8_0_expected(const float *x, int d, float *out) {
+    for (int b = 0; b < d; b += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fabsf(x[b + i]) > amax ? fabsf(x[b + i]) : amax;
+        const float scale = amax / 127.0f, s = fp16_to_fp32(fp32_to_fp16(scale));
+        for (int i = 0; i < 32; i++) out[b + i] = scale > 0.0f ? s * rintf(x[b + i] * (1.0f / scale)) : 0.0f;
+    }
+}
+
+static void check_q8_0(void) {
+    enum { HD = 64 };
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, 2, 48, 100, KV_Q8_0) == PYKV_ERR_INVALID_ARG);   // 48 is not whole blocks
+    CHECK(kv_cache_init(&c, 1, 2, HD, 100, KV_Q8_0) == PYKV_OK);
+    CHECK(kv_cache_row_bytes(&c) == 2 * 34);
+    struct kv_list *l = kv_cache_list(&c, 0, 1);
+    CHECK(kv_list_reserve(&c, l, 40) == PYKV_OK);
+    CHECK(c.bytes == (int64_t)l->cap * (2 * 68 + 4));
+    float k[HD], v[HD], want[HD], tmp[HD], q[HD];
+    srand(3);
+    for (int j = 0; j < 40; j++) {
+        for (int i = 0; i < HD; i++) {
+            k[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * 20.0f;
+            v[i] = j == 7 ? 0.0f : ((float)rand() / (float)RAND_MAX - 0.5f) * 0.01f;   // entry 7: all-zero value
+        }
+        kv_list_push(&c, l, k, v, j);
+        q8_0_expected(k, HD, want);
+        const float *got = kv_key_f32(l, j, HD, tmp);
+        int same = 1;
+        double dot = 0.0;
+        for (int i = 0; i < HD; i++) {
+            same &= got[i] == want[i];
+            CHECK(fabsf(got[i] - k[i]) <= 10.0f / 127.0f * 0.57f);   // half a step, and the scale's rounding to a half
+            q[i] = (float)(i % 7) - 3.0f;
+            dot += (double)q[i] * want[i];
+        }
+        CHECK(same);
+        CHECK_NEAR(kv_key_dot(l, j, q, HD), dot, 1e-3);
+        q8_0_expected(v, HD, want);
+        got = kv_value_f32(l, j, HD, tmp);
+        for (int i = 0; i < HD; i++) same &= got[i] == want[i];
+        CHECK(same);
+    }
+    // an infinite value spoils only its own block, without undefined behaviour
+    for (int i = 0; i < HD; i++) k[i] = 1.0f;
+    k[40] = INFINITY;
+    kv_list_set_kv(l, 3, k, k, HD);
+    const float *got = kv_key_f32(l, 3, HD, tmp);
+    CHECK(got[0] == fp16_to_fp32(fp32_to_fp16(1.0f / 127.0f)) * 127.0f && !isfinite(got[40]) && !isfinite(got[33]));
+    kv_cache_free(&c);
+}
+
 int main(void) {
+    check_q8_0();
     check_type(0);
     check_type(1);
     check_keep_prefix(0);

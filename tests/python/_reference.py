@@ -169,17 +169,26 @@ def int8_prefill_takes(name: str, wtype: str, cols: int) -> bool:
     return cols % 256 == 0 or (wtype in INT8_PREFILL_ANY_WIDTH and not qkv)
 
 
-def q8_roundtrip(x: np.ndarray) -> np.ndarray:
+def q8_roundtrip(x: np.ndarray, half_scale: bool = False, margins: list | None = None) -> np.ndarray:
     """Rows of x quantised as pykv's fast path does (blocks of 32, d = max|x| / 127,
-    round half to even, in float32) and turned back into numbers."""
+    round half to even, in float32) and turned back into numbers. half_scale=True: the
+    scale is then stored as an IEEE half, as in a Q8_0 block (pykv's q8_0 KV cache).
+    margins: gets the smallest distance of any x / d from a rounding boundary (in steps;
+    below ~1e-5, pykv's float32 inputs may round the other way)."""
     x32 = np.asarray(x, dtype=np.float32).reshape(-1, 32)
     d = np.max(np.abs(x32), axis=1, keepdims=True) / np.float32(127)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
-    q = np.rint(x32 * inv)
+    y = x32 * inv
+    if margins is not None:
+        margins.append(float(np.min(np.abs(np.abs(y - np.floor(y)) - 0.5))))
+    q = np.rint(y)
+    if half_scale:
+        d = d.astype(np.float16)
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
-def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8_prefill=False) -> np.ndarray:
+def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8_prefill=False,
+            kv_q8_0=False, q8_margins: list | None = None) -> np.ndarray:
     """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context; with
     hidden=True, the hidden states after the output norm instead, (len(tokens), n_embd).
 
@@ -191,7 +200,8 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8
     int8_prefill_takes are quantised the same way (the logits product, one row at a time, as
     for decode steps).
     kv_f16=True: keys (after RoPE) and values are rounded to IEEE halves, as pykv's default
-    cache stores them."""
+    cache stores them. kv_q8_0=True: they go through Q8_0 blocks instead (kv_type="q8_0"),
+    and q8_margins (a list) gets each rounding's margin (q8_roundtrip)."""
     if not isinstance(model, RefModel):
         model = load(model)
     hp = model.hp
@@ -222,6 +232,8 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8
         if kv_f16:
             k = k.astype(np.float32).astype(np.float16).astype(np.float64)
             v = v.astype(np.float32).astype(np.float16).astype(np.float64)
+        if kv_q8_0:
+            k, v = (q8_roundtrip(x, half_scale=True, margins=q8_margins) for x in (k, v))
         a = attention(q, k, v, n_rep).reshape(T, hp.n_head * hp.head_dim)
         x = x + lin(a, p + "attn_output.weight")
 

@@ -75,6 +75,6 @@ def test_smollm2_f16_cache_close_to_transformers(smollm2_path):
 def test_bad_kv_type_is_a_clear_error(tiny_model):
     from pykv import InvalidArgumentError
     with pytest.raises(InvalidArgumentError, match="kv_type"):
-        Llama(str(tiny_model()), n_ctx=32, kv_type="q8_0")
+        Llama(str(tiny_model()), n_ctx=32, kv_type="q4_0")
     with Llama(str(tiny_model()), n_ctx=32, kv_type="F32") as llm:   # case does not matter
         assert llm.kv_stats()["kv_type"] == "f32"

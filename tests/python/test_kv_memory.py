@@ -49,7 +49,7 @@ def test_budget_256_after_8k_prompt(long_model, prompt, policy):
     assert stats["evicted"] == N_PROMPT * lists - stats["entries"]
 
 
-@pytest.mark.parametrize("kv_type, bpe", [("f16", 2), ("f32", 4)])
+@pytest.mark.parametrize("kv_type, bpe", [("f16", 2), ("f32", 4), ("q8_0", 34 / 32)])
 def test_full_cache_holds_every_entry(long_model, prompt, kv_type, bpe):
     with Llama(long_model, n_ctx=N_PROMPT + 64, n_batch=512, policy="full", kv_type=kv_type) as llm:
         info = llm.model_info

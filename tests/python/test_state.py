@@ -79,7 +79,7 @@ def test_states_that_do_not_fit_are_refused(tiny_model):
         state = src.save_state()
     with Llama(path, n_ctx=128, exact_matmul=True, kv_type="f16") as llm:
         llm.eval(random_tokens(5, 6))
-        _refused(llm, state, "f32 cache")
+        _refused(llm, state, "KV cache of f32; this context has .* f16")
     with Llama(path, n_ctx=32, **EXACT) as llm:
         llm.eval(random_tokens(5, 6))
         _refused(llm, state, "60 tokens, more than n_ctx=32", ContextOverflowError)
@@ -128,22 +128,28 @@ def _first_key_offset(data: bytes) -> int:
     return off + 8 + 4 * n                               # length, merged flag, positions
 
 
-@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
 def test_non_finite_keys_and_values_are_refused(tiny_model, kv_type):
+    """f32, f16: the first key's element 3 made inf or NaN. q8_0 (a model with whole blocks):
+    its first block's half scale, the only part of a block that can be non-finite (int8
+    bytes that would spell an f16 inf still load)."""
     kw = dict(EXACT, kv_type=kv_type)
-    with Llama(str(tiny_model()), n_ctx=64, **kw) as llm:
+    with Llama(str(tiny_model("mistral_f16_h4kv1" if kv_type == "q8_0" else "llama_f32_h4kv4")), n_ctx=64, **kw) as llm:
         llm.eval(random_tokens(20, 8))
         state = llm.save_state()
         at = _first_key_offset(state.data)
         size = 4 if kv_type == "f32" else 2
+        bad_at = at if kv_type == "q8_0" else at + 3 * size
         assert any(state.data[at:at + size])   # a real key is there
         for bad in (np.inf, -np.inf, np.nan):
             patched = bytearray(state.data)
-            patched[at + 3 * size:at + 4 * size] = np.array(bad, dtype=np.float32 if size == 4 else np.float16).tobytes()
+            patched[bad_at:bad_at + size] = np.array(bad, dtype=np.float32 if size == 4 else np.float16).tobytes()
             _refused(llm, LlamaState(state.input_ids, bytes(patched)), "a key or value is not finite")
         # the check is on the values, not on the bytes changing: another finite key loads
         patched = bytearray(state.data)
         patched[at:at + size] = np.array(0.5, dtype=np.float32 if size == 4 else np.float16).tobytes()
+        if kv_type == "q8_0":
+            patched[at + 2:at + 4] = np.array(np.inf, dtype=np.float16).tobytes()   # two int8 quants
         llm.load_state(LlamaState(state.input_ids, bytes(patched)))
         assert llm.n_past == 20
 
