@@ -293,11 +293,61 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 // keys or values requests the rows this many bytes ahead.
 #define ATTENTION_PREFETCH 1024
 
+// Q8_0 keys: within a 32-value block each query's dot product with the int8 quants sums
+// in t, and t times the block's scale joins the row's total, so the scale costs one
+// multiply-add per block rather than a multiply per eight values (the conversion, not the
+// memory, bounds these kernels at depth). E = 4 entries for one query, 2 for more: a and t
+// take 2 x nq x E of the 16 registers.
+static inline __attribute__((always_inline)) AVX2_TGT
+void scores_tile_q8_0(const float *q, const int nq, const void *K, int n, int d, float scale, float *w) {
+    enum { EMAX = 4 };
+    const int E = nq == 1 ? 4 : 2;
+    const size_t row = kv_format_row_bytes(KV_Q8_0, d);
+    int j = 0;
+    for (; j + E <= n; j += E) {
+        const uint8_t *k0 = (const uint8_t *)K + (size_t)j * row;
+        for (size_t b = 0; b < (size_t)E * row; b += 64) __builtin_prefetch(k0 + ATTENTION_PREFETCH + b);
+        __m256 a[ATTENTION_TILE][EMAX];
+        for (int r = 0; r < nq; r++)
+            for (int e = 0; e < E; e++) a[r][e] = _mm256_setzero_ps();
+        for (int ib = 0; ib < d; ib += 32) {
+            const uint8_t *blk = k0 + (size_t)(ib / 32) * 34;
+            __m256 t[ATTENTION_TILE][EMAX];
+            for (int c = 0; c < 32; c += 8)
+                for (int e = 0; e < E; e++) {
+                    const __m256 x = q8_0_quants8(blk + (size_t)e * row, c);
+                    for (int r = 0; r < nq; r++) {
+                        const __m256 qv = _mm256_loadu_ps(q + (size_t)r * d + ib + c);
+                        t[r][e] = c == 0 ? _mm256_mul_ps(qv, x) : _mm256_fmadd_ps(qv, x, t[r][e]);
+                    }
+                }
+            for (int e = 0; e < E; e++) {
+                const __m256 sc = q8_0_scale8(blk + (size_t)e * row);
+                for (int r = 0; r < nq; r++) a[r][e] = _mm256_fmadd_ps(t[r][e], sc, a[r][e]);
+            }
+        }
+        for (int r = 0; r < nq; r++) store_sums(a[r], E, scale, w + (size_t)r * n + j);
+    }
+    for (; j < n; j++) {
+        const uint8_t *k0 = (const uint8_t *)K + (size_t)j * row;
+        for (int r = 0; r < nq; r++) {
+            __m256 a = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), load8_kv(k0, i, KV_Q8_0), a);
+            w[(size_t)r * n + j] = hsum_ps(a) * scale;
+        }
+    }
+}
+
 // Scores: E entries at a time (8 for one query, 4 for two or three, 2 for four), one
 // accumulator per (query, entry); each key row is loaded once for every query of the tile.
 static inline __attribute__((always_inline)) AVX2_TGT
 void scores_tile(const float *q, const int nq, const void *K, const int fmt, int n, int d, float scale, float *w) {
     enum { EMAX = 8 };
+    if (fmt == KV_Q8_0) {
+        scores_tile_q8_0(q, nq, K, n, d, scale, w);
+        return;
+    }
     const int E = nq == 1 ? 8 : nq <= 3 ? 4 : 2;
     const size_t row = kv_format_row_bytes(fmt, d);
     int j = 0;
@@ -346,10 +396,17 @@ void weighted_sum_tile(const float *w, const int nq, const void *V, const int fm
                     __builtin_prefetch((const char *)V + (size_t)j * row + ATTENTION_PREFETCH + b);
             for (int u = 0; u < U; u++) {
                 const char *v = (const char *)V + (size_t)(j + u) * row;
-                __m256 vx[CMAX];
-                for (int x = 0; x < C8; x++) vx[x] = load8_kv(v, c + 8 * x, fmt);
+                __m256 vx[CMAX], sc = _mm256_setzero_ps();
+                if (fmt == KV_Q8_0) {   // a pass lies inside one block: its scale goes into the weights
+                    const uint8_t *blk = (const uint8_t *)v + (size_t)(c / 32) * 34;
+                    sc = q8_0_scale8(blk);
+                    for (int x = 0; x < C8; x++) vx[x] = q8_0_quants8(blk, c % 32 + 8 * x);
+                } else {
+                    for (int x = 0; x < C8; x++) vx[x] = load8_kv(v, c + 8 * x, fmt);
+                }
                 for (int r = 0; r < nq; r++) {
-                    const __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j + u);
+                    __m256 p = _mm256_broadcast_ss(w + (size_t)r * n + j + u);
+                    if (fmt == KV_Q8_0) p = _mm256_mul_ps(p, sc);
                     for (int x = 0; x < C8; x++) a[u][r][x] = _mm256_fmadd_ps(p, vx[x], a[u][r][x]);
                 }
             }

@@ -48,6 +48,16 @@ static inline AVX2_TGT __m256 exp_ps(__m256 x) {
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+// A Q8_0 block's scale (its first two bytes, a half) as a float in every lane.
+static inline __attribute__((always_inline)) AVX2_TGT __m256 q8_0_scale8(const uint8_t *blk) {
+    return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | blk[1] << 8)));
+}
+
+// Eight int8 quants of a Q8_0 block (from quant c) as floats, not yet scaled.
+static inline __attribute__((always_inline)) AVX2_TGT __m256 q8_0_quants8(const uint8_t *blk, int c) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + c))));
+}
+
 // Eight elements (from i, a multiple of 8) of a key or value row as floats, from floats,
 // halves or Q8_0 blocks (fmt: enum kv_format, 0, 1, 2; a constant where inlined). A Q8_0
 // element is its block's scale times its int8, one product, as the scalar dequantizer.
@@ -55,10 +65,7 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void
     if (fmt == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
     if (fmt == 2) {
         const uint8_t *blk = (const uint8_t *)row + (size_t)(i / 32) * 34;
-        const __m128i q8 = _mm_loadl_epi64((const __m128i *)(blk + 2 + i % 32));
-        const __m128i h = _mm_cvtsi32_si128(blk[0] | blk[1] << 8);
-        const __m256 scale = _mm256_broadcastss_ps(_mm_cvtph_ps(h));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), scale);
+        return _mm256_mul_ps(q8_0_quants8(blk, i % 32), q8_0_scale8(blk));
     }
     return _mm256_loadu_ps((const float *)row + i);
 }
