@@ -37,3 +37,41 @@ def assert_logits_close(got, ref, *, atol: float, rtol_scale: float = 0.0, what:
 # compare against an independent float reference at float32 tolerances run on it; the fast
 # defaults (8-bit decode activations, f16 cache) have their own tests (test_fast_path.py).
 EXACT = {"exact_matmul": True, "kv_type": "f32"}
+
+
+def prompt_then_steps_logits(path, tokens, start, **llama_kw):
+    """Logits after tokens[:start] as one call, then after each later token alone (exact
+    products; llama_kw picks the cache), one row per call."""
+    from pykv import Llama
+    with Llama(str(path), n_ctx=64, verbose=False, exact_matmul=True, **llama_kw) as llm:
+        llm.eval(tokens[:start])
+        out = [llm.logits().copy()]
+        for t in tokens[start:]:
+            llm.eval([t])
+            out.append(llm.logits().copy())
+    return np.array(out)
+
+
+def _log_softmax(x):
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def kl_from_transformers(smollm2_path, kv_type: str) -> list:
+    """KL(transformers || pykv) of SmolLM2's next-token distribution at three positions of
+    a 300-token prompt, exact products, the given cache type (the cache check is in here)."""
+    from pykv import Llama
+    from _prompts import hf_prompt_ids
+    from _torch_reference import reference_logits
+    ids = hf_prompt_ids(smollm2_path, 300, seed=4)
+    positions = [199, 260, 299]
+    ref = reference_logits(smollm2_path, ids, positions)
+    with Llama(str(smollm2_path), n_ctx=512, verbose=False, exact_matmul=True, kv_type=kv_type) as llm:
+        assert llm.kv_stats()["kv_type"] == kv_type
+        done, kls = 0, []
+        for p, r in zip(positions, ref):
+            llm.eval(ids[done:p + 1])
+            done = p + 1
+            lr, lg = _log_softmax(r.astype(np.float64)), _log_softmax(llm.logits().astype(np.float64))
+            kls.append(float(np.sum(np.exp(lr) * (lr - lg))))
+    return kls

@@ -16,23 +16,12 @@ import numpy as np
 import pytest
 
 import _reference
-from _prompts import hf_prompt_ids
+from _compare import kl_from_transformers, prompt_then_steps_logits
 from _tiny_models import N_VOCAB, VARIANTS
-from _torch_reference import reference_logits
 from pykv import Llama
 
 F16_REL = 2e-4
 SMOLLM2_KL_MAX = 5e-4
-
-
-def _logits(path, tokens, start, **kw):
-    with Llama(str(path), n_ctx=64, verbose=False, exact_matmul=True, **kw) as llm:
-        llm.eval(tokens[:start])
-        out = [llm.logits().copy()]
-        for t in tokens[start:]:
-            llm.eval([t])
-            out.append(llm.logits().copy())
-    return np.array(out)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -41,7 +30,7 @@ def test_tiny_f16_cache_matches_rounded_reference(tiny_model, name):
     rel, rel_plain = [], []
     for seed in (31, 32, 33):
         tokens, start = np.random.default_rng(seed).integers(0, N_VOCAB, 20).tolist(), 10
-        got = _logits(path, tokens, start)
+        got = prompt_then_steps_logits(path, tokens, start)
         ref = _reference.forward(path, tokens, kv_f16=True)[start - 1:]
         plain = _reference.forward(path, tokens)[start - 1:]
         scale = np.max(np.abs(ref), axis=1)
@@ -51,24 +40,9 @@ def test_tiny_f16_cache_matches_rounded_reference(tiny_model, name):
     assert np.median(rel_plain) > 5 * np.median(rel), (rel, rel_plain)
 
 
-def _log_softmax(x):
-    x = x - x.max()
-    return x - np.log(np.exp(x).sum())
-
-
 @pytest.mark.model
 def test_smollm2_f16_cache_close_to_transformers(smollm2_path):
-    ids = hf_prompt_ids(smollm2_path, 300, seed=4)
-    positions = [199, 260, 299]
-    ref = reference_logits(smollm2_path, ids, positions)
-    with Llama(str(smollm2_path), n_ctx=512, verbose=False, exact_matmul=True) as llm:
-        assert llm.kv_stats()["kv_type"] == "f16"
-        done, kls = 0, []
-        for p, r in zip(positions, ref):
-            llm.eval(ids[done:p + 1])
-            done = p + 1
-            lr, lg = _log_softmax(r.astype(np.float64)), _log_softmax(llm.logits().astype(np.float64))
-            kls.append(float(np.sum(np.exp(lr) * (lr - lg))))
+    kls = kl_from_transformers(smollm2_path, "f16")
     assert max(kls) <= SMOLLM2_KL_MAX, kls
 
 

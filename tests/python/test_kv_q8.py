@@ -26,25 +26,14 @@ import numpy as np
 import pytest
 
 import _reference
-from _prompts import hf_prompt_ids
+from _compare import kl_from_transformers, prompt_then_steps_logits
 from _tiny_models import N_VOCAB, VARIANTS, random_tokens
-from _torch_reference import reference_logits
 from pykv import InvalidArgumentError, Llama, list_policies
 
 Q8_VARIANTS = sorted(n for n, spec in VARIANTS.items() if spec.head_dim % 32 == 0)
 Q8_REL = 2e-6
 NEAR_EDGE, ONE_STEP_REL = 2e-4, 5e-3
 SMOLLM2_KL_MAX = 3e-3
-
-
-def _logits(path, tokens, start, **kw):
-    with Llama(str(path), n_ctx=64, verbose=False, exact_matmul=True, kv_type="q8_0", **kw) as llm:
-        llm.eval(tokens[:start])
-        out = [llm.logits().copy()]
-        for t in tokens[start:]:
-            llm.eval([t])
-            out.append(llm.logits().copy())
-    return np.array(out)
 
 
 def test_some_variants_have_whole_blocks():
@@ -57,7 +46,7 @@ def test_tiny_q8_cache_matches_quantized_reference(tiny_model, name):
     rel, rel_f16 = [], []
     for seed in (41, 42, 43):
         tokens, start = np.random.default_rng(seed).integers(0, N_VOCAB, 20).tolist(), 10
-        got = _logits(path, tokens, start)
+        got = prompt_then_steps_logits(path, tokens, start, kv_type="q8_0")
         margins = []
         ref = _reference.forward(path, tokens, kv_q8_0=True, q8_margins=margins)[start - 1:]
         f16 = _reference.forward(path, tokens, kv_f16=True)[start - 1:]
@@ -77,24 +66,9 @@ def test_head_size_not_whole_blocks_is_a_clear_error(tiny_model):
         Llama(str(tiny_model(name)), n_ctx=32, kv_type="q8_0")
 
 
-def _log_softmax(x):
-    x = x - x.max()
-    return x - np.log(np.exp(x).sum())
-
-
 @pytest.mark.model
 def test_smollm2_q8_cache_close_to_transformers(smollm2_path):
-    ids = hf_prompt_ids(smollm2_path, 300, seed=4)
-    positions = [199, 260, 299]
-    ref = reference_logits(smollm2_path, ids, positions)
-    with Llama(str(smollm2_path), n_ctx=512, verbose=False, exact_matmul=True, kv_type="q8_0") as llm:
-        assert llm.kv_stats()["kv_type"] == "q8_0"
-        done, kls = 0, []
-        for p, r in zip(positions, ref):
-            llm.eval(ids[done:p + 1])
-            done = p + 1
-            lr, lg = _log_softmax(r.astype(np.float64)), _log_softmax(llm.logits().astype(np.float64))
-            kls.append(float(np.sum(np.exp(lr) * (lr - lg))))
+    kls = kl_from_transformers(smollm2_path, "q8_0")
     assert max(kls) <= SMOLLM2_KL_MAX, kls
 
 
