@@ -42,6 +42,8 @@ def add_bench_parser(sub):
     p.add_argument("--policy", default="full", help="policies (default full)")
     p.add_argument("--budget", default="", help="budgets for evicting policies (entries or N%%); "
                    "separate several with commas")
+    p.add_argument("-ctk", "--cache-type", default="f16",
+                   help="KV cache types, keys and values alike: f16 (default), f32, q8_0")
     p.add_argument("-o", "--output", choices=["md", "json", "jsonl"], default="md")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--progress", action="store_true", help="print each run on stderr")
@@ -84,16 +86,21 @@ def run_bench(args, model_path: str) -> int:
     threads = _ints(args.threads, "-t") if args.threads else [None]
     policies = [p for p in args.policy.split(",") if p]
     budgets = [b for b in args.budget.split(",") if b] or [None]
+    cache_types = [c.lower() for c in args.cache_type.split(",") if c] or ["f16"]
+    bad = [c for c in cache_types if c not in ("f16", "f32", "q8_0")]
+    if bad:
+        from .cli import UsageError
+        raise UsageError(f"-ctk takes f16, f32 or q8_0 separated by commas, got {args.cache_type!r}")
     tests = [("pp", n) for n in prompts if n > 0] + [("tg", n) for n in gens if n > 0]
     rows = []
-    for policy in policies:
+    for policy, kv_type in ((p, c) for p in policies for c in cache_types):
         for budget in (budgets if policy != "full" else [None]):
             for n_threads in threads:
                 for n_batch in batches:
                     for depth in depths:
                         n_ctx = depth + max([n for _, n in tests] or [1]) + 16
                         with Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
-                                   policy=policy, budget=budget) as llm:
+                                   policy=policy, budget=budget, kv_type=kv_type) as llm:
                             if not args.no_warmup:
                                 llm.eval(_tokens(min(16, n_ctx - 1), llm.n_vocab, 99))
                             for kind, size in tests:
@@ -107,7 +114,8 @@ def run_bench(args, model_path: str) -> int:
                                 kv = llm.kv_stats()
                                 rows.append({
                                     "test": f"{kind}{size}" + (f" @ d{depth}" if depth else ""),
-                                    "policy": policy, "budget": budget, "threads": n_threads or "auto",
+                                    "policy": policy, "budget": budget, "cache_type": kv_type,
+                                    "threads": n_threads or "auto",
                                     "n_batch": n_batch, "t_s": statistics.mean(speeds),
                                     "t_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
                                     "t_s_median": statistics.median(speeds),
@@ -126,9 +134,12 @@ def _print(rows, form):
         for r in rows:
             print(json.dumps(r))
         return
-    print("| test | policy | budget | threads | n_batch | t/s | median | kv_MiB | evicted | peak_RSS_MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    types = any(r["cache_type"] != "f16" for r in rows)   # a column only when not the default, as llama-bench
+    print("| test | policy | budget | " + ("type_kv | " if types else "") +
+          "threads | n_batch | t/s | median | kv_MiB | evicted | peak_RSS_MiB |")
+    print("|---|---|---|" + ("---|" if types else "") + "---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['test']} | {r['policy']} | {r['budget'] or '-'} | {r['threads']} | {r['n_batch']} | "
+        kv = f"{r['cache_type']} | " if types else ""
+        print(f"| {r['test']} | {r['policy']} | {r['budget'] or '-'} | {kv}{r['threads']} | {r['n_batch']} | "
               f"{r['t_s']:.2f} ± {r['t_s_sd']:.2f} | {r['t_s_median']:.2f} | {r['kv_MiB']:.2f} | "
               f"{r['evicted']} | {r['peak_RSS_MiB']:.0f} |")

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,6 +34,23 @@ def test_bench_rows_cover_the_product(tiny_model):
     assert tg["evicted"] > 0 and tg["kv_MiB"] * 2**20 <= 1.125 * (40 + 4) * 3 * 2 * per_entry
     full = next(r for r in rows if r["policy"] == "full" and r["test"] == "tg4 @ d80")
     assert full["evicted"] == 0 and full["kv_MiB"] > tg["kv_MiB"]
+
+
+def test_bench_cache_types(tiny_model):
+    """-ctk sweeps the KV cache type like llama-bench: a row per type, q8_0's cache at
+    34 / 64 of f16's bytes plus the same 4-byte position per entry; a bad type is a usage
+    error before anything runs."""
+    model = str(tiny_model("mistral_f16_h4kv1"))   # head size 32: whole Q8_0 blocks
+    out = bench(model, "-p", "", "-n", "4", "-d", "40", "-r", "1", "-ctk", "f16,q8_0", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["cache_type"]: r for r in json.loads(out.stdout)}
+    assert set(rows) == {"f16", "q8_0"}
+    per_entry = {"f16": 2 * 32 * 2 + 4, "q8_0": 2 * 34 + 4}
+    assert rows["q8_0"]["kv_MiB"] * per_entry["f16"] == pytest.approx(rows["f16"]["kv_MiB"] * per_entry["q8_0"])
+    md = bench(model, "-p", "", "-n", "2", "-r", "1", "-ctk", "q8_0")
+    assert md.returncode == 0 and "| type_kv |" in md.stdout and "| q8_0 |" in md.stdout, md.stdout
+    bad = bench(model, "-ctk", "f16,q4_0")
+    assert bad.returncode == 1 and "-ctk takes f16, f32 or q8_0" in bad.stderr, bad.stderr
 
 
 def test_bench_bad_list_is_a_usage_error(tiny_model):
