@@ -86,11 +86,11 @@ def run_bench(args, model_path: str) -> int:
     threads = _ints(args.threads, "-t") if args.threads else [None]
     policies = [p for p in args.policy.split(",") if p]
     budgets = [b for b in args.budget.split(",") if b] or [None]
+    from .cli import KV_CACHE_TYPES, UsageError
     cache_types = [c.lower() for c in args.cache_type.split(",") if c] or ["f16"]
-    bad = [c for c in cache_types if c not in ("f16", "f32", "q8_0")]
-    if bad:
-        from .cli import UsageError
-        raise UsageError(f"-ctk takes f16, f32 or q8_0 separated by commas, got {args.cache_type!r}")
+    if any(c not in KV_CACHE_TYPES for c in cache_types):
+        raise UsageError(f"-ctk takes {', '.join(KV_CACHE_TYPES[:-1])} or {KV_CACHE_TYPES[-1]} separated by commas, "
+                         f"got {args.cache_type!r}")
     tests = [("pp", n) for n in prompts if n > 0] + [("tg", n) for n in gens if n > 0]
     rows = []
     for policy, kv_type in ((p, c) for p in policies for c in cache_types):

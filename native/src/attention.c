@@ -310,10 +310,10 @@ void scores_tile_q8_0(const float *q, const int nq, const void *K, int n, int d,
         __m256 a[ATTENTION_TILE][EMAX];
         for (int r = 0; r < nq; r++)
             for (int e = 0; e < E; e++) a[r][e] = _mm256_setzero_ps();
-        for (int ib = 0; ib < d; ib += 32) {
-            const uint8_t *blk = k0 + (size_t)(ib / 32) * 34;
+        for (int ib = 0; ib < d; ib += KV_Q8_BLOCK) {
+            const uint8_t *blk = k0 + (size_t)(ib / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES;
             __m256 t[ATTENTION_TILE][EMAX];
-            for (int c = 0; c < 32; c += 8)
+            for (int c = 0; c < KV_Q8_BLOCK; c += 8)
                 for (int e = 0; e < E; e++) {
                     const __m256 x = q8_0_quants8(blk + (size_t)e * row, c);
                     for (int r = 0; r < nq; r++) {
@@ -398,9 +398,9 @@ void weighted_sum_tile(const float *w, const int nq, const void *V, const int fm
                 const char *v = (const char *)V + (size_t)(j + u) * row;
                 __m256 vx[CMAX], sc = _mm256_setzero_ps();
                 if (fmt == KV_Q8_0) {   // a pass lies inside one block: its scale goes into the weights
-                    const uint8_t *blk = (const uint8_t *)v + (size_t)(c / 32) * 34;
+                    const uint8_t *blk = (const uint8_t *)v + (size_t)(c / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES;
                     sc = q8_0_scale8(blk);
-                    for (int x = 0; x < C8; x++) vx[x] = q8_0_quants8(blk, c % 32 + 8 * x);
+                    for (int x = 0; x < C8; x++) vx[x] = q8_0_quants8(blk, c % KV_Q8_BLOCK + 8 * x);
                 } else {
                     for (int x = 0; x < C8; x++) vx[x] = load8_kv(v, c + 8 * x, fmt);
                 }

@@ -2,6 +2,7 @@
 #include "kv-cache.h"
 #include "error.h"
 #include "pages.h"
+#include "quant-blocks.h"
 #include "quant.h"
 
 #include <math.h>
@@ -151,19 +152,19 @@ pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra
 // d floats as Q8_0 blocks, as llama.cpp quantizes its cache: scale max|x| / 127 (stored
 // as a half), each value x * (1 / scale) rounded to the nearest int8, ties to even (as
 // the activation quantizer and the SIMD rounding do).
-static void quantize_row_q8_0(const float *x, uint8_t *dst, int32_t d) {
-    for (int32_t b = 0; b < d; b += KV_Q8_BLOCK, dst += KV_Q8_BLOCK_BYTES) {
+static void quantize_row_q8_0(const float *x, block_q8_0 *y, int32_t d) {
+    for (int32_t b = 0; b < d / QK8_0; b++, x += QK8_0) {
         float amax = 0.0f;
-        for (int i = 0; i < KV_Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(x[i]));
         const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-        const uint16_t h = fp32_to_fp16(scale);
-        memcpy(dst, &h, sizeof(h));
-        for (int i = 0; i < KV_Q8_BLOCK; i++) {
-            const float q = nearbyintf(x[b + i] * inv);
-            dst[2 + i] = (uint8_t)(int8_t)(q >= -127.0f && q <= 127.0f ? q : 0.0f);   // NaN (an inf in the block): 0
+        y[b].d = fp32_to_fp16(scale);
+        for (int i = 0; i < QK8_0; i++) {
+            const float q = nearbyintf(x[i] * inv);
+            y[b].qs[i] = (int8_t)(q >= -127.0f && q <= 127.0f ? q : 0.0f);   // NaN (an inf in the block): 0
         }
     }
 }
+_Static_assert(KV_Q8_BLOCK == QK8_0 && KV_Q8_BLOCK_BYTES == sizeof(block_q8_0), "the cache's Q8_0 is GGUF's");
 
 static void store_row(const struct kv_list *l, void *base, int32_t j, const float *x, int32_t d) {
     void *dst = (char *)kv_row(l, base, j, d);

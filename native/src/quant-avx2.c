@@ -14,8 +14,6 @@
 
 static inline TGT float half(uint16_t h) { return _cvtsh_ss(h); }
 
-static inline TGT __m256 i8_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
-
 // pshufb controls that spread bytes 0-7 (spread_lo) or 8-15 (spread_hi) of a 128-bit lane,
 // duplicated in both lanes, into eight zero-extended 32-bit lanes. On Zen 3 this made Q4_1
 // a third faster than vpmovzxbd ymm, xmm (which crosses lanes) plus unpacks.

@@ -1,5 +1,6 @@
 // quant-blocks.h - the GGUF block layouts (bit for bit ggml's block_* structs) and the kernel
-// tables that quant.c dispatches between. Private to the quant*.c files and their tests.
+// tables that quant.c dispatches between. Private to the quant*.c files, kv-cache.c (its
+// Q8_0 rows are block_q8_0) and their tests.
 #pragma once
 #include <stdint.h>
 

@@ -48,6 +48,11 @@ static inline AVX2_TGT __m256 exp_ps(__m256 x) {
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+// Eight signed bytes (the low 8 of b) as floats.
+static inline __attribute__((always_inline)) AVX2_TGT __m256 i8_ps(__m128i b) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
 // A Q8_0 block's scale (its first two bytes, a half) as a float in every lane.
 static inline __attribute__((always_inline)) AVX2_TGT __m256 q8_0_scale8(const uint8_t *blk) {
     return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(blk[0] | blk[1] << 8)));
@@ -55,7 +60,7 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 q8_0_scale8(const u
 
 // Eight int8 quants of a Q8_0 block (from quant c) as floats, not yet scaled.
 static inline __attribute__((always_inline)) AVX2_TGT __m256 q8_0_quants8(const uint8_t *blk, int c) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + c))));
+    return i8_ps(_mm_loadl_epi64((const __m128i *)(blk + 2 + c)));
 }
 
 // Eight elements (from i, a multiple of 8) of a key or value row as floats, from floats,
