@@ -325,6 +325,17 @@ static inline AVX2_TGT __m256i round_i32(__m256 v, __m256 id) {
     return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+// Lanes holding an inf or a NaN.
+static inline AVX2_TGT __m256 not_finite(__m256 v) {
+    return _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ);
+}
+
+// Whether 32 floats are all finite (max_ps would drop a NaN, so each is compared).
+static inline AVX2_TGT int all_finite4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    const __m256 bad = _mm256_or_ps(_mm256_or_ps(not_finite(v0), not_finite(v1)), _mm256_or_ps(not_finite(v2), not_finite(v3)));
+    return _mm256_movemask_ps(bad) == 0;
+}
+
 // The same arithmetic as quantize_row_q8_act_scalar, eight lanes at a time.
 AVX2_TGT void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t n) {
     const q8_act_side side = q8_side(y, n);
@@ -335,7 +346,11 @@ AVX2_TGT void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t 
         const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
         const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
                                        _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-        const float d = hmax_ps(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        if (!all_finite4(v0, v1, v2, v3)) {
+            q8_act_non_finite_block(y, side, i);
+            continue;
+        }
+        const float d = hmax_ps(m) / 127.0f, id = q8_act_inverse_scale(d);
         const __m256 vid = _mm256_set1_ps(id);
         const __m256i i0 = round_i32(v0, vid), i1 = round_i32(v1, vid), i2 = round_i32(v2, vid), i3 = round_i32(v3, vid);
         const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "pykv.h"
 #include "quant-blocks.h"
@@ -12,12 +13,27 @@
 #include "simd-avx2.h"
 #endif
 
+void q8_act_non_finite_block(block_q8_act *y, q8_act_side side, int64_t i) {
+    memset(y[i].qs, 0, sizeof(y[i].qs));
+    y[i].d = side.d[i] = NAN;
+    y[i].s = side.s[i] = NAN;
+    side.sum16[2 * i] = side.sum16[2 * i + 1] = 0;
+}
+
 void quantize_row_q8_act_scalar(const float *x, block_q8_act *y, int64_t n) {
     const q8_act_side side = q8_side(y, n);
     for (int64_t i = 0; i < n / QK8_ACT; i++, x += QK8_ACT) {
         float amax = 0.0f;
-        for (int j = 0; j < QK8_ACT; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int finite = 1;
+        for (int j = 0; j < QK8_ACT; j++) {
+            finite &= isfinite(x[j]) != 0;
+            amax = fmaxf(amax, fabsf(x[j]));
+        }
+        if (!finite) {
+            q8_act_non_finite_block(y, side, i);
+            continue;
+        }
+        const float d = amax / 127.0f, id = q8_act_inverse_scale(d);
         int half[2] = { 0, 0 };
         for (int j = 0; j < QK8_ACT; j++) {
             const int q = (int)nearbyintf(x[j] * id);   // ties to even, as the SIMD rounding

@@ -7,6 +7,7 @@
 // their quants (Q4_0: q - 8, Q5_0: q - 16) use s the same way. This is how llama.cpp runs
 // these types; the float path (vec_dot_for) stays the exact reference.
 #pragma once
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,8 +42,14 @@ static inline q8_act_side q8_side(const block_q8_act *x, int64_t n) {
 }
 
 // x (n a multiple of 32) into a quantised row (Q8_ACT_BYTES(n) at y). The scalar and AVX2
-// versions give the same bits.
+// versions give the same bits. A block with an inf or a NaN (a model whose weights overflow)
+// gets zero quants and a NaN scale, so its products are NaN and the logits say so (the
+// sampler refuses them) rather than the int conversion of a NaN feeding integer sums.
 void quantize_row_q8_act(const float *x, block_q8_act *y, int64_t n);
+void q8_act_non_finite_block(block_q8_act *y, q8_act_side side, int64_t i);
+// 1 / d for a block scale d; 0 when d is 0 or so small that 1 / d would overflow (every
+// value of the block is then below 127 * FLT_MIN and quantises to 0).
+static inline float q8_act_inverse_scale(float d) { return d >= FLT_MIN ? 1.0f / d : 0.0f; }
 void quantize_row_q8_act_scalar(const float *x, block_q8_act *y, int64_t n);
 
 // The dot product of one weight row of `type` (n elements) with a quantised row of n

@@ -171,8 +171,54 @@ static void test_q8_0_extremes(void) {
     }
 }
 
+// A model whose weights overflow feeds infs and NaNs to the quantizer: such a block gets
+// zero quants and a NaN scale (no int conversion of a NaN: UBSan watches the sums), so
+// every kernel's product with it is NaN, on both paths. Values so small that 1 / scale would
+// overflow quantise to 0.
+static void test_quantize_non_finite(void) {
+    enum { N = 256 };
+    const float bad[] = { INFINITY, -INFINITY, NAN };
+    const int lanes[] = { 0, 7, 8, 17, 31 };
+    float x[N];
+    block_q8_act *a = malloc(Q8_ACT_BYTES(N)), *b = malloc(Q8_ACT_BYTES(N));
+    uint8_t *row = malloc((size_t)type_row_bytes(PYKV_TYPE_Q2_K, N) * 8);
+    for (int k = 0; k < 3; k++)
+        for (int l = 0; l < 5; l++) {
+            for (int i = 0; i < N; i++) x[i] = uniform(-3, 3);
+            for (int j = 0; j < 32; j++) x[224 + j] = 1e-40f * (float)(j - 16);   // subnormal: 1 / scale = inf
+            x[32 + lanes[l]] = bad[k];
+            x[160 + lanes[4 - l]] = bad[2 - k];
+            quantize_row_q8_act_scalar(x, a, N);
+            quantize_row_q8_act(x, b, N);
+            CHECK(memcmp(a, b, Q8_ACT_BYTES(N)) == 0);
+            const q8_act_side side = q8_side(a, N);
+            for (int blk = 0; blk < N / 32; blk++) {
+                const int non_finite = blk == 1 || blk == 5, tiny = blk == 7;
+                int nonzero = 0;
+                for (int j = 0; j < 32; j++) nonzero += a[blk].qs[j] != 0;
+                CHECK(non_finite ? isnan(a[blk].d) && isnan(a[blk].s) : isfinite(a[blk].d) && isfinite(a[blk].s));
+                CHECK(memcmp(&side.d[blk], &a[blk].d, sizeof(float)) == 0 && memcmp(&side.s[blk], &a[blk].s, sizeof(float)) == 0);
+                if (non_finite || tiny) CHECK(nonzero == 0 && side.sum16[2 * blk] == 0 && side.sum16[2 * blk + 1] == 0);
+                else CHECK(nonzero > 0);
+            }
+            for (size_t t = 0; t < sizeof(q8_types) / sizeof(q8_types[0]); t++) {
+                random_row(q8_types[t], row, N);
+                CHECK(isnan(vec_dot_q8_for(q8_types[t])(row, a, N)));
+                CHECK(isnan(vec_dot_q8_scalar_for(q8_types[t])(row, a, N)));
+                const vec_dot4_q8_fn dot4 = vec_dot4_q8_for(q8_types[t]);
+                if (dot4) {
+                    float out[4];
+                    dot4(row, 0, a, N, out);
+                    for (int r = 0; r < 4; r++) CHECK(isnan(out[r]));
+                }
+            }
+        }
+    free(a); free(b); free(row);
+}
+
 int main(void) {
     test_quantize();
+    test_quantize_non_finite();
     test_dots();
     test_q8_0_extremes();
     return check_report("test_quant_q8");

@@ -91,6 +91,31 @@ def test_missing_required_tensor(tiny_model):
     _load_error(p, r"blk\.1\.ffn_up\.weight")
 
 
+@pytest.mark.parametrize("exact_matmul", [False, True])
+def test_weights_that_overflow_give_nan_logits_and_a_clear_error(tiny_model, tmp_path, exact_matmul):
+    """A norm weight of inf and one of NaN (a model whose conversion overflowed) make the
+    activations non-finite. The 8-bit activation quantizer must not turn a NaN into an int
+    (undefined behaviour: the sanitized run of this file watches it), and the logits come
+    out NaN on both paths, prefill and decode, so that sampling refuses them by name. The
+    inf and the NaN sit in the two halves of a block of 32, whose quant sums are added."""
+    payload = np.zeros(17, np.float32)
+    payload[0], payload[16] = np.inf, np.nan
+    src = tiny_model("llama_q8_0_h8kv2")
+    p = patch.tensor_data_copy(src, tmp_path / "overflow.gguf", "blk.1.ffn_norm.weight", 0, payload.tobytes())
+    with Llama(str(p), n_ctx=64, verbose=False, exact_matmul=exact_matmul) as llm:
+        tokens = llm.tokenize("the cat and the dog")
+        llm.eval(tokens)                 # prefill: a chunk of tokens through the matrix products
+        assert np.isnan(llm.logits()).all()
+        llm.eval([tokens[1]])            # a decode step
+        assert np.isnan(llm.logits()).all()
+        llm.reset()
+        with pytest.raises(InvalidArgumentError, match=r"logit of token \d+ is nan"):
+            llm.generate("the cat", max_tokens=2)
+    with Llama(str(src), n_ctx=64, verbose=False, exact_matmul=exact_matmul) as llm:   # the same file, unpatched
+        llm.eval(llm.tokenize("the cat and the dog"))
+        assert np.isfinite(llm.logits()).all()
+
+
 def test_prompt_longer_than_n_ctx(tiny_model):
     with Llama(str(tiny_model()), n_ctx=16, verbose=False) as llm:
         with pytest.raises(ContextOverflowError) as ei:
