@@ -29,13 +29,15 @@ cmake --build "$ASAN_BUILD" -j "$JOBS"
 echo "==> damaged models, saved states and grammars through the C API (ASan + UBSan, tiny models)"
 # Seeded mutations (tests/c/fuzz_inputs.c): most iterations must end in a clean error, the rest
 # run; any sanitizer report fails the step.
+seed=0
 for variant in llama_q8_0_h8kv2 llama_kquants_h4kv2; do
     header=$("$PYTHON" -c "import sys; sys.path.insert(0, 'tests/python'); import _tiny_models as t, gguf; \
 t.write_tiny_gguf(t.variant(sys.argv[1]), sys.argv[2]); print(gguf.GGUFReader(sys.argv[2]).data_offset)" \
         "$variant" "$ASAN_BUILD/$variant.gguf")
-    for mode in "model $ASAN_BUILD/$variant.gguf $header 1500 1" "state $ASAN_BUILD/$variant.gguf 3000 2" \
-                "grammar $ASAN_BUILD/$variant.gguf 3000 3"; do
-        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "$ASAN_BUILD/tests/c/fuzz_inputs" $mode
+    for mode in "model $ASAN_BUILD/$variant.gguf $header 1500" "state $ASAN_BUILD/$variant.gguf 3000" \
+                "grammar $ASAN_BUILD/$variant.gguf 3000"; do
+        seed=$((seed + 1))
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "$ASAN_BUILD/tests/c/fuzz_inputs" $mode $seed
     done
 done
 
