@@ -46,6 +46,7 @@ static inline q8_act_side q8_side(const block_q8_act *x, int64_t n) {
 // gets zero quants and a NaN scale, so its products are NaN and the logits say so (the
 // sampler refuses them) rather than the int conversion of a NaN feeding integer sums.
 void quantize_row_q8_act(const float *x, block_q8_act *y, int64_t n);
+// Block i of a quantised row as such a block: zero quants and sums, a NaN scale.
 void q8_act_non_finite_block(block_q8_act *y, q8_act_side side, int64_t i);
 // 1 / d for a block scale d; 0 when d is 0 or so small that 1 / d would overflow (every
 // value of the block is then below 127 * FLT_MIN and quantises to 0).

@@ -92,7 +92,8 @@ def test_missing_required_tensor(tiny_model):
 
 
 @pytest.mark.parametrize("exact_matmul", [False, True])
-def test_weights_that_overflow_give_nan_logits_and_a_clear_error(tiny_model, tmp_path, exact_matmul):
+@pytest.mark.parametrize("variant", ["llama_q8_0_h8kv2", "llama_kquants_h4kv2"])   # K-quant prefill: the integer GEMM
+def test_weights_that_overflow_give_nan_logits_and_a_clear_error(tiny_model, tmp_path, variant, exact_matmul):
     """A norm weight of inf and one of NaN (a model whose conversion overflowed) make the
     activations non-finite. The 8-bit activation quantizer must not turn a NaN into an int
     (undefined behaviour: the sanitized run of this file watches it), and the logits come
@@ -100,7 +101,7 @@ def test_weights_that_overflow_give_nan_logits_and_a_clear_error(tiny_model, tmp
     inf and the NaN sit in the two halves of a block of 32, whose quant sums are added."""
     payload = np.zeros(17, np.float32)
     payload[0], payload[16] = np.inf, np.nan
-    src = tiny_model("llama_q8_0_h8kv2")
+    src = tiny_model(variant)
     p = patch.tensor_data_copy(src, tmp_path / "overflow.gguf", "blk.1.ffn_norm.weight", 0, payload.tobytes())
     with Llama(str(p), n_ctx=64, verbose=False, exact_matmul=exact_matmul) as llm:
         tokens = llm.tokenize("the cat and the dog")
