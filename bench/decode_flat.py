@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from pykv import Llama
+from pykv.cli import KV_CACHE_TYPES
 from pykv.pull import pull
 
 from compare_llamacpp import raise_priority   # bench/ is the script's directory
@@ -96,7 +97,7 @@ def main():
     p.add_argument("--blocks", type=int, default=24, help="block pairs per policy")
     p.add_argument("--refill", action="store_true", help="re-evaluate the depth tokens before every deep block")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--cache-type", default="f16", choices=["f16", "f32", "q8_0"], help="K and V storage, both sides")
+    p.add_argument("--cache-type", default="f16", choices=KV_CACHE_TYPES, help="K and V storage, both sides")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     raise_priority()

@@ -297,9 +297,10 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 // in t, and t times the block's scale joins the row's total, so the scale costs one
 // multiply-add per block rather than a multiply per eight values (the conversion, not the
 // memory, bounds these kernels at depth). E = 4 entries for one query, 2 for more: a and t
-// take 2 x nq x E of the 16 registers.
+// take 2 x nq x E of the 16 registers. Whole groups of E entries only: returns how many
+// entries it scored (scores_tile does the rest).
 static inline __attribute__((always_inline)) AVX2_TGT
-void scores_tile_q8_0(const float *q, const int nq, const void *K, int n, int d, float scale, float *w) {
+int scores_tile_q8_0(const float *q, const int nq, const void *K, int n, int d, float scale, float *w) {
     enum { EMAX = 4 };
     const int E = nq == 1 ? 4 : 2;
     const size_t row = kv_format_row_bytes(KV_Q8_0, d);
@@ -328,15 +329,7 @@ void scores_tile_q8_0(const float *q, const int nq, const void *K, int n, int d,
         }
         for (int r = 0; r < nq; r++) store_sums(a[r], E, scale, w + (size_t)r * n + j);
     }
-    for (; j < n; j++) {
-        const uint8_t *k0 = (const uint8_t *)K + (size_t)j * row;
-        for (int r = 0; r < nq; r++) {
-            __m256 a = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8)
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + i), load8_kv(k0, i, KV_Q8_0), a);
-            w[(size_t)r * n + j] = hsum_ps(a) * scale;
-        }
-    }
+    return j;
 }
 
 // Scores: E entries at a time (8 for one query, 4 for two or three, 2 for four), one
@@ -344,14 +337,11 @@ void scores_tile_q8_0(const float *q, const int nq, const void *K, int n, int d,
 static inline __attribute__((always_inline)) AVX2_TGT
 void scores_tile(const float *q, const int nq, const void *K, const int fmt, int n, int d, float scale, float *w) {
     enum { EMAX = 8 };
-    if (fmt == KV_Q8_0) {
-        scores_tile_q8_0(q, nq, K, n, d, scale, w);
-        return;
-    }
     const int E = nq == 1 ? 8 : nq <= 3 ? 4 : 2;
     const size_t row = kv_format_row_bytes(fmt, d);
     int j = 0;
-    for (; j + E <= n; j += E) {
+    if (fmt == KV_Q8_0) j = scores_tile_q8_0(q, nq, K, n, d, scale, w);   // whole tiles; the tail below
+    else for (; j + E <= n; j += E) {
         const char *k0 = (const char *)K + (size_t)j * row;
         for (size_t b = 0; b < (size_t)E * row; b += 64) __builtin_prefetch(k0 + ATTENTION_PREFETCH + b);
         __m256 a[ATTENTION_TILE][EMAX];

@@ -101,7 +101,7 @@ static pykv_status validate_params(const pykv_model *m, const struct pykv_contex
     if (m->vocab_only) return pykv_error(PYKV_ERR_INVALID_ARG, "the model was loaded with vocab_only: it has no weights to run");
     if (p->n_ctx > (1u << 24)) return pykv_error(PYKV_ERR_INVALID_ARG, "n_ctx %u is too large", p->n_ctx);
     if (p->n_ubatch > (1u << 16)) return pykv_error(PYKV_ERR_INVALID_ARG, "n_ubatch %u is too large", p->n_ubatch);
-    if (p->kv_type != PYKV_TYPE_F16 && p->kv_type != PYKV_TYPE_F32 && p->kv_type != PYKV_TYPE_Q8_0)
+    if (kv_format_of_type(p->kv_type) < 0)
         return pykv_error(PYKV_ERR_INVALID_ARG, "kv_type must be F16 (%d), F32 (%d) or Q8_0 (%d), got %d", PYKV_TYPE_F16,
                           PYKV_TYPE_F32, PYKV_TYPE_Q8_0, p->kv_type);
     if (p->n_threads < 0 || p->n_threads > 512)
@@ -132,7 +132,7 @@ static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_pa
 
     // Lists may briefly hold a chunk's probe tokens on top of n_ctx entries.
     PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx + ctx->n_ubatch,
-                           p->kv_type == PYKV_TYPE_F16 ? KV_F16 : p->kv_type == PYKV_TYPE_Q8_0 ? KV_Q8_0 : KV_F32));
+                           kv_format_of_type(p->kv_type)));
     return alloc_scratch(ctx);
 }
 
@@ -430,7 +430,7 @@ pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *s) {
     s->n_layer = ctx->cache.n_layer;
     s->n_head_kv = ctx->cache.n_head_kv;
     s->policy = ctx->policy->ops->name;
-    s->kv_type = ctx->cache.fmt == KV_F16 ? PYKV_TYPE_F16 : ctx->cache.fmt == KV_Q8_0 ? PYKV_TYPE_Q8_0 : PYKV_TYPE_F32;
+    s->kv_type = kv_format_type(ctx->cache.fmt);
     return PYKV_OK;
 }
 

@@ -182,7 +182,7 @@ static const float *row_f32(const struct kv_list *l, const void *base, int32_t j
     const void *src = kv_row(l, base, j, d);
     if (l->fmt == KV_F32) return src;
     if (l->fmt == KV_F16) fp16_to_fp32_row(src, tmp, d);
-    else dequant_row(PYKV_TYPE_Q8_0, src, tmp, d);
+    else dequant_row(kv_format_type(l->fmt), src, tmp, d);
     return tmp;
 }
 
@@ -192,7 +192,7 @@ const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *
 float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d) {
     const void *k = kv_row(l, l->k, j, d);
     if (l->fmt == KV_F32) return dot_f32(q, k, d);
-    return vec_dot_for(l->fmt == KV_F16 ? PYKV_TYPE_F16 : PYKV_TYPE_Q8_0)(k, q, d);
+    return vec_dot_for(kv_format_type(l->fmt))(k, q, d);
 }
 
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos) {

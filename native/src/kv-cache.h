@@ -19,6 +19,17 @@ enum kv_format { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_N_FORMATS };
 #define KV_Q8_BLOCK 32        // values per Q8_0 block
 #define KV_Q8_BLOCK_BYTES 34  // its half scale, then 32 int8
 
+// The tensor type (enum pykv_type) of each format, as pykv_context_params.kv_type names it.
+static inline int32_t kv_format_type(int fmt) {
+    return fmt == KV_F16 ? PYKV_TYPE_F16 : fmt == KV_Q8_0 ? PYKV_TYPE_Q8_0 : PYKV_TYPE_F32;
+}
+// The format that stores a tensor type; -1 when no cache format does.
+static inline int kv_format_of_type(int32_t type) {
+    for (int fmt = 0; fmt < KV_N_FORMATS; fmt++)
+        if (kv_format_type(fmt) == type) return fmt;
+    return -1;
+}
+
 static inline const char *kv_format_name(int fmt) {
     return fmt == KV_F32 ? "f32" : fmt == KV_F16 ? "f16" : fmt == KV_Q8_0 ? "q8_0" : "unknown";
 }
