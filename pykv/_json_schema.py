@@ -3,25 +3,30 @@
 Followed: "type" (one or a list; object, array, string, number, integer, boolean, null),
 "properties" with "required" (properties come in the schema's order; optional ones may be
 left out), "additionalProperties" as a schema when there are no "properties", "items",
-"prefixItems", "minItems"/"maxItems", "minLength"/"maxLength", "enum", "const", "anyOf",
-"oneOf" and local "$ref"s (#/$defs/..., #/definitions/..., recursion allowed). "enum" and
+"prefixItems", "minItems"/"maxItems", "minLength"/"maxLength", "minimum"/"maximum" and
+"exclusiveMinimum"/"exclusiveMaximum" on integers, "enum", "const", "anyOf", "oneOf" and
+local "$ref"s (#/$defs/..., #/definitions/..., recursion allowed). "enum" and
 "const" values are written as JSON writes them, with non-ASCII characters as they are. Annotations
 ("title", "description", "default", "examples", "format") are ignored. Refused, by name:
-what a grammar of this kind cannot follow ("pattern", "allOf", "not", "if", numeric bounds...),
+what a grammar of this kind cannot follow ("pattern", "allOf", "not", "if", bounds on
+numbers that may have fractions, "multipleOf"...),
 rather than generating JSON the schema would reject."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Dict, List
 
 from . import errors
+from ._integer_range import integer_range
 from .grammar import JSON_GBNF
 
 _UNSUPPORTED = ("pattern", "patternProperties", "allOf", "not", "if", "then", "else", "dependentSchemas",
-                "dependentRequired", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+                "dependentRequired", "multipleOf",
                 "minProperties", "maxProperties", "uniqueItems", "contains", "propertyNames",
                 "unevaluatedProperties", "unevaluatedItems")
+_NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _MAX_REPEAT = 4096   # the C parser's bound on {m,n}
 
@@ -80,6 +85,7 @@ class _Converter:
         for key in _UNSUPPORTED:
             if key in schema:
                 raise errors.InvalidArgumentError(f"JSON schema: {name}: {key!r} is not supported in grammars")
+        self.check_bounds_apply(schema, name)
         if "$ref" in schema:
             return self.ref(schema["$ref"])
         if "const" in schema:
@@ -108,7 +114,45 @@ class _Converter:
             return self.array(schema, name)
         if kind == "string":
             return self.string(schema, name)
-        return {"number": "number", "integer": "integer ws", "boolean": "boolean", "null": "null"}[kind]
+        if kind == "integer":
+            return self.integer(schema, name)
+        return {"number": "number", "boolean": "boolean", "null": "null"}[kind]
+
+    @staticmethod
+    def check_bounds_apply(schema, name: str) -> None:
+        """Numeric bounds are followed where the value can only be an integer (or a type they
+        do not constrain): a number's bound has no finite grammar over fractions and exponents,
+        and alongside enum, const, anyOf or $ref they would narrow a grammar made elsewhere."""
+        bound = next((key for key in _NUMBER_BOUNDS if key in schema), None)
+        if bound is None:
+            return
+        kinds = schema.get("type")
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        other = next((key for key in ("$ref", "const", "enum", "anyOf", "oneOf") if key in schema), None)
+        if other or "number" in kinds or None in kinds:
+            why = f"next to {other!r}" if other else 'without "type": "integer"'
+            raise errors.InvalidArgumentError(
+                f"JSON schema: {name}: {bound!r} is followed on integers only, not {why}")
+
+    def integer(self, schema, name: str) -> str:
+        lo = hi = None
+        for key, value in schema.items():
+            if key not in _NUMBER_BOUNDS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= 1e308:
+                raise errors.InvalidArgumentError(
+                    f"JSON schema: {name}: {key} must be a finite number, at most 1e308 in magnitude")
+            if key == "minimum" or key == "exclusiveMinimum":
+                first = math.floor(value) + 1 if key == "exclusiveMinimum" else math.ceil(value)
+                lo = first if lo is None else max(lo, first)
+            else:
+                last = math.ceil(value) - 1 if key == "exclusiveMaximum" else math.floor(value)
+                hi = last if hi is None else min(hi, last)
+        if lo is None and hi is None:
+            return "integer ws"
+        if lo is not None and hi is not None and lo > hi:
+            raise errors.InvalidArgumentError(f"JSON schema: {name}: no integer lies within its bounds")
+        return integer_range(lo, hi) + " ws"
 
     def alternatives(self, schemas: List, name: str) -> str:
         return "(" + " | ".join(self.add(f"{name}-{i}", self.visit(s, f"{name}-{i}"))

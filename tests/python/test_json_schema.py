@@ -43,6 +43,9 @@ CASES = [
      ['["a", 1]', '["a", "b"]']),
     (True, ['{"a": [1, {"b": null}]}', '"s"', '-0.5e-3', '[1,]']),
     ({"enum": ["\u00e9t\u00e9", 'a"b', 3]}, ['"\u00e9t\u00e9"', '"a\\"b"', '3', '"ete"', '4']),
+    ({"type": "integer", "minimum": 18, "maximum": 99}, ['17', '18', '50', '99', '100', '-18', '018', '1.5']),
+    ({"type": "integer", "exclusiveMinimum": -10.5, "exclusiveMaximum": 0}, ['-10', '-11', '-1', '0', '-0', '3']),
+    ({"type": ["integer", "null"], "minimum": 1000}, ['1000', '999', 'null', '123456', '-1000']),
 ]
 
 
@@ -64,6 +67,38 @@ def test_grammar_accepts_what_the_validator_accepts(tiny_llm, schema, texts):
         assert grammar_takes(matcher, text) == valid, text
 
 
+# (minimum, maximum): both bounds, one, either sign, digits of every length in between
+INTEGER_BOUNDS = [(0, 9), (7, 7), (-5, 1234), (-999, -100), (-70, 0), (3, 100000), (1999, 2001), (450, None),
+                  (None, -38), (None, 0), (-1, None), (10 ** 20, 10 ** 20 + 15)]
+
+
+@pytest.mark.parametrize("lo,hi", INTEGER_BOUNDS, ids=[f"{lo}..{hi}" for lo, hi in INTEGER_BOUNDS])
+def test_integer_bounds_take_what_the_validator_takes(tiny_llm, lo, hi):
+    """Every integer near the bounds and near each power of ten, as written and with a
+    leading zero, and -0: the grammar takes a text exactly when the validator does."""
+    schema = {"type": "integer", **({} if lo is None else {"minimum": lo}), **({} if hi is None else {"maximum": hi})}
+    matcher = bind(tiny_llm._model, LlamaGrammar.from_json_schema(schema))
+    near = {v + d for v in (0, lo, hi) if v is not None for d in range(-12, 13)}
+    near |= {s * 10 ** k + d for s in (1, -1) for k in range(1, 7) for d in (-1, 0, 1)}
+    texts = {str(v) for v in near} | {"0" + str(v) for v in near if v > 0} | {"-0", "-00", "00"}
+    for text in sorted(texts):
+        try:
+            valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+        except json.JSONDecodeError:   # a leading zero
+            valid = False
+        assert grammar_takes(matcher, text) == valid, text
+
+
+def test_an_open_integer_bound_stops_at_16_digits(tiny_llm):
+    """As JSON_GBNF's integer does, so a model cannot write digits forever; a bound with more
+    digits than that is followed to its own length."""
+    open_above = bind(tiny_llm._model, LlamaGrammar.from_json_schema({"type": "integer", "minimum": 5}))
+    assert grammar_takes(open_above, "9" * 16) and not grammar_takes(open_above, "1" + "0" * 16)
+    long_low = bind(tiny_llm._model, LlamaGrammar.from_json_schema({"type": "integer", "minimum": 10 ** 18}))
+    assert grammar_takes(long_low, "1" + "0" * 18) and grammar_takes(long_low, "9" * 19)
+    assert not grammar_takes(long_low, "9" * 18) and not grammar_takes(long_low, "1" + "0" * 19)
+
+
 def test_json_gbnf_takes_json_objects(tiny_llm):
     matcher = bind(tiny_llm._model, LlamaGrammar(JSON_GBNF))
     for text, ok in [('{"a": [1, 2.5e-3, "x\\n\\u00e9", true, null, {}]}', True), ('{}', True),
@@ -80,6 +115,13 @@ def test_refused_schemas():
                            ({"type": "array", "minItems": 3, "maxItems": 1}, "below"),
                            ({"type": "date"}, "unknown type"),
                            ({"enum": []}, "non-empty"),
+                           ({"type": "number", "minimum": 0}, "'minimum' is followed on integers only"),
+                           ({"maximum": 3}, "without \"type\": \"integer\""),
+                           ({"type": "integer", "enum": [1, 5], "maximum": 3}, "next to 'enum'"),
+                           ({"type": "integer", "minimum": 2.5, "maximum": 2.9}, "no integer lies"),
+                           ({"type": "integer", "exclusiveMinimum": True}, "finite number"),
+                           ({"type": "integer", "maximum": float("nan")}, "finite number"),
+                           ({"type": "integer", "multipleOf": 2}, "'multipleOf' is not supported"),
                            ("{not json", "not JSON")]:
         with pytest.raises(InvalidArgumentError, match=needle):
             LlamaGrammar.from_json_schema(schema)
@@ -98,7 +140,7 @@ def test_response_format_refusals(tiny_llm):
 @pytest.mark.model
 def test_smollm2_replies_in_the_schema(smollm2_path):
     schema = {"type": "object", "required": ["name", "age", "colors"], "properties": {
-        "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
+        "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 1, "maximum": 30},
         "colors": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3}}}
     messages = [{"role": "user", "content": "Invent a cat: its name, age and favourite colors, as JSON."}]
     with Llama(str(smollm2_path), n_ctx=512, n_threads=2) as llm:
