@@ -436,7 +436,9 @@ pykv_status pykv_sampler_sample(pykv_sampler *smpl, const float *logits, int32_t
     for (int32_t i = 0; i < n_vocab; i++) {
         float l = logits[i];
         if (isnan(l) || (isinf(l) && l > 0)) {
-            return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_sampler_sample: logit of token %d is %g",
+            return pykv_error(PYKV_ERR_INVALID_ARG,
+                              "pykv_sampler_sample: logit of token %d is %g; logits must be finite or -inf "
+                              "(a model whose weights are corrupt or overflow float32 gives such logits)",
                               (int)i, (double)l);
         }
         c[i].logit = l;
