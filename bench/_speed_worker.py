@@ -24,17 +24,16 @@ def run_pykv(args):
     from pykv import Llama
     budget = None if args.policy == "full" else args.budget
     llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_batch=args.n_batch,
-                policy=args.policy, budget=budget, kv_type=args.cache_type)
+                policy=args.policy, budget=budget, kv_type=args.cache_type, kv_type_v=args.cache_type_v)
     return llm, llm.n_vocab, llm.eval, llm.reset
 
 
 def run_llamacpp(args):
     from llama_cpp import Llama
-    kv = {}
-    if args.cache_type == "q8_0":   # llama.cpp stores a quantized V only with flash attention on
-        kv = dict(type_k=LLAMA_CPP_Q8_0, type_v=LLAMA_CPP_Q8_0, flash_attn=True)
-    elif args.cache_type == "f32":
-        kv = dict(type_k=0, type_v=0)
+    ggml_type = {"f32": 0, "f16": 1, "q8_0": LLAMA_CPP_Q8_0}
+    kv = dict(type_k=ggml_type[args.cache_type], type_v=ggml_type[args.cache_type_v])
+    if args.cache_type_v == "q8_0":   # llama.cpp stores a quantized V only with flash attention on
+        kv["flash_attn"] = True
     llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads,
                 n_batch=args.n_batch, n_ubatch=args.n_batch, verbose=False, **kv)
     return llm, llm.n_vocab(), llm.eval, llm.reset
@@ -52,9 +51,11 @@ def main():
     p.add_argument("--policy", default="full", help="pykv's KV policy")
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--cache-type", default="f16", choices=["f16", "f32", "q8_0"], help="K and V storage, both engines")
+    p.add_argument("--cache-type-v", default=None, choices=["f16", "f32", "q8_0"], help="V storage (default: --cache-type)")
     p.add_argument("--continue", dest="cont", action="store_true",
                    help="decode right after the timed prompt (no reset)")
     args = p.parse_args()
+    args.cache_type_v = args.cache_type_v or args.cache_type
     args.n_ctx = (args.n_prompt if args.cont else max(args.n_prompt, args.depth)) + args.n_gen + 16
     llm, n_vocab, evaluate, reset = (run_pykv if args.engine == "pykv" else run_llamacpp)(args)
     result = {"engine": args.engine}

@@ -11,7 +11,8 @@ llama-cpp-python lives in its own environment (pip install llama-cpp-python in a
 --llamacpp-python names that interpreter. Each run is a fresh process per engine; the figures
 are medians over --reps runs with the spread (min..max), and the ratio pykv / llama.cpp.
 llama.cpp always keeps the full cache; pykv runs once per --policies entry (budget --budget).
---cache-type q8_0 stores K and V as Q8_0 in both (llama.cpp then needs flash attention on).
+--cache-type q8_0 stores K and V as Q8_0 in both (llama.cpp then needs flash attention on);
+--cache-type-v sets the values' type apart (--cache-type q8_0 --cache-type-v f16: -ctk q8_0 -ctv f16).
 --memory N: an N-token prompt then 128 decoded tokens; reports time to first token, decode
 speed and the process's peak RSS (ratios: pykv / llama.cpp, lower is better for both).
 """
@@ -40,7 +41,8 @@ def raise_priority():
 def run_once(python, engine, policy, args, test):
     cmd = [python, str(WORKER), "--engine", engine, "--model", args.model, "--threads", str(args.threads),
            "--n-prompt", str(test.get("pp", 0)), "--n-gen", str(test.get("tg", 0)), "--depth", str(test.get("depth", 0)),
-           "--policy", policy, "--budget", str(args.budget), "--cache-type", args.cache_type]
+           "--policy", policy, "--budget", str(args.budget), "--cache-type", args.cache_type,
+           "--cache-type-v", args.cache_type_v or args.cache_type]
     if test.get("continue"):
         cmd.append("--continue")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -73,6 +75,8 @@ def main():
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--cache-type", default="f16", choices=["f16", "f32", "q8_0"],
                    help="K and V storage of both engines (q8_0: llama.cpp's -ctk q8_0 -ctv q8_0 -fa)")
+    p.add_argument("--cache-type-v", default=None, choices=["f16", "f32", "q8_0"],
+                   help="V storage of both engines, when it differs from --cache-type's")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     raise_priority()

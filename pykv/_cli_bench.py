@@ -42,8 +42,12 @@ def add_bench_parser(sub):
     p.add_argument("--policy", default="full", help="policies (default full)")
     p.add_argument("--budget", default="", help="budgets for evicting policies (entries or N%%); "
                    "separate several with commas")
-    p.add_argument("-ctk", "--cache-type", default="f16",
+    p.add_argument("--cache-type", default="",
                    help="KV cache types, keys and values alike: f16 (default), f32, q8_0")
+    p.add_argument("-ctk", "--cache-type-k", default="",
+                   help="the keys' cache types, as llama-bench's -ctk (default: --cache-type, else f16)")
+    p.add_argument("-ctv", "--cache-type-v", default="",
+                   help="the values' cache types, as llama-bench's -ctv (default: --cache-type, else f16)")
     p.add_argument("-o", "--output", choices=["md", "json", "jsonl"], default="md")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--progress", action="store_true", help="print each run on stderr")
@@ -87,20 +91,28 @@ def run_bench(args, model_path: str) -> int:
     policies = [p for p in args.policy.split(",") if p]
     budgets = [b for b in args.budget.split(",") if b] or [None]
     from .cli import KV_CACHE_TYPES, UsageError
-    cache_types = [c.lower() for c in args.cache_type.split(",") if c] or ["f16"]
-    if any(c not in KV_CACHE_TYPES for c in cache_types):
-        raise UsageError(f"-ctk takes {', '.join(KV_CACHE_TYPES[:-1])} or {KV_CACHE_TYPES[-1]} separated by commas, "
-                         f"got {args.cache_type!r}")
+    def types(flag, text):
+        names = [c.lower() for c in text.split(",") if c]
+        if any(c not in KV_CACHE_TYPES for c in names):
+            raise UsageError(f"{flag} takes {', '.join(KV_CACHE_TYPES[:-1])} or {KV_CACHE_TYPES[-1]} separated by "
+                             f"commas, got {text!r}")
+        return names
+    both = types("--cache-type", args.cache_type)
+    keys, values = types("-ctk", args.cache_type_k), types("-ctv", args.cache_type_v)
+    # as llama-bench: every key type with every value type; --cache-type sweeps the two together
+    pairs = [(k, v) for k in keys or both or ["f16"] for v in values or both or ["f16"]]
+    if both and not keys and not values:
+        pairs = [(c, c) for c in both]
     tests = [("pp", n) for n in prompts if n > 0] + [("tg", n) for n in gens if n > 0]
     rows = []
-    for policy, kv_type in ((p, c) for p in policies for c in cache_types):
+    for policy, (kv_type, kv_type_v) in ((p, c) for p in policies for c in pairs):
         for budget in (budgets if policy != "full" else [None]):
             for n_threads in threads:
                 for n_batch in batches:
                     for depth in depths:
                         n_ctx = depth + max([n for _, n in tests] or [1]) + 16
                         with Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
-                                   policy=policy, budget=budget, kv_type=kv_type) as llm:
+                                   policy=policy, budget=budget, kv_type=kv_type, kv_type_v=kv_type_v) as llm:
                             if not args.no_warmup:
                                 llm.eval(_tokens(min(16, n_ctx - 1), llm.n_vocab, 99))
                             for kind, size in tests:
@@ -114,7 +126,7 @@ def run_bench(args, model_path: str) -> int:
                                 kv = llm.kv_stats()
                                 rows.append({
                                     "test": f"{kind}{size}" + (f" @ d{depth}" if depth else ""),
-                                    "policy": policy, "budget": budget, "cache_type": kv_type,
+                                    "policy": policy, "budget": budget, "type_k": kv_type, "type_v": kv_type_v,
                                     "threads": n_threads or "auto",
                                     "n_batch": n_batch, "t_s": statistics.mean(speeds),
                                     "t_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
@@ -134,12 +146,13 @@ def _print(rows, form):
         for r in rows:
             print(json.dumps(r))
         return
-    types = any(r["cache_type"] != "f16" for r in rows)   # a column only when not the default, as llama-bench
-    print("| test | policy | budget | " + ("type_kv | " if types else "") +
+    # a column only when not the default, as llama-bench
+    types = [t for t in ("type_k", "type_v") if any(r[t] != "f16" for r in rows)]
+    print("| test | policy | budget | " + "".join(f"{t} | " for t in types) +
           "threads | n_batch | t/s | median | kv_MiB | evicted | peak_RSS_MiB |")
-    print("|---|---|---|" + ("---|" if types else "") + "---|---|---|---|---|---|---|")
+    print("|---|---|---|" + "---|" * len(types) + "---|---|---|---|---|---|---|")
     for r in rows:
-        kv = f"{r['cache_type']} | " if types else ""
+        kv = "".join(f"{r[t]} | " for t in types)
         print(f"| {r['test']} | {r['policy']} | {r['budget'] or '-'} | {kv}{r['threads']} | {r['n_batch']} | "
               f"{r['t_s']:.2f} ± {r['t_s_sd']:.2f} | {r['t_s_median']:.2f} | {r['kv_MiB']:.2f} | "
               f"{r['evicted']} | {r['peak_RSS_MiB']:.0f} |")

@@ -122,23 +122,23 @@ def chat_template_arg(args):
     return read_flag_file("--chat-template-file", args.chat_template_file)
 
 
-def cache_type_arg(args) -> str:
-    """The one KV cache type of --cache-type (-ctk) and --cache-type-v (-ctv); f16 by default."""
-    k, v = getattr(args, "cache_type", None), getattr(args, "cache_type_v", None)
-    if k and v and k != v:
-        raise UsageError(f"keys and values share one cache type in pykv: -ctk {k} and -ctv {v} differ")
-    return k or v or "f16"
+def cache_types_arg(args):
+    """The keys' and the values' KV cache types: -ctk and -ctv, each side defaulting to
+    --cache-type, then to f16 (llama.cpp's default for both)."""
+    both = getattr(args, "cache_type", None) or "f16"
+    return getattr(args, "cache_type_k", None) or both, getattr(args, "cache_type_v", None) or both
 
 
 def load_model(args, path, **extra):
     """A Llama from the shared model, context, policy and chat template flags (extra: more
     Llama arguments)."""
     from . import Llama
+    kv_type, kv_type_v = cache_types_arg(args)
     return Llama(str(path), chat_template=chat_template_arg(args), n_ctx=args.ctx_size, n_threads=args.threads,
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
                  use_mmap=not args.no_mmap, policy=args.policy, budget=args.budget,
-                 window=args.window, sink=args.sink, exact_matmul=args.exact_matmul, kv_type=cache_type_arg(args),
-                 policy_kwargs=parse_policy_args(args.policy_arg) or None, **extra)
+                 window=args.window, sink=args.sink, exact_matmul=args.exact_matmul, kv_type=kv_type,
+                 kv_type_v=kv_type_v, policy_kwargs=parse_policy_args(args.policy_arg) or None, **extra)
 
 
 def _write(text: str) -> None:
@@ -352,6 +352,8 @@ def print_kv_stats(stats) -> None:
     flat = [n for layer in per_head for n in layer]
     shape = f" over {len(per_head)} layers x {len(per_head[0])} KV heads" if per_head and per_head[0] else ""
     spread = f", per head min {min(flat)} / max {max(flat)}" if flat else ""
+    k, v = stats.get("kv_type", "f16"), stats.get("kv_type_v", stats.get("kv_type", "f16"))
+    types = k if k == v else f"K {k}, V {v}"
     print(f"pykv: kv cache: policy {stats.get('policy')}, {stats.get('entries')} entries{shape}{spread}, "
-          f"{stats.get('bytes', 0) / 2**20:.2f} MiB now ({stats.get('kv_type', 'f16')}), {stats.get('peak_bytes', 0) / 2**20:.2f} MiB peak, "
+          f"{stats.get('bytes', 0) / 2**20:.2f} MiB now ({types}), {stats.get('peak_bytes', 0) / 2**20:.2f} MiB peak, "
           f"{stats.get('evicted', 0)} evicted, {stats.get('merged', 0)} merged", file=sys.stderr)

@@ -60,12 +60,13 @@ def _add_model_flags(p):
     k.add_argument("--sink", type=int, default=None, metavar="N", help="first tokens always kept")
     k.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
                    help="a policy-specific option (repeatable)")
-    k.add_argument("--cache-type", "-ctk", choices=KV_CACHE_TYPES, default=None,
+    k.add_argument("--cache-type", choices=KV_CACHE_TYPES, default=None,
                    help="how keys and values are stored (default f16, as llama.cpp; f32 is exact; q8_0 takes "
                         "about half the memory of f16, as llama.cpp's -ctk q8_0 -ctv q8_0)")
+    k.add_argument("--cache-type-k", "-ctk", choices=KV_CACHE_TYPES, default=None,
+                   help="how keys are stored, as llama.cpp's -ctk (default: --cache-type, else f16)")
     k.add_argument("--cache-type-v", "-ctv", choices=KV_CACHE_TYPES, default=None,
-                   help="accepted for llama.cpp's command lines: keys and values share one type, so it must "
-                        "equal --cache-type when both are given (alone, it sets both)")
+                   help="how values are stored, as llama.cpp's -ctv (default: --cache-type, else f16)")
     k.add_argument("--kv-stats", action="store_true", help="print KV cache statistics on stderr at the end")
 
 

@@ -56,13 +56,17 @@ _KV_TYPES = {"f16": "PYKV_TYPE_F16", "f32": "PYKV_TYPE_F32", "q8_0": "PYKV_TYPE_
 _KV_ELEMENT_BYTES = {"f16": 2, "f32": 4, "q8_0": 34 / 32}
 
 
-def _kv_type_code(kv_type) -> int:
+def _kv_type_code(kv_type, what: str = "kv_type") -> int:
     """'f16' (default: half the memory, as llama.cpp), 'f32' (the exact path) or 'q8_0'
     (about a quarter of f32, as llama.cpp's -ctk q8_0 -ctv q8_0)."""
     name = str(kv_type).lower()
     if name not in _KV_TYPES:
-        raise errors.InvalidArgumentError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
+        raise errors.InvalidArgumentError(f"{what} must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
     return getattr(lib, _KV_TYPES[name])
+
+
+def _kv_type_name(code: int) -> str:
+    return next(name for name, c in _KV_TYPES.items() if getattr(lib, c) == code)
 
 
 def _resolve_model_path(model_path) -> str:
@@ -110,7 +114,8 @@ class Llama:
                  verbose: bool = False, vocab_only: bool = False, use_mmap: bool = True,
                  policy: str = "full", budget=None, window: Optional[int] = None,
                  sink: Optional[int] = None, policy_kwargs: Optional[dict] = None,
-                 exact_matmul: bool = False, kv_type: str = "f16", logits_all: bool = False,
+                 exact_matmul: bool = False, kv_type: str = "f16", kv_type_v: Optional[str] = None,
+                 logits_all: bool = False,
                  embedding: bool = False, pooling_type=None, chat_template: Optional[str] = None):
         self._model = None
         self._ctx = None
@@ -154,7 +159,8 @@ class Llama:
         cparams.sink = -1 if sink is None else sink
         cparams.policy_args = self._policy_args_c if args_text else ffi.NULL
         cparams.exact_matmul = int(bool(exact_matmul))
-        cparams.kv_type = _kv_type_code(kv_type)
+        cparams.kv_type = _kv_type_code(kv_type)   # keys, and values unless kv_type_v (llama.cpp's -ctk, -ctv)
+        cparams.kv_type_v = -1 if kv_type_v is None else _kv_type_code(kv_type_v, "kv_type_v")
         cout = ffi.new("pykv_context **")
         status = lib.pykv_context_init(self._model, cparams, cout)
         if status != lib.PYKV_OK:
@@ -490,7 +496,7 @@ class Llama:
         ctx = self._need_ctx()
         stats = new_params("struct pykv_kv_stats")
         check(lib.pykv_kv_stats(ctx, stats))
-        kv_type = next(name for name, code in _KV_TYPES.items() if getattr(lib, code) == stats.kv_type)
+        kv_type, kv_type_v = _kv_type_name(stats.kv_type), _kv_type_name(stats.kv_type_v)
         return {
             "entries": stats.entries,
             "entries_per_head": [[lib.pykv_kv_head_entries(ctx, layer, head) for head in range(stats.n_head_kv)]
@@ -500,8 +506,9 @@ class Llama:
             "evicted": stats.evicted,
             "merged": stats.merged,
             "policy": ffi.string(stats.policy).decode(),
-            "kv_type": kv_type,
-            "bytes_per_element": _KV_ELEMENT_BYTES[kv_type],
+            "kv_type": kv_type,       # the keys'
+            "kv_type_v": kv_type_v,   # the values'
+            "bytes_per_element": (_KV_ELEMENT_BYTES[kv_type] + _KV_ELEMENT_BYTES[kv_type_v]) / 2,   # of K and V
         }
 
     def kv_positions(self, layer: int, head: int) -> List[int]:

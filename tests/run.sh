@@ -60,13 +60,14 @@ LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stackt
     PYKV_LIBRARY="$PWD/$ASAN_BUILD/libpykv.so" \
     "$PYTHON" -m pytest -q -p no:cacheprovider tests/python/test_bad_input.py tests/python/test_forward_tiny.py \
     tests/python/test_dequant.py tests/python/test_sampler.py $(ls tests/python/test_polic*.py)
-# Saved states (damaged buffers), cuts of the cache, per-token outputs, grammars, tool calls and
-# Python logits processors handing their arrays to the sampler, tiny models only.
+# Saved states (damaged buffers), cuts of the cache, per-token outputs, grammars, tool calls,
+# Python logits processors handing their arrays to the sampler, and keys and values of
+# different types, tiny models only.
 LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     PYKV_LIBRARY="$PWD/$ASAN_BUILD/libpykv.so" \
     "$PYTHON" -m pytest -q -p no:cacheprovider -m "not model" tests/python/test_state.py tests/python/test_state_policies.py tests/python/test_prefix_reuse.py tests/python/test_outputs.py tests/python/test_perplexity.py \
     tests/python/test_grammar.py tests/python/test_json_schema.py tests/python/test_tools.py \
-    tests/python/test_processors.py
+    tests/python/test_processors.py tests/python/test_kv_mixed.py
 
 echo "==> fetching the SmolLM2 model (once; cached afterwards)"
 "$PYTHON" -m pykv pull smollm2

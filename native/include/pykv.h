@@ -191,10 +191,13 @@ struct pykv_context_params {
                                  path); 0 (default) = decode steps and prefill chunks
                                  quantise activations to 8 bits and take integer dot products
                                  for the quantised weight types, as llama.cpp does */
-    int32_t     kv_type;      /* how keys and values are stored: PYKV_TYPE_F16 (default, half
-                                 the memory, as llama.cpp), PYKV_TYPE_F32 (the exact path) or
-                                 PYKV_TYPE_Q8_0 (34 bytes per 32 values, as llama.cpp's
-                                 -ctk q8_0 -ctv q8_0; needs a head size divisible by 32) */
+    int32_t     kv_type;      /* how keys (and values, unless kv_type_v says otherwise) are
+                                 stored: PYKV_TYPE_F16 (default, half the memory, as llama.cpp),
+                                 PYKV_TYPE_F32 (the exact path) or PYKV_TYPE_Q8_0 (34 bytes per
+                                 32 values, as llama.cpp's -ctk q8_0; needs a head size
+                                 divisible by 32) */
+    int32_t     kv_type_v;    /* how values are stored, as kv_type (llama.cpp's -ctv); -1
+                                 (default) = as kv_type */
 };
 
 PYKV_API void        pykv_context_default_params(struct pykv_context_params *params);
@@ -291,7 +294,8 @@ struct pykv_kv_stats {
     int32_t     n_layer;
     int32_t     n_head_kv;
     const char *policy;       /* owned by ctx */
-    int32_t     kv_type;      /* PYKV_TYPE_F16, PYKV_TYPE_F32 or PYKV_TYPE_Q8_0 */
+    int32_t     kv_type;      /* the keys': PYKV_TYPE_F16, PYKV_TYPE_F32 or PYKV_TYPE_Q8_0 */
+    int32_t     kv_type_v;    /* the values' */
 };
 PYKV_API pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *stats);
 /* Resident entries of (layer, KV head). */

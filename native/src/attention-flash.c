@@ -86,13 +86,14 @@ static inline AVX2_TGT void transpose8(__m256 r[8]) {
     r[6] = _mm256_permute2f128_ps(u2, u6, 0x31); r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-// A full block: eight rows by eight dimensions at a time through an 8x8 transpose (fmt:
-// enum kv_format, a constant in each instance below).
-static inline __attribute__((always_inline)) AVX2_TGT void load_block_fmt(const struct kv_list *l, int j0, int d,
-                                                                          float *Kt, float *Vb, const int fmt) {
+// A full block's keys, transposed: eight rows by eight dimensions at a time through an 8x8
+// transpose; and its values as they are (fmt: enum kv_format, a constant in each instance
+// below).
+static inline __attribute__((always_inline)) AVX2_TGT void load_keys_fmt(const struct kv_list *l, int j0, int d,
+                                                                         float *Kt, const int fmt) {
     for (int jb = 0; jb < FLASH_KEYS; jb += 8) {
         const void *rows[8];
-        for (int t = 0; t < 8; t++) rows[t] = kv_row(l, l->k, j0 + jb + t, d);
+        for (int t = 0; t < 8; t++) rows[t] = kv_key_row(l, j0 + jb + t, d);
         for (int c = 0; c < d; c += 8) {
             __m256 r[8];
             for (int t = 0; t < 8; t++) r[t] = load8_kv(rows[t], c, fmt);
@@ -100,16 +101,23 @@ static inline __attribute__((always_inline)) AVX2_TGT void load_block_fmt(const 
             for (int t = 0; t < 8; t++) _mm256_storeu_ps(Kt + (size_t)(c + t) * FLASH_KEYS + jb, r[t]);
         }
     }
+}
+
+static inline __attribute__((always_inline)) AVX2_TGT void load_values_fmt(const struct kv_list *l, int j0, int d,
+                                                                           float *Vb, const int fmt) {
     for (int j = 0; j < FLASH_KEYS; j++) {
-        const void *v = kv_row(l, l->v, j0 + j, d);
+        const void *v = kv_value_row(l, j0 + j, d);
         for (int c = 0; c < d; c += 8) _mm256_storeu_ps(Vb + (size_t)j * d + c, load8_kv(v, c, fmt));
     }
 }
 
 static AVX2_TGT void load_block_avx2(const struct kv_list *l, int j0, int d, float *Kt, float *Vb) {
-    if (l->fmt == KV_F16) load_block_fmt(l, j0, d, Kt, Vb, KV_F16);
-    else if (l->fmt == KV_Q8_0) load_block_fmt(l, j0, d, Kt, Vb, KV_Q8_0);
-    else load_block_fmt(l, j0, d, Kt, Vb, KV_F32);
+    if (l->fmt_k == KV_F16) load_keys_fmt(l, j0, d, Kt, KV_F16);
+    else if (l->fmt_k == KV_Q8_0) load_keys_fmt(l, j0, d, Kt, KV_Q8_0);
+    else load_keys_fmt(l, j0, d, Kt, KV_F32);
+    if (l->fmt_v == KV_F16) load_values_fmt(l, j0, d, Vb, KV_F16);
+    else if (l->fmt_v == KV_Q8_0) load_values_fmt(l, j0, d, Vb, KV_Q8_0);
+    else load_values_fmt(l, j0, d, Vb, KV_F32);
 }
 
 // Scores of nr (1 or 2) query rows against the block, scaled, lanes j >= nv[r] set to -inf:

@@ -453,10 +453,10 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
     const float scale = 1.0f / sqrtf((float)d);
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
-        scores_avx2[l->fmt][1](q, l->k, n, d, scale, weights);
+        scores_avx2[l->fmt_k][1](q, l->k, n, d, scale, weights);
         if (l->n_members) merged_weights(l, n, 1, weights);
         else softmax(weights, n);
-        wsum_avx2[l->fmt][1](weights, l->v, n, d, out);
+        wsum_avx2[l->fmt_v][1](weights, l->v, n, d, out);
         return;
     }
 #endif
@@ -469,10 +469,10 @@ void attention_head(const float *q, const struct kv_list *l, int n, int d, float
 void attention_group(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights, float *out) {
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
-        scores_avx2[l->fmt][nq](q, l->k, n, d, 1.0f / sqrtf((float)d), weights);
+        scores_avx2[l->fmt_k][nq](q, l->k, n, d, 1.0f / sqrtf((float)d), weights);
         if (l->n_members) merged_weights(l, n, nq, weights);
         else for (int r = 0; r < nq; r++) softmax(weights + (size_t)r * n, n);
-        wsum_avx2[l->fmt][nq](weights, l->v, n, d, out);
+        wsum_avx2[l->fmt_v][nq](weights, l->v, n, d, out);
         return;
     }
 #endif
@@ -483,7 +483,7 @@ void attention_group(const float *q, int nq, const struct kv_list *l, int n, int
 void attention_weights(const float *q, int nq, const struct kv_list *l, int n, int d, float *weights) {
     const float scale = 1.0f / sqrtf((float)d);
 #if defined(__x86_64__) || defined(__i386__)
-    if (use_avx2(d)) scores_avx2[l->fmt][nq](q, l->k, n, d, scale, weights);
+    if (use_avx2(d)) scores_avx2[l->fmt_k][nq](q, l->k, n, d, scale, weights);
     else
 #endif
         for (int r = 0; r < nq; r++) scores_generic(q + (size_t)r * d, l, 0, n, d, scale, weights + (size_t)r * n);
@@ -509,9 +509,9 @@ void attention_group_partial(const float *q, int nq, const struct kv_list *l, in
     if (l->n_members) prefetch_members(l, j0, j1);
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
-        scores_avx2[l->fmt][nq](q, kv_row(l, l->k, j0, d), n, d, scale, w);
+        scores_avx2[l->fmt_k][nq](q, kv_key_row(l, j0, d), n, d, scale, w);
         weights_exp(l, j0, n, nq, w, m, lsum);
-        wsum_avx2[l->fmt][nq](w, kv_row(l, l->v, j0, d), n, d, out);
+        wsum_avx2[l->fmt_v][nq](w, kv_value_row(l, j0, d), n, d, out);
         return;
     }
 #endif
@@ -523,7 +523,7 @@ void attention_group_partial(const float *q, int nq, const struct kv_list *l, in
 void attention_dots(const float *x, const struct kv_list *l, int values, int n, int d, float *out) {
 #if defined(__x86_64__) || defined(__i386__)
     if (use_avx2(d)) {
-        scores_avx2[l->fmt][1](x, values ? l->v : l->k, n, d, 1.0f, out);
+        scores_avx2[values ? l->fmt_v : l->fmt_k][1](x, values ? l->v : l->k, n, d, 1.0f, out);
         return;
     }
 #endif

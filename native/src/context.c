@@ -26,6 +26,7 @@ void pykv_context_default_params(struct pykv_context_params *p) {
     p->window = -1;
     p->sink = -1;
     p->kv_type = PYKV_TYPE_F16;
+    p->kv_type_v = -1;
 }
 
 static float *alloc_floats(size_t n, int *failed) {
@@ -104,6 +105,9 @@ static pykv_status validate_params(const pykv_model *m, const struct pykv_contex
     if (kv_format_of_type(p->kv_type) < 0)
         return pykv_error(PYKV_ERR_INVALID_ARG, "kv_type must be F16 (%d), F32 (%d) or Q8_0 (%d), got %d", PYKV_TYPE_F16,
                           PYKV_TYPE_F32, PYKV_TYPE_Q8_0, p->kv_type);
+    if (p->kv_type_v != -1 && kv_format_of_type(p->kv_type_v) < 0)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "kv_type_v must be F16 (%d), F32 (%d), Q8_0 (%d) or -1 (as kv_type), "
+                          "got %d", PYKV_TYPE_F16, PYKV_TYPE_F32, PYKV_TYPE_Q8_0, p->kv_type_v);
     if (p->n_threads < 0 || p->n_threads > 512)
         return pykv_error(PYKV_ERR_INVALID_ARG, "n_threads must be between 1 and 512 (or 0 for automatic), got %d", p->n_threads);
     if (p->budget < 0) return pykv_error(PYKV_ERR_INVALID_ARG, "budget must be positive, got %d", p->budget);
@@ -131,8 +135,9 @@ static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_pa
     ctx->policy->cfg = cfg;
 
     // Lists may briefly hold a chunk's probe tokens on top of n_ctx entries.
+    const int32_t type_v = p->kv_type_v == -1 ? p->kv_type : p->kv_type_v;
     PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx + ctx->n_ubatch,
-                           kv_format_of_type(p->kv_type)));
+                           kv_format_of_type(p->kv_type), kv_format_of_type(type_v)));
     return alloc_scratch(ctx);
 }
 
@@ -430,7 +435,8 @@ pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *s) {
     s->n_layer = ctx->cache.n_layer;
     s->n_head_kv = ctx->cache.n_head_kv;
     s->policy = ctx->policy->ops->name;
-    s->kv_type = kv_format_type(ctx->cache.fmt);
+    s->kv_type = kv_format_type(ctx->cache.fmt_k);
+    s->kv_type_v = kv_format_type(ctx->cache.fmt_v);
     return PYKV_OK;
 }
 

@@ -15,7 +15,7 @@
 
 // Bytes per allocated entry: key, value, position, and the merge bookkeeping if enabled.
 static int64_t entry_bytes(const struct kv_cache *c, const struct kv_list *l) {
-    int64_t b = (int64_t)(2 * kv_cache_row_bytes(c)) + (int64_t)sizeof(int32_t);
+    int64_t b = (int64_t)(kv_cache_key_bytes(c) + kv_cache_value_bytes(c)) + (int64_t)sizeof(int32_t);
     if (l->n_members) b += (int64_t)2 * sizeof(int32_t);
     return b;
 }
@@ -77,11 +77,10 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
         l->cap = 0;
         return PYKV_OK;
     }
-    const size_t row = kv_cache_row_bytes(c);
-    void *k = pages_realloc(l->k, (size_t)cap * row);
+    void *k = pages_realloc(l->k, (size_t)cap * kv_cache_key_bytes(c));
     if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->k = k;
-    void *v = pages_realloc(l->v, (size_t)cap * row);
+    void *v = pages_realloc(l->v, (size_t)cap * kv_cache_value_bytes(c));
     if (!v) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->v = v;
     int32_t *pos = pages_realloc(l->pos, (size_t)cap * sizeof(int32_t));
@@ -100,20 +99,28 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
     return PYKV_OK;
 }
 
-pykv_status kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int fmt) {
+pykv_status kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries,
+                          int fmt_k, int fmt_v) {
     memset(c, 0, sizeof(*c));
-    if (fmt < 0 || fmt >= KV_N_FORMATS) return pykv_error(PYKV_ERR_INVALID_ARG, "unknown KV cache format %d", fmt);
-    if (fmt == KV_Q8_0 && head_dim % KV_Q8_BLOCK != 0)
-        return pykv_error(PYKV_ERR_INVALID_ARG, "a q8_0 KV cache needs a head size that is a multiple of %d; this model's is %d",
-                          KV_Q8_BLOCK, head_dim);
-    c->fmt = fmt;
+    for (int i = 0; i < 2; i++) {
+        const int fmt = i ? fmt_v : fmt_k;
+        if (fmt < 0 || fmt >= KV_N_FORMATS) return pykv_error(PYKV_ERR_INVALID_ARG, "unknown KV cache format %d", fmt);
+        if (fmt == KV_Q8_0 && head_dim % KV_Q8_BLOCK != 0)
+            return pykv_error(PYKV_ERR_INVALID_ARG, "a q8_0 KV cache needs a head size that is a multiple of %d; "
+                              "this model's is %d (q8_0 was asked for the %s)", KV_Q8_BLOCK, head_dim, i ? "values" : "keys");
+    }
+    c->fmt_k = fmt_k;
+    c->fmt_v = fmt_v;
     c->n_layer = n_layer;
     c->n_head_kv = n_head_kv;
     c->head_dim = head_dim;
     c->max_entries = max_entries;
     c->lists = calloc((size_t)n_layer * n_head_kv, sizeof(struct kv_list));
     if (!c->lists) return pykv_error(PYKV_ERR_NOMEM, "out of memory creating the KV cache");
-    for (int i = 0; i < n_layer * n_head_kv; i++) c->lists[i].fmt = c->fmt;
+    for (int i = 0; i < n_layer * n_head_kv; i++) {
+        c->lists[i].fmt_k = fmt_k;
+        c->lists[i].fmt_v = fmt_v;
+    }
     return PYKV_OK;
 }
 
@@ -166,33 +173,35 @@ static void quantize_row_q8_0(const float *x, block_q8_0 *y, int32_t d) {
 }
 _Static_assert(KV_Q8_BLOCK == QK8_0 && KV_Q8_BLOCK_BYTES == sizeof(block_q8_0), "the cache's Q8_0 is GGUF's");
 
-static void store_row(const struct kv_list *l, void *base, int32_t j, const float *x, int32_t d) {
-    void *dst = (char *)kv_row(l, base, j, d);
-    if (l->fmt == KV_F16) fp32_to_fp16_row(x, dst, d);
-    else if (l->fmt == KV_Q8_0) quantize_row_q8_0(x, dst, d);
+static void store_row(void *dst, int fmt, const float *x, int32_t d) {
+    if (fmt == KV_F16) fp32_to_fp16_row(x, dst, d);
+    else if (fmt == KV_Q8_0) quantize_row_q8_0(x, dst, d);
     else memcpy(dst, x, (size_t)d * sizeof(float));
 }
 
 void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v, int32_t d) {
-    store_row(l, l->k, j, k, d);
-    store_row(l, l->v, j, v, d);
+    store_row((char *)l->k + (size_t)j * kv_format_row_bytes(l->fmt_k, d), l->fmt_k, k, d);
+    store_row((char *)l->v + (size_t)j * kv_format_row_bytes(l->fmt_v, d), l->fmt_v, v, d);
 }
 
-static const float *row_f32(const struct kv_list *l, const void *base, int32_t j, int32_t d, float *tmp) {
-    const void *src = kv_row(l, base, j, d);
-    if (l->fmt == KV_F32) return src;
-    if (l->fmt == KV_F16) fp16_to_fp32_row(src, tmp, d);
-    else dequant_row(kv_format_type(l->fmt), src, tmp, d);
+static const float *row_f32(const void *src, int fmt, int32_t d, float *tmp) {
+    if (fmt == KV_F32) return src;
+    if (fmt == KV_F16) fp16_to_fp32_row(src, tmp, d);
+    else dequant_row(kv_format_type(fmt), src, tmp, d);
     return tmp;
 }
 
-const float *kv_key_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) { return row_f32(l, l->k, j, d, tmp); }
-const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) { return row_f32(l, l->v, j, d, tmp); }
+const float *kv_key_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) {
+    return row_f32(kv_key_row(l, j, d), l->fmt_k, d, tmp);
+}
+const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) {
+    return row_f32(kv_value_row(l, j, d), l->fmt_v, d, tmp);
+}
 
 float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d) {
-    const void *k = kv_row(l, l->k, j, d);
-    if (l->fmt == KV_F32) return dot_f32(q, k, d);
-    return vec_dot_for(kv_format_type(l->fmt))(k, q, d);
+    const void *k = kv_key_row(l, j, d);
+    if (l->fmt_k == KV_F32) return dot_f32(q, k, d);
+    return vec_dot_for(kv_format_type(l->fmt_k))(k, q, d);
 }
 
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos) {
@@ -285,9 +294,8 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
             else free_members(c, l, d);
         }
     }
-    const size_t row = kv_cache_row_bytes(c);
-    kv_compact_rows(l->k, row, keep, n_keep);
-    kv_compact_rows(l->v, row, keep, n_keep);
+    kv_compact_rows(l->k, kv_cache_key_bytes(c), keep, n_keep);
+    kv_compact_rows(l->v, kv_cache_value_bytes(c), keep, n_keep);
     kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
     if (l->n_members) {
         kv_compact_rows(l->n_members, sizeof(int32_t), keep, n_keep);
@@ -301,10 +309,9 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
 
 pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
     if (j < 0 || j >= l->n || tail < 0) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
-    const size_t row = kv_cache_row_bytes(c);
     free_members(c, l, j);
-    kv_drop_row(l->k, row, l->n, j, tail);
-    kv_drop_row(l->v, row, l->n, j, tail);
+    kv_drop_row(l->k, kv_cache_key_bytes(c), l->n, j, tail);
+    kv_drop_row(l->v, kv_cache_value_bytes(c), l->n, j, tail);
     kv_drop_row(l->pos, sizeof(int32_t), l->n, j, tail);
     if (l->n_members) {
         kv_drop_row(l->n_members, sizeof(int32_t), l->n, j, tail);

@@ -5,8 +5,9 @@
 // head and per layer. Storage grows by an eighth and shrinks when a policy compacts a list,
 // so the bytes reported are the bytes really allocated. Keys and values are stored as
 // IEEE halves (the default, as llama.cpp), as floats (the exact path) or as Q8_0 blocks
-// (llama.cpp's `-ctk q8_0 -ctv q8_0`: 32 int8 and one half scale, 34 bytes per 32 values);
-// code outside kv-cache.c and the attention kernels reads them through the accessors below.
+// (llama.cpp's `-ctk q8_0`/`-ctv q8_0`: 32 int8 and one half scale, 34 bytes per 32
+// values); keys and values may differ, as llama.cpp's -ctk and -ctv may. Code outside
+// kv-cache.c and the attention kernels reads them through the accessors below.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -34,6 +35,12 @@ static inline const char *kv_format_name(int fmt) {
     return fmt == KV_F32 ? "f32" : fmt == KV_F16 ? "f16" : fmt == KV_Q8_0 ? "q8_0" : "unknown";
 }
 
+// The key and value formats as one integer (a saved state's header): the format alone when
+// they are the same, as in the states written before they could differ.
+static inline int32_t kv_formats_code(int fmt_k, int fmt_v) {
+    return fmt_k == fmt_v ? fmt_k : fmt_k + KV_N_FORMATS * (fmt_v + 1);
+}
+
 // Bytes of one stored row of d values (d a multiple of KV_Q8_BLOCK for Q8_0).
 static inline size_t kv_format_row_bytes(int fmt, int d) {
     return fmt == KV_Q8_0 ? (size_t)(d / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES : (size_t)d * (fmt == KV_F16 ? 2 : 4);
@@ -58,7 +65,8 @@ struct kv_list {
     int32_t  pool_used;     // floats appended since the pool was last rebuilt
     int32_t  pool_cap;      // floats allocated
     int32_t  pool_live;     // floats that belong to entries (the rest are gaps)
-    int32_t  fmt;           // enum kv_format of the cache, copied here for the kernels
+    int32_t  fmt_k;         // enum kv_format of the cache's keys, copied here for the kernels
+    int32_t  fmt_v;         // and of its values
 };
 
 struct kv_cache {
@@ -66,7 +74,8 @@ struct kv_cache {
     int32_t         n_head_kv;
     int32_t         head_dim;
     int32_t         max_entries;   // per list (n_ctx)
-    int32_t         fmt;           // enum kv_format
+    int32_t         fmt_k;         // enum kv_format of the keys
+    int32_t         fmt_v;         // of the values
     struct kv_list *lists;         // (n_layer * n_head_kv)
     // Counters: atomic, as a policy may evict from different lists on different threads.
     _Atomic int64_t bytes;
@@ -75,14 +84,14 @@ struct kv_cache {
     _Atomic int64_t merged;
 };
 
-pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries, int fmt);
+pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries,
+                              int fmt_k, int fmt_v);
 void            kv_cache_free(struct kv_cache *c);
 void            kv_cache_clear(struct kv_cache *c);   // drops every entry and its memory
 
-// Bytes of one key (or value) as stored.
-static inline size_t kv_cache_row_bytes(const struct kv_cache *c) {
-    return kv_format_row_bytes(c->fmt, c->head_dim);
-}
+// Bytes of one key, of one value, as stored.
+static inline size_t kv_cache_key_bytes(const struct kv_cache *c) { return kv_format_row_bytes(c->fmt_k, c->head_dim); }
+static inline size_t kv_cache_value_bytes(const struct kv_cache *c) { return kv_format_row_bytes(c->fmt_v, c->head_dim); }
 
 static inline struct kv_list *kv_cache_list(struct kv_cache *c, int layer, int head) {
     return &c->lists[(size_t)layer * c->n_head_kv + head];
@@ -107,9 +116,12 @@ static inline float kv_member_logit_max(const struct kv_list *l, int32_t j, floa
 // Make room for `extra` more entries in a list.
 pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra);
 
-// Row j of a list's keys or values, in the stored type.
-static inline const void *kv_row(const struct kv_list *l, const void *base, int32_t j, int32_t d) {
-    return (const char *)base + (size_t)j * kv_format_row_bytes(l->fmt, d);
+// Key j, value j of a list, in the stored type.
+static inline const void *kv_key_row(const struct kv_list *l, int32_t j, int32_t d) {
+    return (const char *)l->k + (size_t)j * kv_format_row_bytes(l->fmt_k, d);
+}
+static inline const void *kv_value_row(const struct kv_list *l, int32_t j, int32_t d) {
+    return (const char *)l->v + (size_t)j * kv_format_row_bytes(l->fmt_v, d);
 }
 // Key (or value) j as d floats: a pointer into the list when stored as floats, otherwise
 // converted into tmp (d floats).

@@ -6,6 +6,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,6 +88,15 @@ static int rows_finite(const uint8_t *p, size_t bytes, int fmt) {
     return 1;
 }
 
+// A header's cache formats (kv_formats_code) in words: "f16", or "q8_0 keys and f16 values".
+static const char *formats_text(int32_t code, char *buf, size_t size) {
+    if (code >= 0 && code < KV_N_FORMATS) return kv_format_name(code);
+    const int32_t k = code % KV_N_FORMATS, v = code / KV_N_FORMATS - 1;
+    if (code < 0 || v < 0 || v >= KV_N_FORMATS) return "unknown";
+    snprintf(buf, size, "%s keys and %s values", kv_format_name(k), kv_format_name(v));
+    return buf;
+}
+
 // One list's bytes: its length, positions and finite keys and values, and merged entries'
 // counts and norms (counts at least 1, norms finite and not negative). Skips over them.
 static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, int32_t n_past, int32_t *n_out) {
@@ -98,10 +108,11 @@ static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, i
         int32_t pos;
         if (!state_take_i32(r, &pos) || pos < 0 || pos >= n_past) return corrupt("a position is out of range");
     }
-    const uint8_t *kv = r->at;
-    const size_t kv_bytes = 2 * (size_t)n * kv_cache_row_bytes(c);
-    if (!state_take(r, NULL, kv_bytes)) return corrupt("its keys and values are cut short");
-    if (!rows_finite(kv, kv_bytes, c->fmt)) return corrupt("a key or value is not finite");
+    const uint8_t *keys = r->at;
+    const size_t k_bytes = (size_t)n * kv_cache_key_bytes(c), v_bytes = (size_t)n * kv_cache_value_bytes(c);
+    if (!state_take(r, NULL, k_bytes + v_bytes)) return corrupt("its keys and values are cut short");
+    if (!rows_finite(keys, k_bytes, c->fmt_k) || !rows_finite(keys + k_bytes, v_bytes, c->fmt_v))
+        return corrupt("a key or value is not finite");
     *n_out = n;
     if (!merged) return PYKV_OK;
     int64_t norms = 0;
@@ -149,13 +160,16 @@ static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, 
     const struct kv_cache *c = &ctx->cache;
     struct state_reader r = { src, size };
     PYKV_TRY(read_header(&r, head));
-    const int32_t want[5] = { c->n_layer, c->n_head_kv, c->head_dim, ctx->model->hp.n_vocab, c->fmt };
-    if (memcmp(head, want, sizeof(want)) != 0)
+    const int32_t want[5] = { c->n_layer, c->n_head_kv, c->head_dim, ctx->model->hp.n_vocab,
+                              kv_formats_code(c->fmt_k, c->fmt_v) };
+    if (memcmp(head, want, sizeof(want)) != 0) {
+        char theirs[48], ours[48];
         return pykv_error(PYKV_ERR_INVALID_ARG,
                           "pykv_state_load: the state is of a model with %d layers, %d KV heads of %d, %d tokens "
                           "and a KV cache of %s; this context has %d, %d of %d, %d and %s",
-                          head[0], head[1], head[2], head[3], kv_format_name(head[4]), want[0], want[1], want[2],
-                          want[3], kv_format_name(want[4]));
+                          head[0], head[1], head[2], head[3], formats_text(head[4], theirs, sizeof(theirs)),
+                          want[0], want[1], want[2], want[3], formats_text(want[4], ours, sizeof(ours)));
+    }
     const int32_t n_past = head[H_N_PAST], has_logits = head[H_HAS_LOGITS], single = head[H_SINGLE_RUN];
     if (n_past < 0 || (has_logits != 0 && has_logits != 1) || (has_logits && n_past == 0) ||
         (single != 0 && single != 1))
@@ -179,8 +193,8 @@ static pykv_status load_list(struct kv_cache *c, struct kv_list *l, struct state
     state_take_i32(r, &merged);
     PYKV_TRY(kv_list_reserve(c, l, n));
     state_take(r, l->pos, (size_t)n * sizeof(int32_t));
-    state_take(r, l->k, (size_t)n * kv_cache_row_bytes(c));
-    state_take(r, l->v, (size_t)n * kv_cache_row_bytes(c));
+    state_take(r, l->k, (size_t)n * kv_cache_key_bytes(c));
+    state_take(r, l->v, (size_t)n * kv_cache_value_bytes(c));
     l->n = n;
     if (!merged) return PYKV_OK;
     PYKV_TRY(kv_list_enable_members(c, l));

@@ -54,8 +54,8 @@ static void write_list(struct state_writer *w, const struct kv_cache *c, const s
     state_put_i32(w, l->n);
     state_put_i32(w, merged);
     state_put(w, l->pos, (size_t)l->n * sizeof(int32_t));
-    state_put(w, l->k, (size_t)l->n * kv_cache_row_bytes(c));
-    state_put(w, l->v, (size_t)l->n * kv_cache_row_bytes(c));
+    state_put(w, l->k, (size_t)l->n * kv_cache_key_bytes(c));
+    state_put(w, l->v, (size_t)l->n * kv_cache_value_bytes(c));
     if (!merged) return;
     state_put(w, l->n_members, (size_t)l->n * sizeof(int32_t));
     for (int32_t j = 0; j < l->n; j++)
@@ -67,7 +67,8 @@ static void write_state(const pykv_context *ctx, struct state_writer *w, const c
     const struct kv_cache *c = &ctx->cache;
     const int32_t n_vocab = ctx->model->hp.n_vocab;
     const uint32_t order = STATE_BYTE_ORDER;
-    const int32_t head[HEADER_I32] = { c->n_layer, c->n_head_kv, c->head_dim, n_vocab, c->fmt, ctx->n_past,
+    const int32_t head[HEADER_I32] = { c->n_layer, c->n_head_kv, c->head_dim, n_vocab, kv_formats_code(c->fmt_k, c->fmt_v),
+                                       ctx->n_past,
                                        ctx->has_logits, ctx->single_run };
     const int64_t counters[2] = { c->evicted, c->merged };
     state_put(w, STATE_MAGIC, sizeof(STATE_MAGIC));

@@ -136,7 +136,8 @@ static int fuzz_model(const char *path, size_t header, long iters) {
 
 // ---- state: every policy's saved state, damaged --------------------------------------------
 
-static int fuzz_states(pykv_model *m, const char *policy, int32_t kv_type, long iters, long *loaded) {
+static int fuzz_states(pykv_model *m, const char *policy, int32_t kv_type, int32_t kv_type_v, long iters,
+                       long *loaded) {
     struct pykv_context_params cp;
     pykv_context_default_params(&cp);
     cp.n_ctx = 160;
@@ -144,6 +145,7 @@ static int fuzz_states(pykv_model *m, const char *policy, int32_t kv_type, long 
     cp.policy = policy;
     cp.budget = 40;
     cp.kv_type = kv_type;
+    cp.kv_type_v = kv_type_v;
     pykv_context *src = NULL, *dst = NULL;
     if (pykv_context_init(m, &cp, &src) != PYKV_OK) return 0;   // a q8_0 cache needs head size % 32 == 0
     if (pykv_context_init(m, &cp, &dst) != PYKV_OK) { pykv_context_free(src); return 0; }
@@ -272,9 +274,13 @@ int main(int argc, char **argv) {
         rc = fuzz_grammar(m, iters);
     } else {
         long loaded = 0;
-        const int32_t kv_types[] = { PYKV_TYPE_F16, PYKV_TYPE_F32, PYKV_TYPE_Q8_0 };
+        const int32_t kv_types[][2] = { { PYKV_TYPE_F16, PYKV_TYPE_F16 }, { PYKV_TYPE_F32, PYKV_TYPE_F32 },
+                                        { PYKV_TYPE_Q8_0, PYKV_TYPE_Q8_0 }, { PYKV_TYPE_Q8_0, PYKV_TYPE_F16 },
+                                        { PYKV_TYPE_F16, PYKV_TYPE_Q8_0 } };   // keys, values
+        const int n_types = (int)(sizeof(kv_types) / sizeof(kv_types[0]));
         for (int p = 0; p < N_POLICIES && !rc; p++)
-            for (int k = 0; k < 3 && !rc; k++) rc = fuzz_states(m, policies[p], kv_types[k], iters / (3 * N_POLICIES), &loaded);
+            for (int k = 0; k < n_types && !rc; k++)
+                rc = fuzz_states(m, policies[p], kv_types[k][0], kv_types[k][1], iters / (n_types * N_POLICIES), &loaded);
         printf("fuzz_inputs state: %ld iterations, %ld loaded\n", iters, loaded);
     }
     pykv_model_free(m);

@@ -32,8 +32,8 @@ static void check_wide_list(void) {
         total += members[j];
     }
     struct kv_cache merged, expanded;
-    CHECK(kv_cache_init(&merged, 1, 1, D, 256, 0) == PYKV_OK);
-    CHECK(kv_cache_init(&expanded, 1, 1, D, 1024, 0) == PYKV_OK);
+    CHECK(kv_cache_init(&merged, 1, 1, D, 256, 0, 0) == PYKV_OK);
+    CHECK(kv_cache_init(&expanded, 1, 1, D, 1024, 0, 0) == PYKV_OK);
     struct kv_list *lm = kv_cache_list(&merged, 0, 0), *le = kv_cache_list(&expanded, 0, 0);
     CHECK(kv_list_reserve(&merged, lm, N) == PYKV_OK && kv_list_reserve(&expanded, le, total) == PYKV_OK);
     CHECK(kv_list_enable_members(&merged, lm) == PYKV_OK);
@@ -97,7 +97,7 @@ static void check_wide_list(void) {
 // before them fills the freed slot, members travel with their entries.
 static void check_tail_drop(void) {
     struct kv_cache c;
-    CHECK(kv_cache_init(&c, 1, 1, D, 16, 1) == PYKV_OK);
+    CHECK(kv_cache_init(&c, 1, 1, D, 16, 1, 1) == PYKV_OK);
     struct kv_list *l = kv_cache_list(&c, 0, 0);
     CHECK(kv_list_reserve(&c, l, 7) == PYKV_OK && kv_list_enable_members(&c, l) == PYKV_OK);
     for (int j = 0; j < 7; j++) {
@@ -131,7 +131,7 @@ static void check_tail_drop(void) {
 static void check_member_pool(void) {
     enum { N = 40, MAXM = 6, MAXPOS = 16384 };
     struct kv_cache c;
-    CHECK(kv_cache_init(&c, 1, 1, D, 4 * N, 1) == PYKV_OK);
+    CHECK(kv_cache_init(&c, 1, 1, D, 4 * N, 1, 1) == PYKV_OK);
     struct kv_list *l = kv_cache_list(&c, 0, 0);
     CHECK(kv_list_reserve(&c, l, N) == PYKV_OK && kv_list_enable_members(&c, l) == PYKV_OK);
     static float want[MAXPOS][MAXM];   // by position
@@ -178,8 +178,8 @@ static void check_member_pool(void) {
 int main(void) {
     srand(7);
     struct kv_cache merged, expanded;
-    CHECK(kv_cache_init(&merged, 1, 1, D, 64, 0) == PYKV_OK);
-    CHECK(kv_cache_init(&expanded, 1, 1, D, 64, 0) == PYKV_OK);
+    CHECK(kv_cache_init(&merged, 1, 1, D, 64, 0, 0) == PYKV_OK);
+    CHECK(kv_cache_init(&expanded, 1, 1, D, 64, 0, 0) == PYKV_OK);
     struct kv_list *lm = kv_cache_list(&merged, 0, 0), *le = kv_cache_list(&expanded, 0, 0);
     CHECK(kv_list_reserve(&merged, lm, 6) == PYKV_OK && kv_list_reserve(&expanded, le, 20) == PYKV_OK);
     CHECK(kv_list_enable_members(&merged, lm) == PYKV_OK);

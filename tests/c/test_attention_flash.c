@@ -36,8 +36,14 @@ static void reference(const float *q, const struct kv_list *l, int n, int d, dou
     free(s);
 }
 
-static struct kv_list *random_list(struct kv_cache *cache, int d, int n, int fmt) {
-    CHECK(kv_cache_init(cache, 1, 1, d, n, fmt) == PYKV_OK);
+// fmts: a key and a value format, fmt_k + KV_N_FORMATS * fmt_v (as -ctk and -ctv may differ)
+#define N_FORMAT_PAIRS (KV_N_FORMATS * KV_N_FORMATS)
+static int pair_fits(int fmts, int d) {
+    return d % 32 == 0 || (fmts % KV_N_FORMATS != KV_Q8_0 && fmts / KV_N_FORMATS != KV_Q8_0);
+}
+
+static struct kv_list *random_list(struct kv_cache *cache, int d, int n, int fmts) {
+    CHECK(kv_cache_init(cache, 1, 1, d, n, fmts % KV_N_FORMATS, fmts / KV_N_FORMATS) == PYKV_OK);
     struct kv_list *l = kv_cache_list(cache, 0, 0);
     CHECK(kv_list_reserve(cache, l, n) == PYKV_OK);
     float *k = malloc((size_t)d * sizeof(float)), *v = malloc((size_t)d * sizeof(float));
@@ -53,10 +59,10 @@ static struct kv_list *random_list(struct kv_cache *cache, int d, int n, int fmt
 // n_vis0 + n_tok - 1 (the block is the end of a chunk) plus `extra` entries nobody sees.
 // poison: the entry only the last token sees gets infinite values, and the other tokens'
 // outputs must not notice (the last token's is not checked).
-static void check_flash(int d, int n_rep, int n_tok, int n_vis0, int extra, int fmt, int scalar, int poison) {
+static void check_flash(int d, int n_rep, int n_tok, int n_vis0, int extra, int fmts, int scalar, int poison) {
     struct kv_cache cache;
     const int n = n_vis0 + n_tok - 1 + extra;
-    struct kv_list *l = random_list(&cache, d, n, fmt);
+    struct kv_list *l = random_list(&cache, d, n, fmts);
     if (poison) {
         float k[PYKV_MAX_HEAD_DIM], v[PYKV_MAX_HEAD_DIM], tmp[PYKV_MAX_HEAD_DIM];
         const int j = n_vis0 + n_tok - 2;
@@ -81,9 +87,9 @@ static void check_flash(int d, int n_rep, int n_tok, int n_vis0, int extra, int 
     kv_cache_free(&cache);
 }
 
-static void check_split(int d, int nq, int n, int n_seg, int fmt) {
+static void check_split(int d, int nq, int n, int n_seg, int fmts) {
     struct kv_cache cache;
-    struct kv_list *l = random_list(&cache, d, n, fmt);
+    struct kv_list *l = random_list(&cache, d, n, fmts);
     float *q = malloc((size_t)nq * d * sizeof(float)), *w = malloc((size_t)nq * n * sizeof(float));
     float *o = malloc((size_t)n_seg * nq * d * sizeof(float)), *m = malloc((size_t)n_seg * nq * sizeof(float));
     float *lsum = malloc((size_t)n_seg * nq * sizeof(float)), *out = malloc((size_t)d * sizeof(float));
@@ -117,13 +123,13 @@ int main(void) {
             const int n_tok = flash_tokens_per_block(reps[b]);
             const int vis0[] = { 1, 31, 32, 33, 70, 97 };
             for (int c = 0; c < 6; c++)
-                for (int fmt = 0; fmt < KV_N_FORMATS; fmt++) {
-                    if (fmt == KV_Q8_0 && ds[a] % 32) continue;
-                    check_flash(ds[a], reps[b], n_tok, vis0[c], 0, fmt, 0, 0);
-                    check_flash(ds[a], reps[b], n_tok, vis0[c], 0, fmt, 1, 0);
-                    if (n_tok > 1) check_flash(ds[a], reps[b], n_tok, vis0[c], 0, fmt, 0, 1);
+                for (int fmts = 0; fmts < N_FORMAT_PAIRS; fmts++) {
+                    if (!pair_fits(fmts, ds[a])) continue;
+                    check_flash(ds[a], reps[b], n_tok, vis0[c], 0, fmts, 0, 0);
+                    check_flash(ds[a], reps[b], n_tok, vis0[c], 0, fmts, 1, 0);
+                    if (n_tok > 1) check_flash(ds[a], reps[b], n_tok, vis0[c], 0, fmts, 0, 1);
                 }
-            check_flash(ds[a], reps[b], 1, 40, 5, 1, 0, 0);            // a single token
+            check_flash(ds[a], reps[b], 1, 40, 5, KV_F16 * (KV_N_FORMATS + 1), 0, 0);   // a single token
             check_flash(ds[a], reps[b], n_tok > 2 ? 2 : 1, 64, 3, 0, 0, 0);
         }
     for (int a = 0; a < 3; a++)
@@ -131,8 +137,8 @@ int main(void) {
             const int ns[] = { 1, 5, 300 };
             for (int c = 0; c < 3; c++)
                 for (int n_seg = 1; n_seg <= 4 && n_seg <= ns[c]; n_seg++) {
-                    for (int fmt = 0; fmt < KV_N_FORMATS; fmt++)
-                        if (fmt != KV_Q8_0 || ds[a] % 32 == 0) check_split(ds[a], nq, ns[c], n_seg, fmt);
+                    for (int fmts = 0; fmts < N_FORMAT_PAIRS; fmts++)
+                        if (pair_fits(fmts, ds[a])) check_split(ds[a], nq, ns[c], n_seg, fmts);
                 }
         }
     return check_report("test_attention_flash");

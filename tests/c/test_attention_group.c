@@ -31,10 +31,11 @@ static void reference(const float *q, const struct kv_list *l, int n, int d, dou
     free(s);
 }
 
-static void check_case(int d, int n, int nq, int fmt) {
+// fmt_k, fmt_v: the keys' and the values' formats (as -ctk and -ctv may differ)
+static void check_case(int d, int n, int nq, int fmt_k, int fmt_v) {
     struct kv_cache cache;
-    if (fmt == KV_Q8_0 && d % 32) return;
-    CHECK(kv_cache_init(&cache, 1, 1, d, n + 4, fmt) == PYKV_OK);
+    if ((fmt_k == KV_Q8_0 || fmt_v == KV_Q8_0) && d % 32) return;
+    CHECK(kv_cache_init(&cache, 1, 1, d, n + 4, fmt_k, fmt_v) == PYKV_OK);
     struct kv_list *l = kv_cache_list(&cache, 0, 0);
     CHECK(kv_list_reserve(&cache, l, n + 4) == PYKV_OK);
     float *k = malloc((size_t)d * sizeof(float)), *v = malloc((size_t)d * sizeof(float));
@@ -72,7 +73,8 @@ int main(void) {
     for (int a = 0; a < 4; a++)
         for (int b = 0; b < 5; b++)
             for (int c = 0; c < 4; c++) {
-                for (int fmt = 0; fmt < KV_N_FORMATS; fmt++) check_case(ds[a], ns[b], nqs[c], fmt);
+                for (int fk = 0; fk < KV_N_FORMATS; fk++)
+                    for (int fv = 0; fv < KV_N_FORMATS; fv++) check_case(ds[a], ns[b], nqs[c], fk, fv);
             }
     return check_report("test_attention_group");
 }

@@ -14,7 +14,7 @@ static void fill(float *x, int n, float v) { for (int i = 0; i < n; i++) x[i] = 
 static void check_type(int f16) {
     struct kv_cache c;
     const int hd = 8;
-    CHECK(kv_cache_init(&c, 2, 3, hd, 1000, f16) == PYKV_OK);
+    CHECK(kv_cache_init(&c, 2, 3, hd, 1000, f16, f16) == PYKV_OK);
     CHECK(c.bytes == 0 && kv_cache_entries(&c) == 0);
 
     float k[8], v[8];
@@ -62,7 +62,7 @@ static void check_type(int f16) {
 static void check_keep_prefix(int f16) {
     struct kv_cache c;
     const int hd = 4, n_lists = 2 * 2;
-    CHECK(kv_cache_init(&c, 2, 2, hd, 1000, f16) == PYKV_OK);
+    CHECK(kv_cache_init(&c, 2, 2, hd, 1000, f16, f16) == PYKV_OK);
     float k[4], v[4];
     for (int i = 0; i < n_lists; i++) {
         struct kv_list *l = &c.lists[i];
@@ -108,9 +108,9 @@ static void q8_0_expected(const float *x, int d, float *out) {
 static void check_q8_0(void) {
     enum { HD = 64 };
     struct kv_cache c;
-    CHECK(kv_cache_init(&c, 1, 2, 48, 100, KV_Q8_0) == PYKV_ERR_INVALID_ARG);   // 48 is not whole blocks
-    CHECK(kv_cache_init(&c, 1, 2, HD, 100, KV_Q8_0) == PYKV_OK);
-    CHECK(kv_cache_row_bytes(&c) == 2 * 34);
+    CHECK(kv_cache_init(&c, 1, 2, 48, 100, KV_Q8_0, KV_Q8_0) == PYKV_ERR_INVALID_ARG);   // 48 is not whole blocks
+    CHECK(kv_cache_init(&c, 1, 2, HD, 100, KV_Q8_0, KV_Q8_0) == PYKV_OK);
+    CHECK(kv_cache_key_bytes(&c) == 2 * 34 && kv_cache_value_bytes(&c) == 2 * 34);
     struct kv_list *l = kv_cache_list(&c, 0, 1);
     CHECK(kv_list_reserve(&c, l, 40) == PYKV_OK);
     CHECK(c.bytes == (int64_t)l->cap * (2 * 68 + 4));
@@ -148,8 +148,52 @@ static void check_q8_0(void) {
     kv_cache_free(&c);
 }
 
+// Keys and values of different formats (llama.cpp's -ctk q8_0 -ctv f16, and the reverse):
+// each reads back in its own, the bytes are the two rows' sizes, and a drop and a compaction
+// move each array by its own row size.
+static void check_mixed(int fmt_k, int fmt_v) {
+    enum { HD = 64, N = 24 };
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, 1, HD, 100, fmt_k, fmt_v) == PYKV_OK);
+    const size_t row_k = kv_format_row_bytes(fmt_k, HD), row_v = kv_format_row_bytes(fmt_v, HD);
+    CHECK(kv_cache_key_bytes(&c) == row_k && kv_cache_value_bytes(&c) == row_v);
+    struct kv_list *l = kv_cache_list(&c, 0, 0);
+    CHECK(kv_list_reserve(&c, l, N) == PYKV_OK);
+    CHECK(c.bytes == (int64_t)l->cap * (int64_t)(row_k + row_v + 4));
+    float k[N][HD], v[N][HD], want[HD], tmp[HD];
+    for (int j = 0; j < N; j++) {
+        for (int i = 0; i < HD; i++) {
+            k[j][i] = ((float)rand() / (float)RAND_MAX - 0.5f) * 8.0f;
+            v[j][i] = ((float)rand() / (float)RAND_MAX - 0.5f) * 0.5f;
+        }
+        kv_list_push(&c, l, k[j], v[j], j);
+    }
+    const int32_t keep[] = { 0, 3, 4, 5, 11, 17, 20, 21, 22, 23 };
+    CHECK(kv_list_retain(&c, l, keep, 10) == PYKV_OK);
+    CHECK(kv_list_drop(&c, l, 2, 3) == PYKV_OK);   // entry 4 goes; 20, the one before the tail, takes its slot
+    const int32_t order[] = { 0, 3, 20, 5, 11, 17, 21, 22, 23 };
+    CHECK(l->n == 9);
+    for (int j = 0; j < l->n; j++) {
+        const float *x[2] = { k[order[j]], v[order[j]] };
+        for (int side = 0; side < 2; side++) {
+            const int fmt = side ? fmt_v : fmt_k;
+            if (fmt == KV_Q8_0) q8_0_expected(x[side], HD, want);
+            else for (int i = 0; i < HD; i++) want[i] = fmt == KV_F16 ? fp16_to_fp32(fp32_to_fp16(x[side][i])) : x[side][i];
+            const float *got = side ? kv_value_f32(l, j, HD, tmp) : kv_key_f32(l, j, HD, tmp);
+            int same = l->pos[j] == order[j];
+            for (int i = 0; i < HD; i++) same &= got[i] == want[i];
+            CHECK(same);
+        }
+    }
+    kv_cache_free(&c);
+}
+
 int main(void) {
     check_q8_0();
+    check_mixed(KV_Q8_0, KV_F16);
+    check_mixed(KV_F16, KV_Q8_0);
+    check_mixed(KV_F32, KV_Q8_0);
+    check_mixed(KV_F16, KV_F32);
     check_type(0);
     check_type(1);
     check_keep_prefix(0);

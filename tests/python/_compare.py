@@ -57,17 +57,18 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum())
 
 
-def kl_from_transformers(smollm2_path, kv_type: str) -> list:
+def kl_from_transformers(smollm2_path, kv_type: str, kv_type_v=None) -> list:
     """KL(transformers || pykv) of SmolLM2's next-token distribution at three positions of
-    a 300-token prompt, exact products, the given cache type (the cache check is in here)."""
+    a 300-token prompt, exact products, the given cache types (the cache check is in here)."""
     from pykv import Llama
     from _prompts import hf_prompt_ids
     from _torch_reference import reference_logits
     ids = hf_prompt_ids(smollm2_path, 300, seed=4)
     positions = [199, 260, 299]
     ref = reference_logits(smollm2_path, ids, positions)
-    with Llama(str(smollm2_path), n_ctx=512, verbose=False, exact_matmul=True, kv_type=kv_type) as llm:
-        assert llm.kv_stats()["kv_type"] == kv_type
+    with Llama(str(smollm2_path), n_ctx=512, verbose=False, exact_matmul=True, kv_type=kv_type,
+               kv_type_v=kv_type_v) as llm:
+        assert (llm.kv_stats()["kv_type"], llm.kv_stats()["kv_type_v"]) == (kv_type, kv_type_v or kv_type)
         done, kls = 0, []
         for p, r in zip(positions, ref):
             llm.eval(ids[done:p + 1])

@@ -187,8 +187,15 @@ def q8_roundtrip(x: np.ndarray, half_scale: bool = False, margins: list | None =
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
+def _stored(x, kind: str, margins):
+    """Keys or values as a cache of this kind (f32, f16, q8_0) gives them back."""
+    if kind == "f16":
+        return x.astype(np.float32).astype(np.float16).astype(np.float64)
+    return q8_roundtrip(x, half_scale=True, margins=margins) if kind == "q8_0" else x
+
+
 def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8_prefill=False,
-            kv_q8_0=False, q8_margins: list | None = None) -> np.ndarray:
+            kv_q8_0=False, q8_margins: list | None = None, kv_types=None) -> np.ndarray:
     """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context; with
     hidden=True, the hidden states after the output norm instead, (len(tokens), n_embd).
 
@@ -201,7 +208,10 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8
     for decode steps).
     kv_f16=True: keys (after RoPE) and values are rounded to IEEE halves, as pykv's default
     cache stores them. kv_q8_0=True: they go through Q8_0 blocks instead (kv_type="q8_0"),
-    and q8_margins (a list) gets each rounding's margin (q8_roundtrip)."""
+    and q8_margins (a list) gets each rounding's margin (q8_roundtrip). kv_types=(keys,
+    values), each "f32", "f16" or "q8_0": the two stored differently (kv_type, kv_type_v)."""
+    if kv_types is None:
+        kv_types = ("f16",) * 2 if kv_f16 else ("q8_0",) * 2 if kv_q8_0 else ("f32",) * 2
     if not isinstance(model, RefModel):
         model = load(model)
     hp = model.hp
@@ -229,11 +239,7 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8
         v = lin(h, p + "attn_v.weight").reshape(T, hp.n_head_kv, hp.head_dim)
         q = rope_adjacent(q, pos, hp.n_rot, hp.rope_base)
         k = rope_adjacent(k, pos, hp.n_rot, hp.rope_base)
-        if kv_f16:
-            k = k.astype(np.float32).astype(np.float16).astype(np.float64)
-            v = v.astype(np.float32).astype(np.float16).astype(np.float64)
-        if kv_q8_0:
-            k, v = (q8_roundtrip(x, half_scale=True, margins=q8_margins) for x in (k, v))
+        k, v = _stored(k, kv_types[0], q8_margins), _stored(v, kv_types[1], q8_margins)
         a = attention(q, k, v, n_rep).reshape(T, hp.n_head * hp.head_dim)
         x = x + lin(a, p + "attn_output.weight")
 

@@ -37,18 +37,24 @@ def test_bench_rows_cover_the_product(tiny_model):
 
 
 def test_bench_cache_types(tiny_model):
-    """-ctk sweeps the KV cache type like llama-bench: a row per type, q8_0's cache at
-    34 / 64 of f16's bytes plus the same 4-byte position per entry; a bad type is a usage
-    error before anything runs."""
+    """-ctk and -ctv sweep the keys' and the values' cache types like llama-bench's, every
+    pair; --cache-type sweeps the two together. An entry's bytes are its key's and its
+    value's (f16 2 bytes per element, q8_0 34 per 32) and a 4-byte position; a bad type is a
+    usage error before anything runs."""
     model = str(tiny_model("mistral_f16_h4kv1"))   # head size 32: whole Q8_0 blocks
-    out = bench(model, "-p", "", "-n", "4", "-d", "40", "-r", "1", "-ctk", "f16,q8_0", "-o", "json")
+    row_bytes = {"f16": 32 * 2, "q8_0": 34}
+    out = bench(model, "-p", "", "-n", "4", "-d", "40", "-r", "1", "-ctk", "f16,q8_0", "-ctv", "f16,q8_0", "-o", "json")
     assert out.returncode == 0, out.stderr
-    rows = {r["cache_type"]: r for r in json.loads(out.stdout)}
-    assert set(rows) == {"f16", "q8_0"}
-    per_entry = {"f16": 2 * 32 * 2 + 4, "q8_0": 2 * 34 + 4}
-    assert rows["q8_0"]["kv_MiB"] * per_entry["f16"] == pytest.approx(rows["f16"]["kv_MiB"] * per_entry["q8_0"])
-    md = bench(model, "-p", "", "-n", "2", "-r", "1", "-ctk", "q8_0")
-    assert md.returncode == 0 and "| type_kv |" in md.stdout and "| q8_0 |" in md.stdout, md.stdout
+    rows = {(r["type_k"], r["type_v"]): r for r in json.loads(out.stdout)}
+    assert set(rows) == {(k, v) for k in row_bytes for v in row_bytes}
+    per_entry = {kv: row_bytes[kv[0]] + row_bytes[kv[1]] + 4 for kv in rows}
+    for kv, r in rows.items():
+        assert r["kv_MiB"] * per_entry[("f16", "f16")] == pytest.approx(rows[("f16", "f16")]["kv_MiB"] * per_entry[kv])
+    both = bench(model, "-p", "", "-n", "2", "-r", "1", "--cache-type", "f16,q8_0", "-o", "json")
+    assert [(r["type_k"], r["type_v"]) for r in json.loads(both.stdout)] == [("f16", "f16"), ("q8_0", "q8_0")]
+    md = bench(model, "-p", "", "-n", "2", "-r", "1", "-ctv", "q8_0")
+    assert md.returncode == 0 and "| type_v |" in md.stdout and "| type_k |" not in md.stdout, md.stdout
+    assert "| q8_0 |" in md.stdout, md.stdout
     bad = bench(model, "-ctk", "f16,q4_0")
     assert bad.returncode == 1 and "-ctk takes f16, f32 or q8_0" in bad.stderr, bad.stderr
 
