@@ -24,7 +24,7 @@ from _compare import kl_from_transformers, prompt_then_steps_logits
 from _tiny_models import N_VOCAB, VARIANTS, random_tokens
 from pykv import InvalidArgumentError, Llama, list_policies
 from test_kv_f16 import F16_REL
-from test_kv_q8 import NEAR_EDGE, ONE_STEP_REL, Q8_VARIANTS, SMOLLM2_KL_MAX
+from test_kv_q8 import NEAR_EDGE, ONE_STEP_REL, Q8_VARIANTS, SMOLLM2_KL_MAX, state_round_trip
 
 PAIRS = [("q8_0", "f16"), ("f16", "q8_0"), ("f32", "q8_0"), ("q8_0", "f32")]
 ROW_BYTES = {"f32": 4, "f16": 2, "q8_0": 34 / 32}   # per element
@@ -97,15 +97,8 @@ def test_every_policy_runs_on_a_mixed_cache(tiny_model, policy):
 def test_state_round_trip_and_refusal(tiny_model):
     path = str(tiny_model(Q8_VARIANTS[0]))
     a, b = random_tokens(30, 11), random_tokens(10, 12)
-    opts = dict(n_ctx=64, exact_matmul=True, kv_type="q8_0", kv_type_v="f16", policy="snapkv", budget=24, window=8)
-    with Llama(path, **opts) as saved, Llama(path, **opts) as restored:
-        saved.eval(a)
-        state = saved.save_state()
-        restored.load_state(state)
-        np.testing.assert_array_equal(restored.logits(), saved.logits())
-        restored.eval(b)
-        saved.eval(b)
-        np.testing.assert_array_equal(restored.logits(), saved.logits())
+    state, _ = state_round_trip(path, a, b, n_ctx=64, exact_matmul=True, kv_type="q8_0", kv_type_v="f16",
+                                policy="snapkv", budget=24, window=8)
     for k, v in (("q8_0", "q8_0"), ("f16", "q8_0"), ("f16", "f16")):
         with Llama(path, n_ctx=64, kv_type=k, kv_type_v=v, policy="snapkv", budget=24, window=8) as other:
             with pytest.raises(InvalidArgumentError, match="KV cache of q8_0 keys and f16 values; this context"):

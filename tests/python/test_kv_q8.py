@@ -115,10 +115,10 @@ def test_every_policy_runs_on_q8_cache(tiny_model, policy):
     assert np.max(np.abs(out["q8_0"] - out["f16"])) <= 0.1 * np.max(np.abs(out["f16"]))
 
 
-def test_state_round_trip(tiny_model):
-    path = str(tiny_model(Q8_VARIANTS[0]))
-    a, b = random_tokens(30, 11), random_tokens(10, 12)
-    opts = dict(n_ctx=64, exact_matmul=True, kv_type="q8_0")
+def state_round_trip(path, a, b, **opts):
+    """Save a context after tokens a, load the state into a second one, then evaluate b in
+    both: their logits agree bit for bit after the load and after b. Returns the state and
+    the last logits."""
     with Llama(path, **opts) as saved, Llama(path, **opts) as restored:
         saved.eval(a)
         state = saved.save_state()
@@ -127,8 +127,15 @@ def test_state_round_trip(tiny_model):
         restored.eval(b)
         saved.eval(b)
         np.testing.assert_array_equal(restored.logits(), saved.logits())
-        ref = _reference.forward(path, a + b, kv_q8_0=True)[-1]
-        assert np.max(np.abs(restored.logits() - ref)) <= Q8_REL * np.max(np.abs(ref))
+        return state, restored.logits().copy()
+
+
+def test_state_round_trip(tiny_model):
+    path = str(tiny_model(Q8_VARIANTS[0]))
+    a, b = random_tokens(30, 11), random_tokens(10, 12)
+    state, logits = state_round_trip(path, a, b, n_ctx=64, exact_matmul=True, kv_type="q8_0")
+    ref = _reference.forward(path, a + b, kv_q8_0=True)[-1]
+    assert np.max(np.abs(logits - ref)) <= Q8_REL * np.max(np.abs(ref))
     with Llama(path, n_ctx=64, exact_matmul=True, kv_type="f16") as other:
         with pytest.raises(InvalidArgumentError, match="KV cache of q8_0; this context has .* f16"):
             other.load_state(state)
