@@ -14,7 +14,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
-from . import errors
+from . import _llama_cpp_options, errors
 from ._ffi import call_string, check, ffi, lib, new_params
 from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logprob
 from ._textstream import TextStream
@@ -114,11 +114,15 @@ class Llama:
                  verbose: bool = False, vocab_only: bool = False, use_mmap: bool = True,
                  policy: str = "full", budget=None, window: Optional[int] = None,
                  sink: Optional[int] = None, policy_kwargs: Optional[dict] = None,
-                 exact_matmul: bool = False, kv_type: str = "f16", kv_type_v: Optional[str] = None,
+                 exact_matmul: bool = False, kv_type: Optional[str] = None, kv_type_v: Optional[str] = None,
                  logits_all: bool = False,
-                 embedding: bool = False, pooling_type=None, chat_template: Optional[str] = None):
+                 embedding: bool = False, pooling_type=None, chat_template: Optional[str] = None,
+                 **llama_cpp_options):
         self._model = None
         self._ctx = None
+        # llama-cpp-python's keywords without a pykv name (type_k, n_gpu_layers, ...):
+        # checked before anything loads
+        kv_type, kv_type_v = _llama_cpp_options.resolve(llama_cpp_options, kv_type, kv_type_v)
         self._chat_template = None if chat_template is None else resolve_template(chat_template)
         lib.pykv_log_set_level(3 if verbose else 0)
         self.model_path = _resolve_model_path(model_path)

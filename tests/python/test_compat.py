@@ -48,3 +48,36 @@ def test_sample_after_eval(tiny_model):
         assert llm.sample(temp=0.7, logits_processor=lambda ids, s: np.where(np.arange(len(s)) == 9, 0.0, -np.inf)) == 9
         assert llm.sample(temp=1.0, seed=3) == llm.sample(temp=1.0, seed=3)
         assert llm.n_tokens == len(tokens)   # nothing evaluated by sampling
+
+
+def test_llama_cpp_python_constructor_keywords(tiny_model):
+    """Code written for llama-cpp-python runs unchanged: type_k/type_v (ggml type numbers)
+    choose the cache types, the GPU keywords are taken (layers asked of a GPU warn: pykv runs
+    on the CPU), and a keyword neither knows is a TypeError. Bad values are clear errors
+    before anything loads."""
+    import warnings
+
+    import pytest
+
+    from pykv import InvalidArgumentError
+    path = str(tiny_model("mistral_f16_h4kv1"))   # head size 32: whole Q8_0 blocks
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # n_gpu_layers=0 and the rest warn of nothing
+        with Llama(path, n_ctx=32, n_gpu_layers=0, flash_attn=True, type_k=8, type_v=1, n_threads_batch=2,
+                   offload_kqv=True, main_gpu=0, use_mlock=False) as llm:
+            stats = llm.kv_stats()
+    assert (stats["kv_type"], stats["kv_type_v"]) == ("q8_0", "f16")
+    with Llama(path, n_ctx=32, type_v=0) as llm:   # keys keep the default
+        assert (llm.kv_stats()["kv_type"], llm.kv_stats()["kv_type_v"]) == ("f16", "f32")
+    with pytest.warns(RuntimeWarning, match="n_gpu_layers=-1: pykv runs every layer on the CPU"):
+        Llama(path, n_ctx=32, n_gpu_layers=-1).close()
+    with pytest.warns(RuntimeWarning, match="use_mlock: pykv does not lock"):
+        Llama(path, n_ctx=32, use_mlock=True).close()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_gpu_layer'"):
+        Llama(path, n_gpu_layer=0)
+    with pytest.raises(InvalidArgumentError, match=r"type_k must be a ggml type .*f32 \(0\), f16 \(1\), q8_0 \(8\); got 2"):
+        Llama(path, type_k=2)
+    with pytest.raises(InvalidArgumentError, match="kv_type='f16' and type_k=8 disagree"):
+        Llama(path, kv_type="f16", type_k=8)
+    with Llama(path, n_ctx=32, kv_type="Q8_0", type_k=8) as llm:   # the same type twice is fine
+        assert llm.kv_stats()["kv_type"] == "q8_0"
