@@ -99,10 +99,10 @@ def run_bench(args, model_path: str) -> int:
         return names
     both = types("--cache-type", args.cache_type)
     keys, values = types("-ctk", args.cache_type_k), types("-ctv", args.cache_type_v)
-    # as llama-bench: every key type with every value type; --cache-type sweeps the two together
-    pairs = [(k, v) for k in keys or both or ["f16"] for v in values or both or ["f16"]]
-    if both and not keys and not values:
-        pairs = [(c, c) for c in both]
+    if keys or values:   # as llama-bench: every key type with every value type
+        pairs = [(k, v) for k in keys or both or ["f16"] for v in values or both or ["f16"]]
+    else:                # --cache-type sweeps the two together
+        pairs = [(c, c) for c in both or ["f16"]]
     tests = [("pp", n) for n in prompts if n > 0] + [("tg", n) for n in gens if n > 0]
     rows = []
     for policy, (kv_type, kv_type_v) in ((p, c) for p in policies for c in pairs):

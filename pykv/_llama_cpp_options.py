@@ -1,8 +1,8 @@
 """llama-cpp-python's Llama() keywords that pykv has no argument of its own for, so that
 code written for it runs unchanged: the cache's ggml types (type_k, type_v) become kv_type
 and kv_type_v; the GPU keywords are taken, and asking for layers on a GPU warns, since pykv
-runs on the CPU, as does use_mlock=True; the rest name choices pykv makes itself. Any other keyword is a TypeError,
-as Python raises for a misspelt one."""
+runs on the CPU, as does use_mlock=True; the rest name choices pykv makes itself. Any other
+keyword is a TypeError, as Python raises for a misspelt one."""
 from __future__ import annotations
 
 import warnings
@@ -17,13 +17,22 @@ _GGML_CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}
 _IGNORED = ("flash_attn", "n_threads_batch", "offload_kqv", "main_gpu", "split_mode", "tensor_split", "use_mlock")
 
 
-def _cache_type(name: str, value) -> str:
+def _fold(ours: str, mine: Optional[str], theirs: str, value) -> Optional[str]:
+    """Our cache type argument once llama-cpp-python's (a ggml type number, or None) is
+    folded in; the two must agree when both are given."""
+    if value is None:
+        return mine
     if isinstance(value, str):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value not in _GGML_CACHE_TYPES:
+        given = value.lower()
+    elif isinstance(value, bool) or not isinstance(value, int) or value not in _GGML_CACHE_TYPES:
         known = ", ".join(f"{n} ({t})" for t, n in _GGML_CACHE_TYPES.items())
-        raise errors.InvalidArgumentError(f"{name} must be a ggml type pykv stores its cache in: {known}; got {value!r}")
-    return _GGML_CACHE_TYPES[value]
+        raise errors.InvalidArgumentError(
+            f"{theirs} must be a ggml type pykv stores its cache in: {known}; got {value!r}")
+    else:
+        given = _GGML_CACHE_TYPES[value]
+    if mine is not None and str(mine).lower() != given:
+        raise errors.InvalidArgumentError(f"{ours}={mine!r} and {theirs}={value!r} disagree")
+    return given
 
 
 def resolve(options: dict, kv_type: Optional[str], kv_type_v: Optional[str]) -> Tuple[str, Optional[str]]:
@@ -31,17 +40,8 @@ def resolve(options: dict, kv_type: Optional[str], kv_type_v: Optional[str]) -> 
     unknown = sorted(set(options) - set(_IGNORED) - {"type_k", "type_v", "n_gpu_layers"})
     if unknown:
         raise TypeError(f"Llama() got an unexpected keyword argument {unknown[0]!r}")
-    for ours, theirs in (("kv_type", "type_k"), ("kv_type_v", "type_v")):
-        if options.get(theirs) is None:
-            continue
-        given = _cache_type(theirs, options[theirs])
-        mine = kv_type if ours == "kv_type" else kv_type_v
-        if mine is not None and str(mine).lower() != given:
-            raise errors.InvalidArgumentError(f"{ours}={mine!r} and {theirs}={options[theirs]!r} disagree")
-        if ours == "kv_type":
-            kv_type = given
-        else:
-            kv_type_v = given
+    kv_type = _fold("kv_type", kv_type, "type_k", options.get("type_k"))
+    kv_type_v = _fold("kv_type_v", kv_type_v, "type_v", options.get("type_v"))
     layers = options.get("n_gpu_layers", 0)
     if isinstance(layers, bool) or not isinstance(layers, int):
         raise errors.InvalidArgumentError(f"n_gpu_layers must be an integer, got {layers!r}")

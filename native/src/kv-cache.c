@@ -180,8 +180,8 @@ static void store_row(void *dst, int fmt, const float *x, int32_t d) {
 }
 
 void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v, int32_t d) {
-    store_row((char *)l->k + (size_t)j * kv_format_row_bytes(l->fmt_k, d), l->fmt_k, k, d);
-    store_row((char *)l->v + (size_t)j * kv_format_row_bytes(l->fmt_v, d), l->fmt_v, v, d);
+    store_row((void *)kv_key_row(l, j, d), l->fmt_k, k, d);
+    store_row((void *)kv_value_row(l, j, d), l->fmt_v, v, d);
 }
 
 static const float *row_f32(const void *src, int fmt, int32_t d, float *tmp) {

@@ -40,6 +40,13 @@ static inline const char *kv_format_name(int fmt) {
 static inline int32_t kv_formats_code(int fmt_k, int fmt_v) {
     return fmt_k == fmt_v ? fmt_k : fmt_k + KV_N_FORMATS * (fmt_v + 1);
 }
+// Its inverse: 0 when code names no pair of formats.
+static inline int kv_formats_of_code(int32_t code, int *fmt_k, int *fmt_v) {
+    if (code < 0 || code >= KV_N_FORMATS * (KV_N_FORMATS + 1)) return 0;
+    *fmt_k = code % KV_N_FORMATS;
+    *fmt_v = code < KV_N_FORMATS ? code : code / KV_N_FORMATS - 1;
+    return 1;
+}
 
 // Bytes of one stored row of d values (d a multiple of KV_Q8_BLOCK for Q8_0).
 static inline size_t kv_format_row_bytes(int fmt, int d) {

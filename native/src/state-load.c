@@ -90,9 +90,9 @@ static int rows_finite(const uint8_t *p, size_t bytes, int fmt) {
 
 // A header's cache formats (kv_formats_code) in words: "f16", or "q8_0 keys and f16 values".
 static const char *formats_text(int32_t code, char *buf, size_t size) {
-    if (code >= 0 && code < KV_N_FORMATS) return kv_format_name(code);
-    const int32_t k = code % KV_N_FORMATS, v = code / KV_N_FORMATS - 1;
-    if (code < 0 || v < 0 || v >= KV_N_FORMATS) return "unknown";
+    int k, v;
+    if (!kv_formats_of_code(code, &k, &v)) return "unknown";
+    if (k == v) return kv_format_name(k);
     snprintf(buf, size, "%s keys and %s values", kv_format_name(k), kv_format_name(v));
     return buf;
 }
