@@ -81,3 +81,5 @@ def test_llama_cpp_python_constructor_keywords(tiny_model):
         Llama(path, kv_type="f16", type_k=8)
     with Llama(path, n_ctx=32, kv_type="Q8_0", type_k=8) as llm:   # the same type twice is fine
         assert llm.kv_stats()["kv_type"] == "q8_0"
+    with Llama(path, n_ctx=32, kv_type_v="q8_0", type_v="Q8_0") as llm:   # by name, in any case
+        assert llm.kv_stats()["kv_type_v"] == "q8_0"
