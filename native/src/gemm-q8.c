@@ -1,6 +1,7 @@
 // gemm-q8.c - the integer products of packed weight rows with packed activation rows
-// (gemm-q8.h): a scalar reference and an AVX2 kernel that takes GEMM_Q8_R rows x GEMM_Q8_C
-// tokens per step so that each loaded vector serves several multiply-adds.
+// (gemm-q8.h): a scalar reference, an AVX2 kernel that takes GEMM_Q8_R rows x GEMM_Q8_C
+// tokens per step so that each loaded vector serves several multiply-adds, and the choice
+// between them and the VNNI kernel (gemm-q8-vnni.c).
 #include "gemm-q8.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -133,13 +134,20 @@ AVX2_TGT static void gemm_q8_avx2(const pk_weight *W, int n_rows, const pk_act *
 }
 #endif
 
-void gemm_q8_rows(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, int run, float *out,
-                  int64_t stride) {
+int gemm_q8_rows_avx2(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, int run, float *out,
+                      int64_t stride) {
 #ifdef GEMM_Q8_X86
-    if (cpu_has_avx2()) {
+    if (run > 0 && cpu_has_avx2()) {
         gemm_q8_avx2(W, n_rows, X, T, pk_blocks(cols), pk_tail_width(cols) / 32, run, out, stride);
-        return;
+        return 1;
     }
 #endif
+    return 0;
+}
+
+void gemm_q8_rows(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, int32_t type, float *out,
+                  int64_t stride) {
+    if (gemm_q8_unit_scales(type) && gemm_q8_rows_vnni(W, n_rows, X, T, cols, out, stride)) return;
+    if (gemm_q8_rows_avx2(W, n_rows, X, T, cols, gemm_q8_run(type), out, stride)) return;
     gemm_q8_rows_scalar(W, n_rows, X, T, cols, out, stride);
 }

@@ -10,10 +10,18 @@
 // pairs of lanes that `madd` combines form the 32-element groups of the activation scales.
 //
 // A weight element is  dw[g] * sc[p] * q - dm[g] * mn[p]  (q unsigned, p its sub-block of 16,
-// g = p / 2 its group of 32): K-quants put their super-block scale in dw and dmin in dm,
-// the 32-element types (Q4_0..Q5_1) their block scale in dw and their offset in dm with
-// sc = mn = 1. The product of a weight row with a token is then, per group g,
+// g = p / 2 its group of 32): Q2_K, Q3_K and Q6_K put their super-block scale in dw and dmin
+// in dm and their sub-blocks' scales and mins in sc and mn; the types whose scales are per
+// group of 32 (Q4_0..Q5_1, Q4_K, Q5_K, Q8_0, IQ4_NL, IQ4_XS) fold them into dw and dm, with
+// sc = mn = 1 ("unit scales"). The product of a weight row with a token is then, per group g,
 //   dx[g] * (dw[g] * sum_p sc[p] * sum(q * qx) - dm[g] * sum_p mn[p] * bsum[p]).
+//
+// Where the CPU has AVX-512 VNNI, the unit-scale types take another kernel (gemm-q8-vnni.c):
+// vpdpbusd multiplies the same 32 u8 x s8 pairs and adds each four into an int32 lane, in one
+// instruction where AVX2 takes two. Lane k's four bytes are then elements of sub-blocks 2k and
+// 2k + 1, i.e. of group k, which only unit scales allow; and with no int16 sums the quants may
+// be 8 bits wide, so Q8_0 and the IQ4 levels, signed, are packed shifted by 128 (dm = 128 dw).
+// Their pairs of products overflow int16, so they are packed only where that kernel runs.
 //
 // A row that is not whole super-blocks (the 32-element types only: SmolLM2's rows are 576 =
 // 2 x 256 + 64) ends with a short super-block of its last elements, zero-padded to a width of
@@ -52,18 +60,29 @@ static inline int pk_tail_width(int64_t cols) {
 
 // Whether a row of `cols` elements of `type` can be packed; 0: the float GEMM is used.
 int gemm_q8_supports(int32_t type, int64_t cols);
-// How many vectors' products add up in int16 before they must be scaled: the largest quant
-// times 127 times 2 per lane, at most 32767 in all.
+// How many vectors' products add up in int16 before the AVX2 kernel must scale them: the
+// largest quant times 127 times 2 per lane, at most 32767 in all; 0 for the 8-bit types.
 int gemm_q8_run(int32_t type);
+// Whether the type's packed rows have sc = mn = 1 (the VNNI kernel's types).
+int gemm_q8_unit_scales(int32_t type);
+// Whether the CPU runs the VNNI kernel.
+int gemm_q8_has_vnni(void);
 
 // One weight row (pk_blocks(cols) packed super-blocks) and T rows of activations.
 void pack_weight_row(int32_t type, const void *row, pk_weight *out, int64_t cols);
 void pack_act_rows(const float *x, int T, int64_t cols, pk_act *out);
 
 // out[t * stride + i] = dot(W row i, X row t) for i < n_rows, t < T; each row is pk_blocks(cols)
-// packed super-blocks. AVX2 where the CPU has it; the scalar reference gives the same
-// integer sums, the float part in another order.
-void gemm_q8_rows(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, int run, float *out,
+// packed super-blocks of `type`. The VNNI kernel for the unit-scale types where the CPU has
+// it, else AVX2 where it has that; the scalar reference gives the same integer sums, the
+// float part in another order.
+void gemm_q8_rows(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, int32_t type, float *out,
                   int64_t stride);
 void gemm_q8_rows_scalar(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, float *out,
                          int64_t stride);
+// Each SIMD kernel on its own, for the tests: 0 without touching out where the CPU lacks it.
+// The AVX2 one takes gemm_q8_run(type); the VNNI one unit-scale types only.
+int gemm_q8_rows_avx2(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, int run, float *out,
+                      int64_t stride);
+int gemm_q8_rows_vnni(const pk_weight *W, int n_rows, const pk_act *X, int T, int64_t cols, float *out,
+                      int64_t stride);

@@ -105,7 +105,6 @@ static void matmul_batch_task(void *arg, int ith, int nth) {
     int64_t cols = w->ne[0], rows = w->ne[1], row_bytes = type_row_bytes(w->type, cols);
     float *block = job->scratch + (size_t)ith * matmul_scratch_floats(cols);
     pk_weight *packed = (pk_weight *)block;   // matmul_scratch_floats has room for either
-    const int run = gemm_q8_run(w->type);
     long n_blocks = (long)((rows + MATMUL_ROW_BLOCK - 1) / MATMUL_ROW_BLOCK);
     long b0, b1;
     split_range(n_blocks, ith, nth, &b0, &b1);
@@ -116,7 +115,7 @@ static void matmul_batch_task(void *arg, int ith, int nth) {
         if (job->xpk) {
             for (long i = 0; i < nr; i++)
                 pack_weight_row(w->type, base + (r0 + i) * row_bytes, packed + i * pk_blocks(cols), cols);
-            gemm_q8_rows(packed, (int)nr, job->xpk, job->T, cols, run, job->out + r0, rows);
+            gemm_q8_rows(packed, (int)nr, job->xpk, job->T, cols, w->type, job->out + r0, rows);
         } else {
             for (long i = 0; i < nr; i++)
                 dequant_row(w->type, base + (r0 + i) * row_bytes, block + i * cols, cols);

@@ -1,6 +1,7 @@
 // perf.c - monotonic clock, core counting and pykv_system_info().
 #include "perf.h"
 #include "pykv.h"
+#include "gemm-q8.h"
 #include "quant.h"
 
 #include <stdio.h>
@@ -43,16 +44,21 @@ int perf_physical_cores(void) {
 const char *pykv_system_info(void) {
     static char info[256];
     if (!info[0]) {
-        int avx2 = 0, fma = 0, f16c = 0, avx512 = 0;
+        int avx2 = 0, fma = 0, f16c = 0, avx512 = 0, vnni = 0;
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_cpu_init();
         avx2 = !!__builtin_cpu_supports("avx2");
         fma = !!__builtin_cpu_supports("fma");
         f16c = !!__builtin_cpu_supports("f16c");
         avx512 = !!__builtin_cpu_supports("avx512f");
+        vnni = !!__builtin_cpu_supports("avx512vnni");
 #endif
-        snprintf(info, sizeof(info), "AVX2 = %d | FMA = %d | F16C = %d | AVX512 = %d | kernels = %s | physical cores = %d | CUDA = 0",
-                 avx2, fma, f16c, avx512, quant_simd_name(), perf_physical_cores());
+        // "vnni" among the kernels: the prefill GEMM takes AVX-512 VNNI (gemm-q8.h)
+        snprintf(info, sizeof(info),
+                 "AVX2 = %d | FMA = %d | F16C = %d | AVX512 = %d | AVX512_VNNI = %d | kernels = %s%s | "
+                 "physical cores = %d | CUDA = 0",
+                 avx2, fma, f16c, avx512, vnni, quant_simd_name(), gemm_q8_has_vnni() ? " vnni" : "",
+                 perf_physical_cores());
     }
     return info;
 }

@@ -90,24 +90,70 @@ static void unpack_q5_1(const block_q5_1 *b, pk_weight *o, uint8_t *q, int n_gro
     }
 }
 
-// K-quants: one super-block scale (dw) and min scale (dm) for all eight groups.
+// The signed 8-bit types, shifted by 128 into unsigned quants (x = dw * (q - 128)), for the
+// VNNI kernel only: their pairs of products overflow AVX2's int16 sums (gemm-q8.h).
+static void unpack_q8_0(const block_q8_0 *b, pk_weight *o, uint8_t *q, int n_groups) {
+    unit_scales(o);
+    for (int g = 0; g < n_groups; g++) {
+        const float d = fp16_to_fp32(b[g].d);
+        o->dw[g] = d;
+        o->dm[g] = 128.0f * d;
+        for (int j = 0; j < 32; j++) q[32 * g + j] = (uint8_t)(b[g].qs[j] + 128);
+    }
+}
+
+// IQ4_NL's 4-bit indices into iq4_levels, the low nibble of byte j element j, the high one
+// element j + 16, as levels shifted by 128.
+static void iq4_level_quants(const uint8_t *qs, uint8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = (uint8_t)(iq4_levels[qs[j] & 0xF] + 128);
+        q[j + 16] = (uint8_t)(iq4_levels[qs[j] >> 4] + 128);
+    }
+}
+
+static void unpack_iq4_nl(const block_iq4_nl *b, pk_weight *o, uint8_t *q, int n_groups) {
+    unit_scales(o);
+    for (int g = 0; g < n_groups; g++) {
+        const float d = fp16_to_fp32(b[g].d);
+        o->dw[g] = d;
+        o->dm[g] = 128.0f * d;
+        iq4_level_quants(b[g].qs, q + 32 * g);
+    }
+}
+
+// IQ4_XS: IQ4_NL's layout per group of 32, with the group's signed 6-bit scale folded into
+// its factors as Q4_K's are.
+static void unpack_iq4_xs(const block_iq4_xs *b, pk_weight *o, uint8_t *q) {
+    unit_scales(o);
+    const float d = fp16_to_fp32(b->d);
+    for (int g = 0; g < 8; g++) {
+        o->dw[g] = d * (float)iq4_xs_scale(b, g);
+        o->dm[g] = 128.0f * o->dw[g];
+        iq4_level_quants(b->qs + 16 * g, q + 32 * g);
+    }
+}
+
+// Q2_K, Q3_K, Q6_K: one super-block scale (dw) and min scale (dm) for all eight groups, and
+// a scale and min per sub-block of 16 in sc and mn.
 static void k_scales(pk_weight *o, float d, float dmin) {
     for (int g = 0; g < 8; g++) { o->dw[g] = d; o->dm[g] = dmin; }
 }
 
-// Q4_K and Q5_K: sub-block j of 32 is sub-blocks 2j and 2j + 1 of 16 here.
-static void k4_sub_scales(const uint8_t *scales, pk_weight *o) {
-    for (int j = 0; j < 8; j++) {
+// Q4_K and Q5_K: one scale and min per group of 32, so they go into the group's float
+// factors (d and dmin are halves and the factors 6-bit integers: the products are exact),
+// leaving sc = mn = 1 as the VNNI kernel wants (gemm-q8.h).
+static void k4_group_scales(const uint8_t *scales, float d, float dmin, pk_weight *o) {
+    unit_scales(o);
+    for (int g = 0; g < 8; g++) {
         uint8_t sc, m;
-        k4_scale_min(j, scales, &sc, &m);
-        o->sc[2 * j] = o->sc[2 * j + 1] = sc;
-        o->mn[2 * j] = o->mn[2 * j + 1] = m;
+        k4_scale_min(g, scales, &sc, &m);
+        o->dw[g] = d * sc;
+        o->dm[g] = dmin * m;
     }
 }
 
 static void unpack_q4_K(const block_q4_K *b, pk_weight *o, uint8_t *q) {
-    k_scales(o, fp16_to_fp32(b->d), fp16_to_fp32(b->dmin));
-    k4_sub_scales(b->scales, o);
+    k4_group_scales(b->scales, fp16_to_fp32(b->d), fp16_to_fp32(b->dmin), o);
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             q[64 * c + l] = b->qs[32 * c + l] & 0xF;
@@ -116,8 +162,7 @@ static void unpack_q4_K(const block_q4_K *b, pk_weight *o, uint8_t *q) {
 }
 
 static void unpack_q5_K(const block_q5_K *b, pk_weight *o, uint8_t *q) {
-    k_scales(o, fp16_to_fp32(b->d), fp16_to_fp32(b->dmin));
-    k4_sub_scales(b->scales, o);
+    k4_group_scales(b->scales, fp16_to_fp32(b->d), fp16_to_fp32(b->dmin), o);
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             const uint8_t ql = b->qs[32 * c + l], qh = b->qh[l];
@@ -162,14 +207,25 @@ static int largest_quant(int32_t type) {
     case PYKV_TYPE_Q4_0: case PYKV_TYPE_Q4_1: case PYKV_TYPE_Q4_K: return 15;
     case PYKV_TYPE_Q5_0: case PYKV_TYPE_Q5_1: case PYKV_TYPE_Q5_K: return 31;
     case PYKV_TYPE_Q6_K: return 63;
+    case PYKV_TYPE_IQ4_NL: case PYKV_TYPE_IQ4_XS: return 113 + 128;
+    case PYKV_TYPE_Q8_0: return 127 + 128;
+    default: return 0;
+    }
+}
+
+int gemm_q8_unit_scales(int32_t type) {
+    switch (type) {
+    case PYKV_TYPE_Q4_0: case PYKV_TYPE_Q4_1: case PYKV_TYPE_Q5_0: case PYKV_TYPE_Q5_1: case PYKV_TYPE_Q8_0:
+    case PYKV_TYPE_Q4_K: case PYKV_TYPE_Q5_K: case PYKV_TYPE_IQ4_NL: case PYKV_TYPE_IQ4_XS: return 1;
     default: return 0;
     }
 }
 
 // Any row of whole blocks: a K-quant row is whole super-blocks, a row of a 32-element type
-// may end in a short one.
+// may end in a short one. The 8-bit types only where the VNNI kernel runs.
 int gemm_q8_supports(int32_t type, int64_t cols) {
-    return cols > 0 && largest_quant(type) > 0 && type_row_bytes(type, cols) > 0;
+    return cols > 0 && largest_quant(type) > 0 && type_row_bytes(type, cols) > 0 &&
+           (gemm_q8_run(type) > 0 || gemm_q8_has_vnni());
 }
 
 int gemm_q8_run(int32_t type) {
@@ -186,18 +242,21 @@ static int unpack_small_blocks(int32_t type, const uint8_t *src, pk_weight *o, u
     case PYKV_TYPE_Q4_1: unpack_q4_1((const block_q4_1 *)src, o, q, n_groups); return 1;
     case PYKV_TYPE_Q5_0: unpack_q5_0((const block_q5_0 *)src, o, q, n_groups); return 1;
     case PYKV_TYPE_Q5_1: unpack_q5_1((const block_q5_1 *)src, o, q, n_groups); return 1;
+    case PYKV_TYPE_Q8_0: unpack_q8_0((const block_q8_0 *)src, o, q, n_groups); return 1;
+    case PYKV_TYPE_IQ4_NL: unpack_iq4_nl((const block_iq4_nl *)src, o, q, n_groups); return 1;
     default: return 0;
     }
 }
 
-// A super-block of a K-quant. 0 for another type.
-static int unpack_k_quant(int32_t type, const uint8_t *src, pk_weight *o, uint8_t *q) {
+// A super-block of a type of 256-element blocks. 0 for another type.
+static int unpack_super_block(int32_t type, const uint8_t *src, pk_weight *o, uint8_t *q) {
     switch (type) {
     case PYKV_TYPE_Q2_K: unpack_q2_K((const block_q2_K *)src, o, q); return 1;
     case PYKV_TYPE_Q3_K: unpack_q3_K((const block_q3_K *)src, o, q); return 1;
     case PYKV_TYPE_Q4_K: unpack_q4_K((const block_q4_K *)src, o, q); return 1;
     case PYKV_TYPE_Q5_K: unpack_q5_K((const block_q5_K *)src, o, q); return 1;
     case PYKV_TYPE_Q6_K: unpack_q6_K((const block_q6_K *)src, o, q); return 1;
+    case PYKV_TYPE_IQ4_XS: unpack_iq4_xs((const block_iq4_xs *)src, o, q); return 1;
     default: return 0;
     }
 }
@@ -208,7 +267,7 @@ void pack_weight_row(int32_t type, const void *row, pk_weight *out, int64_t cols
     int64_t s = 0;
     for (; s < cols / PK_ELEMS; s++, src += bytes) {
         uint8_t q[PK_ELEMS];
-        if (!unpack_small_blocks(type, src, out + s, q, 8) && !unpack_k_quant(type, src, out + s, q)) return;
+        if (!unpack_small_blocks(type, src, out + s, q, 8) && !unpack_super_block(type, src, out + s, q)) return;
         interleave(out[s].q, q, PK_ELEMS);
     }
     const int tail = (int)(cols % PK_ELEMS);   // a short last super-block, zero-padded

@@ -156,14 +156,16 @@ INT8_ACT_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K"
 # Weight types whose prefill product (several tokens) pykv takes with 8-bit activations too,
 # for rows of whole 256-element super-blocks (gemm-q8.h), or, for the types of 32-element
 # blocks, of any whole number of blocks except in q/k/v (ops.h); the others take float ones.
+# The types of 8-bit quants (INT8_PREFILL_8BIT) only on a CPU with AVX-512 VNNI.
 INT8_PREFILL_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
-INT8_PREFILL_ANY_WIDTH = {"Q4_0", "Q4_1", "Q5_0", "Q5_1"}
+INT8_PREFILL_8BIT = {"Q8_0", "IQ4_NL", "IQ4_XS"}
+INT8_PREFILL_ANY_WIDTH = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"}
 
 
-def int8_prefill_takes(name: str, wtype: str, cols: int) -> bool:
+def int8_prefill_takes(name: str, wtype: str, cols: int, eight_bit: bool = False) -> bool:
     """Whether pykv's prefill multiplies the weight `name` (rows of cols elements of wtype)
-    with 8-bit activations."""
-    if wtype not in INT8_PREFILL_TYPES or cols % 32:
+    with 8-bit activations; eight_bit: on a CPU where the 8-bit types are packed too."""
+    if (wtype not in INT8_PREFILL_TYPES and not (eight_bit and wtype in INT8_PREFILL_8BIT)) or cols % 32:
         return False
     qkv = name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight"))
     return cols % 256 == 0 or (wtype in INT8_PREFILL_ANY_WIDTH and not qkv)
@@ -195,7 +197,7 @@ def _stored(x, kind: str, margins):
 
 
 def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8_prefill=False,
-            kv_q8_0=False, q8_margins: list | None = None, kv_types=None) -> np.ndarray:
+            kv_q8_0=False, q8_margins: list | None = None, kv_types=None, int8_prefill_8bit=False) -> np.ndarray:
     """Return float64 logits of shape (len(tokens), n_vocab) for a fresh context; with
     hidden=True, the hidden states after the output norm instead, (len(tokens), n_embd).
 
@@ -205,7 +207,8 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8
     int8_prefill=True: the tokens before int8_rows_from (all of them without it) are one
     prefill chunk on pykv's fast path: the inputs of their products with the weights that
     int8_prefill_takes are quantised the same way (the logits product, one row at a time, as
-    for decode steps).
+    for decode steps); int8_prefill_8bit=True: Q8_0 and IQ4 weights among them (a CPU with
+    AVX-512 VNNI, where pykv.system_info()'s kernels include "vnni").
     kv_f16=True: keys (after RoPE) and values are rounded to IEEE halves, as pykv's default
     cache stores them. kv_q8_0=True: they go through Q8_0 blocks instead (kv_type="q8_0"),
     and q8_margins (a list) gets each rounding's margin (q8_roundtrip). kv_types=(keys,
@@ -219,7 +222,7 @@ def forward(model, tokens, int8_rows_from=None, kv_f16=False, hidden=False, int8
     def lin(h, name, rows_from=int8_rows_from):
         wtype = model.types.get(name)
         h = h.copy()
-        if int8_prefill and int8_prefill_takes(name, wtype, h.shape[1]):
+        if int8_prefill and int8_prefill_takes(name, wtype, h.shape[1], int8_prefill_8bit):
             stop = len(h) if rows_from is None else rows_from
             h[:stop] = q8_roundtrip(h[:stop])
         if rows_from is not None and wtype in INT8_ACT_TYPES:

@@ -27,6 +27,7 @@ import _reference
 from _prompts import hf_prompt_ids
 from _tiny_models import N_VOCAB, VARIANTS
 from _torch_reference import reference_logits
+import pykv
 from pykv import Llama
 
 EXACT_REL = 2e-6   # measured 2e-7..4e-7 x max|logit| where no rounding tie is hit; up to 1.5e-6
@@ -35,6 +36,10 @@ TIE_REL = 0.05     # measured up to 1.3e-2 after a tie; float activations differ
 KL_MEAN_MAX = 0.004
 KL_MAX = 0.012
 TOP10_MAX = 0.6
+
+
+# Whether this CPU's prefill packs the 8-bit types too (the VNNI kernel, gemm-q8.h).
+PREFILL_8BIT = " vnni" in pykv.system_info().split("kernels = ")[1].split("|")[0]
 
 
 def _tokens(seed: int, n: int = 20):
@@ -59,7 +64,8 @@ def test_tiny_fast_decode_matches_int8_reference(tiny_model, name):
     for seed in (21, 23, 24, 25, 26, 27):
         tokens = _tokens(seed)
         got = _decode_logits(path, tokens, start)
-        ref = _reference.forward(path, tokens, int8_rows_from=start, int8_prefill=True)[start:]
+        ref = _reference.forward(path, tokens, int8_rows_from=start, int8_prefill=True,
+                                 int8_prefill_8bit=PREFILL_8BIT)[start:]
         float_ref = _reference.forward(path, tokens)[start:]
         scale = np.max(np.abs(ref), axis=1)
         rel += list(np.max(np.abs(got - ref), axis=1) / scale)
@@ -75,13 +81,21 @@ def test_tiny_fast_decode_matches_int8_reference(tiny_model, name):
     assert np.median(rel_float) > 100 * EXACT_REL, rel_float
 
 
-# The K-quant variant as written (Q2_K, Q3_K, Q5_K on the integer prefill; IQ4 on the float
-# one), and with every other type the integer prefill takes.
+# The K-quant variant as written (Q2_K, Q3_K, Q5_K on the integer prefill; IQ4 there too on
+# a CPU with VNNI, else on the float one), with every other type the integer prefill takes,
+# and with Q8_0 (VNNI only, like IQ4).
 PREFILL_TYPE_SETS = {
     "kquants": (),
     "q4k_q6k_and_32_blocks": (("attn_q", "Q4_K"), ("attn_k", "Q6_K"), ("attn_v", "Q4_0"), ("attn_output", "Q4_1"),
                               ("ffn_gate", "Q5_0"), ("ffn_up", "Q5_1"), ("ffn_down", "Q4_K"),
                               ("output.weight", "Q8_0")),
+    "q8_0": (("attn_q", "Q8_0"), ("attn_output", "Q8_0"), ("ffn_up", "Q8_0"), ("ffn_down", "IQ4_NL")),
+}
+# The types each set puts on the integer prefill: everywhere, and on a CPU with VNNI besides.
+PREFILL_PACKED = {
+    "kquants": ({"Q2_K", "Q3_K", "Q5_K"}, {"IQ4_NL", "IQ4_XS"}),
+    "q4k_q6k_and_32_blocks": ({"Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}, {"Q8_0"}),
+    "q8_0": ({"Q4_K", "Q6_K"}, {"Q8_0", "IQ4_NL"}),
 }
 
 
@@ -92,13 +106,15 @@ def test_tiny_fast_prefill_matches_int8_reference(tiny_model, types):
     changes = {"tensor_types": PREFILL_TYPE_SETS[types]} if PREFILL_TYPE_SETS[types] else {}
     path = tiny_model("llama_kquants_h4kv2", **changes)
     model = _reference.load(path)
-    packed = {model.types[n] for n in model.types if model.types[n] in _reference.INT8_PREFILL_TYPES}
-    assert len(packed) >= (3 if not changes else 6), packed
+    packed = {model.types[n] for n in model.types
+              if _reference.int8_prefill_takes(n, model.types[n], 256, PREFILL_8BIT)}
+    everywhere, with_vnni = PREFILL_PACKED[types]
+    assert packed >= everywhere | (with_vnni if PREFILL_8BIT else set()), packed
     rel, rel_float = [], []
     with Llama(str(path), n_ctx=64, verbose=False, kv_type="f32") as llm:
         for seed in (31, 32):
             tokens = _tokens(seed, 24)
-            ref = _reference.forward(model, tokens, int8_prefill=True)
+            ref = _reference.forward(model, tokens, int8_prefill=True, int8_prefill_8bit=PREFILL_8BIT)
             float_ref = _reference.forward(model, tokens)
             for n in (2, 9, 24):
                 llm.reset()
