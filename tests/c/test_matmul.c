@@ -5,8 +5,8 @@
 //   - several tokens (prefill) on the integer GEMM (the types it packs: rows of whole
 //     256-element super-blocks, or for the 32-element types any multiple of 32, such as
 //     SmolLM2's 576, with a short last super-block): the activations quantised per 32 as well;
-//   - several tokens otherwise (Q8_0, F16, and rows that end short under MATMUL_SHORT_FLOAT):
-//     float.
+//   - several tokens otherwise (F16, Q8_0 and IQ4 on a CPU without AVX-512 VNNI, and rows
+//     that end short under MATMUL_SHORT_FLOAT): float.
 // Shapes leave rows over from the 16-row blocks and tokens over from the kernels' tiles.
 #include <math.h>
 #include <stdint.h>
@@ -123,14 +123,16 @@ int main(void) {
     check_threads_same();
     struct fixture f;
     fixture_init(&f, 1024, 29, 2);
+    // The last three only where the VNNI kernel runs (gemm-q8.h); the float GEMM elsewhere, below.
     const int32_t packed[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q4_K,
-                               PYKV_TYPE_Q6_K };
+                               PYKV_TYPE_Q6_K, PYKV_TYPE_Q8_0, PYKV_TYPE_IQ4_NL, PYKV_TYPE_IQ4_XS };
+    const size_t n_packed = sizeof packed / sizeof packed[0] - (gemm_q8_has_vnni() ? 0 : 3);
     const int64_t widths[] = { 512, 768, 576, 160, 96, 32 };   // the last four: the 32-element types
-    for (size_t i = 0; i < sizeof packed / sizeof packed[0]; i++)
+    for (size_t i = 0; i < n_packed; i++)
         for (size_t j = 0; j < sizeof widths / sizeof widths[0]; j++) {
             const int32_t type = packed[i];
             const int64_t cols = widths[j];
-            if (cols % PK_ELEMS && (type == PYKV_TYPE_Q4_K || type == PYKV_TYPE_Q6_K)) continue;
+            if (cols % PK_ELEMS && type_traits_of(type)->block_size == PK_ELEMS) continue;
             CHECK(gemm_q8_supports(type, cols));
             check_case(&f, type, cols, 29, 0, 1);   // prefill: the integer GEMM
             check_case(&f, type, cols, 7, 0, 1);
@@ -147,9 +149,11 @@ int main(void) {
     // Types the integer GEMM leaves to the float one: decode still quantises Q8_0.
     const int64_t float_widths[] = { 512, 576 };
     for (size_t j = 0; j < sizeof float_widths / sizeof float_widths[0]; j++) {
-        CHECK(!gemm_q8_supports(PYKV_TYPE_Q8_0, float_widths[j]));
-        check_case(&f, PYKV_TYPE_Q8_0, float_widths[j], 29, 0, 0);
-        check_case(&f, PYKV_TYPE_Q8_0, float_widths[j], 1, 0, 1);
+        if (!gemm_q8_has_vnni()) {
+            CHECK(!gemm_q8_supports(PYKV_TYPE_Q8_0, float_widths[j]));
+            check_case(&f, PYKV_TYPE_Q8_0, float_widths[j], 29, 0, 0);
+            check_case(&f, PYKV_TYPE_Q8_0, float_widths[j], 1, 0, 1);
+        }
         CHECK(!gemm_q8_supports(PYKV_TYPE_F16, float_widths[j]));
         check_case(&f, PYKV_TYPE_F16, float_widths[j], 29, 0, 0);
     }
