@@ -38,7 +38,7 @@ static void spread_act_scales(pk_act *a, int width) {
 // pack_weight_row then interleaves. The 32-element types unpack n_groups blocks: 8, or fewer
 // for a row's short last super-block.
 
-// The 32-element types: x = dw * q - dm with one scale per block and sc = mn = 1.
+// The unit-scale types (gemm-q8.h): x = dw * q - dm per group of 32, sc = mn = 1.
 static void unit_scales(pk_weight *o) {
     for (int p = 0; p < 16; p++) o->sc[p] = o->mn[p] = 1;
 }
@@ -52,56 +52,6 @@ static void nibble_quants(const uint8_t *qs, uint32_t qh, uint8_t *q) {
     }
 }
 
-static void unpack_q4_0(const block_q4_0 *b, pk_weight *o, uint8_t *q, int n_groups) {
-    unit_scales(o);
-    for (int g = 0; g < n_groups; g++) {
-        const float d = fp16_to_fp32(b[g].d);
-        o->dw[g] = d;
-        o->dm[g] = 8.0f * d;   // x = (q - 8) * d
-        nibble_quants(b[g].qs, 0, q + 32 * g);
-    }
-}
-
-static void unpack_q4_1(const block_q4_1 *b, pk_weight *o, uint8_t *q, int n_groups) {
-    unit_scales(o);
-    for (int g = 0; g < n_groups; g++) {
-        o->dw[g] = fp16_to_fp32(b[g].d);
-        o->dm[g] = -fp16_to_fp32(b[g].m);   // x = q * d + m
-        nibble_quants(b[g].qs, 0, q + 32 * g);
-    }
-}
-
-static void unpack_q5_0(const block_q5_0 *b, pk_weight *o, uint8_t *q, int n_groups) {
-    unit_scales(o);
-    for (int g = 0; g < n_groups; g++) {
-        const float d = fp16_to_fp32(b[g].d);
-        o->dw[g] = d;
-        o->dm[g] = 16.0f * d;   // x = (q - 16) * d
-        nibble_quants(b[g].qs, q5_high_bits(b[g].qh), q + 32 * g);
-    }
-}
-
-static void unpack_q5_1(const block_q5_1 *b, pk_weight *o, uint8_t *q, int n_groups) {
-    unit_scales(o);
-    for (int g = 0; g < n_groups; g++) {
-        o->dw[g] = fp16_to_fp32(b[g].d);
-        o->dm[g] = -fp16_to_fp32(b[g].m);
-        nibble_quants(b[g].qs, q5_high_bits(b[g].qh), q + 32 * g);
-    }
-}
-
-// The signed 8-bit types, shifted by 128 into unsigned quants (x = dw * (q - 128)), for the
-// VNNI kernel only: their pairs of products overflow AVX2's int16 sums (gemm-q8.h).
-static void unpack_q8_0(const block_q8_0 *b, pk_weight *o, uint8_t *q, int n_groups) {
-    unit_scales(o);
-    for (int g = 0; g < n_groups; g++) {
-        const float d = fp16_to_fp32(b[g].d);
-        o->dw[g] = d;
-        o->dm[g] = 128.0f * d;
-        for (int j = 0; j < 32; j++) q[32 * g + j] = (uint8_t)(b[g].qs[j] + 128);
-    }
-}
-
 // IQ4_NL's 4-bit indices into iq4_levels, the low nibble of byte j element j, the high one
 // element j + 16, as levels shifted by 128.
 static void iq4_level_quants(const uint8_t *qs, uint8_t *q) {
@@ -111,13 +61,26 @@ static void iq4_level_quants(const uint8_t *qs, uint8_t *q) {
     }
 }
 
-static void unpack_iq4_nl(const block_iq4_nl *b, pk_weight *o, uint8_t *q, int n_groups) {
-    unit_scales(o);
-    for (int g = 0; g < n_groups; g++) {
-        const float d = fp16_to_fp32(b[g].d);
-        o->dw[g] = d;
-        o->dm[g] = 128.0f * d;
-        iq4_level_quants(b[g].qs, q + 32 * g);
+// One block of a 32-element type: its factors (x = dw * q - dm) and its 32 quants. Q4_0 and
+// Q5_0 centre theirs (q - 8, q - 16); Q4_1 and Q5_1 add an offset m. Q8_0 and IQ4_NL, signed,
+// are shifted by 128 into unsigned quants, for the VNNI kernel only: their pairs of products
+// overflow AVX2's int16 sums (gemm-q8.h). 0 for another type.
+static int unpack_small_block(int32_t type, const void *blk, float *dw, float *dm, uint8_t *q) {
+    switch (type) {
+    case PYKV_TYPE_Q4_0: { const block_q4_0 *b = blk; *dw = fp16_to_fp32(b->d); *dm = 8.0f * *dw;
+                           nibble_quants(b->qs, 0, q); return 1; }
+    case PYKV_TYPE_Q4_1: { const block_q4_1 *b = blk; *dw = fp16_to_fp32(b->d); *dm = -fp16_to_fp32(b->m);
+                           nibble_quants(b->qs, 0, q); return 1; }
+    case PYKV_TYPE_Q5_0: { const block_q5_0 *b = blk; *dw = fp16_to_fp32(b->d); *dm = 16.0f * *dw;
+                           nibble_quants(b->qs, q5_high_bits(b->qh), q); return 1; }
+    case PYKV_TYPE_Q5_1: { const block_q5_1 *b = blk; *dw = fp16_to_fp32(b->d); *dm = -fp16_to_fp32(b->m);
+                           nibble_quants(b->qs, q5_high_bits(b->qh), q); return 1; }
+    case PYKV_TYPE_Q8_0: { const block_q8_0 *b = blk; *dw = fp16_to_fp32(b->d); *dm = 128.0f * *dw;
+                           for (int j = 0; j < 32; j++) q[j] = (uint8_t)(b->qs[j] + 128);
+                           return 1; }
+    case PYKV_TYPE_IQ4_NL: { const block_iq4_nl *b = blk; *dw = fp16_to_fp32(b->d); *dm = 128.0f * *dw;
+                             iq4_level_quants(b->qs, q); return 1; }
+    default: return 0;
     }
 }
 
@@ -237,15 +200,11 @@ int gemm_q8_run(int32_t type) {
 
 // A super-block of a 32-element type: n_groups of its blocks. 0 for another type.
 static int unpack_small_blocks(int32_t type, const uint8_t *src, pk_weight *o, uint8_t *q, int n_groups) {
-    switch (type) {
-    case PYKV_TYPE_Q4_0: unpack_q4_0((const block_q4_0 *)src, o, q, n_groups); return 1;
-    case PYKV_TYPE_Q4_1: unpack_q4_1((const block_q4_1 *)src, o, q, n_groups); return 1;
-    case PYKV_TYPE_Q5_0: unpack_q5_0((const block_q5_0 *)src, o, q, n_groups); return 1;
-    case PYKV_TYPE_Q5_1: unpack_q5_1((const block_q5_1 *)src, o, q, n_groups); return 1;
-    case PYKV_TYPE_Q8_0: unpack_q8_0((const block_q8_0 *)src, o, q, n_groups); return 1;
-    case PYKV_TYPE_IQ4_NL: unpack_iq4_nl((const block_iq4_nl *)src, o, q, n_groups); return 1;
-    default: return 0;
-    }
+    const int64_t block_bytes = type_row_bytes(type, 32);
+    unit_scales(o);
+    for (int g = 0; g < n_groups; g++)
+        if (!unpack_small_block(type, src + g * block_bytes, &o->dw[g], &o->dm[g], q + 32 * g)) return 0;
+    return 1;
 }
 
 // A super-block of a type of 256-element blocks. 0 for another type.
