@@ -19,7 +19,7 @@
 // The step's scores in one pass over the list: s_Glo and s_Loc_cur += the step's attention;
 // when `roll`, s_Loc_cur then replaces s_Loc_past and restarts at 0. Also the sums over the
 // list of s_Glo and of s_Loc = lp + lc, for the mean alignment (four partial sums each in
-// double).
+// double, entry j into partial j % 4).
 static void step_scores(struct ems_list *s, const struct policy_event *ev, int32_t g, int roll, double *sum_glo,
                         double *sum_loc) {
     enum { BLOCK = 64 };
@@ -29,16 +29,28 @@ static void step_scores(struct ems_list *s, const struct policy_event *ev, int32
         const int32_t m = s->n - j0 < BLOCK ? s->n - j0 : BLOCK;
         float a[BLOCK];
         ems_attention_mean(ev, g, j0, m, a);
+        float *restrict bg = glo + j0, *restrict bp = lp + j0, *restrict bc = lc + j0;
         for (int32_t i = 0; i < m; i++) {
-            const int32_t j = j0 + i;
-            glo[j] += a[i];
-            lc[j] += a[i];
-            if (roll) {
-                lp[j] = lc[j];
-                lc[j] = 0.0f;
+            bg[i] += a[i];
+            bc[i] += a[i];
+        }
+        if (roll)
+            for (int32_t i = 0; i < m; i++) {
+                bp[i] = bc[i];
+                bc[i] = 0.0f;
             }
-            sg[i & 3] += glo[j];
-            sl[i & 3] += lp[j] + lc[j];
+        // the partial sums stay in registers (an index i & 3 into an array kept them in
+        // memory, a store-to-load chain per entry); BLOCK is a multiple of 4, so entry
+        // j0 + i still goes to partial i % 4
+        int32_t i = 0;
+        for (; i + 4 <= m; i += 4)
+            for (int k = 0; k < 4; k++) {
+                sg[k] += bg[i + k];
+                sl[k] += bp[i + k] + bc[i + k];
+            }
+        for (; i < m; i++) {
+            sg[i & 3] += bg[i];
+            sl[i & 3] += bp[i] + bc[i];
         }
     }
     *sum_glo = (sg[0] + sg[1]) + (sg[2] + sg[3]);
