@@ -39,7 +39,7 @@ static inline AVX2_TGT __m128 scales_dd(const void *blk, const block_q8_act *x) 
         const int64_t nb = n / QK8_ACT;                                                           \
         int64_t i = 0;                                                                             \
         for (; i + 2 <= nb; i += 2) {                                                              \
-            _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);                        \
+            _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, WEIGHT_PREFETCH_HINT);                \
             const __m128 s0 = SCALES(&b[i], &x[i]), s1 = SCALES(&b[i + 1], &x[i + 1]);           \
             off0 = _mm_add_ps(off0, s0);                                                           \
             off1 = _mm_add_ps(off1, s1);                                                           \
@@ -69,7 +69,7 @@ static AVX2_TGT float q8dot_q8_0(const void *row, const block_q8_act *x, int64_t
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const int64_t nb = n / QK8_ACT;
     for (int64_t i = 0; i < nb; i++) {
-        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, WEIGHT_PREFETCH_HINT);
         const __m256i w = _mm256_loadu_si256((const __m256i *)b[i].qs);
         const __m256 p = _mm256_cvtepi32_ps(isum_s8s8(w, act_bytes(&x[i])));
         const __m256 scale = _mm256_set1_ps(half(b[i].d) * x[i].d);
@@ -254,7 +254,7 @@ static AVX2_TGT float q8dot_iq4_nl(const void *row, const block_q8_act *x, int64
     const block_iq4_nl *b = row;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK4_NL; i++) {
-        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + i) + Q8_PREFETCH, WEIGHT_PREFETCH_HINT);
         const __m256 p = iq4_block(b[i].qs, &x[i]), scale = _mm256_set1_ps(half(b[i].d) * x[i].d);
         if (i & 1) acc1 = _mm256_fmadd_ps(p, scale, acc1);
         else       acc0 = _mm256_fmadd_ps(p, scale, acc0);

@@ -35,7 +35,7 @@
         const int64_t span = (4 * rb + n / QK8_ACT - 1) / (n / QK8_ACT);                                  \
         const char *ahead = (const char *)rows + 8 * rb;                                                  \
         for (int64_t i = 0; i < n / QK8_ACT; i++) {                                                       \
-            for (int64_t at = 0; at < span; at += 64) _mm_prefetch(ahead + i * span + at, _MM_HINT_T0);  \
+            for (int64_t at = 0; at < span; at += 64) _mm_prefetch(ahead + i * span + at, WEIGHT_PREFETCH_HINT);  \
             const __m256i xa = _mm256_loadu_si256((const __m256i *)x[i].qs);                             \
             const __m256i s01 = _mm256_hadd_epi32(ISUM(b[0][i], xa), ISUM(b[1][i], xa));                 \
             const __m256i s23 = _mm256_hadd_epi32(ISUM(b[2][i], xa), ISUM(b[3][i], xa));                 \

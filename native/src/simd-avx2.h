@@ -78,13 +78,18 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void
 // Weights are read once per token, straight from memory. The hardware prefetcher alone
 // leaves the kernels waiting on loads; asking for the bytes 2 KiB ahead (two or three rows,
 // which each thread reads in one sequential run) made Q4_1 18% faster on Zen 3. Prefetching
-// past the end of the matrix is harmless: a prefetch never faults.
+// past the end of the matrix is harmless: a prefetch never faults. The hint is non-temporal:
+// the bytes are used once, and a decode step streams every weight, so with the plain hint
+// they pushed the KV lists and the policies' per-entry state out of cache before the next
+// step came back to them (on Zen 4, an EMS step at depth 1024: its attention phase -6%,
+// the step -1..2%; no change at depth 0, nor for models of 15 to 61 MB: BENCHMARKS.md).
 #define Q8_PREFETCH 2048
+#define WEIGHT_PREFETCH_HINT _MM_HINT_NTA
 
 // A K-quant super-block spans two to four cache lines: ask for each of them (one prefetch per
 // super-block left Q4_K decoding 27% slower on Zen 3).
 static inline AVX2_TGT void prefetch_superblock(const void *blk, size_t bytes) {
-    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)blk + Q8_PREFETCH + off, _MM_HINT_T0);
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)blk + Q8_PREFETCH + off, WEIGHT_PREFETCH_HINT);
 }
 
 // qh's bit `bit` of each byte as `value` (a power of two) or 0: the bit shifted into place.
