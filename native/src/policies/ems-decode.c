@@ -16,61 +16,6 @@
 #include "ems.h"
 #include "../model.h"
 
-// The step's scores in one pass over the list: s_Glo and s_Loc_cur += the step's attention;
-// when `roll`, s_Loc_cur then replaces s_Loc_past and restarts at 0. Also the sums over the
-// list of s_Glo and of s_Loc = lp + lc, for the mean alignment (four partial sums each in
-// double, entry j into partial j % 4).
-static void step_scores(struct ems_list *s, const struct policy_event *ev, int32_t g, int roll, double *sum_glo,
-                        double *sum_loc) {
-    enum { BLOCK = 64 };
-    float *restrict glo = s->glo, *restrict lp = s->lp, *restrict lc = s->lc;
-    double sg[4] = { 0 }, sl[4] = { 0 };
-    for (int32_t j0 = 0; j0 < s->n; j0 += BLOCK) {
-        const int32_t m = s->n - j0 < BLOCK ? s->n - j0 : BLOCK;
-        float a[BLOCK];
-        ems_attention_mean(ev, g, j0, m, a);
-        float *restrict bg = glo + j0, *restrict bp = lp + j0, *restrict bc = lc + j0;
-        for (int32_t i = 0; i < m; i++) {
-            bg[i] += a[i];
-            bc[i] += a[i];
-        }
-        if (roll)
-            for (int32_t i = 0; i < m; i++) {
-                bp[i] = bc[i];
-                bc[i] = 0.0f;
-            }
-        // the partial sums stay in registers (an index i & 3 into an array kept them in
-        // memory, a store-to-load chain per entry); BLOCK is a multiple of 4, so entry
-        // j0 + i still goes to partial i % 4
-        int32_t i = 0;
-        for (; i + 4 <= m; i += 4)
-            for (int k = 0; k < 4; k++) {
-                sg[k] += bg[i + k];
-                sl[k] += bp[i + k] + bc[i + k];
-            }
-        for (; i < m; i++) {
-            sg[i & 3] += bg[i];
-            sl[i & 3] += bp[i] + bc[i];
-        }
-    }
-    *sum_glo = (sg[0] + sg[1]) + (sg[2] + sg[3]);
-    *sum_loc = (sl[0] + sl[1]) + (sl[2] + sl[3]);
-}
-
-// The weakest of the nc centres by s_GL = max(a s_Glo, s_Loc) (ties -> lower position).
-static int32_t weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t nc, float a) {
-    int32_t weak = 0;
-    float best = 0.0f;
-    for (int32_t j = 0; j < nc; j++) {
-        const float x = a * s->glo[j], loc = s->lp[j] + s->lc[j], gl = x > loc ? x : loc;
-        if (j == 0 || gl < best || (gl == best && pos[j] < pos[weak])) {
-            weak = j;
-            best = gl;
-        }
-    }
-    return weak;
-}
-
 // The centre other than `weak` most similar to it (ties -> lower position); -1 when none.
 static int32_t most_similar(const struct kv_list *l, struct ems_list *s, int32_t d, int32_t nc, int32_t weak,
                             float *r_best) {
@@ -90,8 +35,10 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
     struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
     const int32_t d = ev->hp->head_dim;
     const int64_t cap = (int64_t)o->gamma * B;
+    const int G = ev->hp->n_head / ev->hp->n_head_kv;
     double sum_glo, sum_loc;
-    step_scores(s, ev, g, roll, &sum_glo, &sum_loc);
+    ems_step_scores(s, ev->attn_colsum + (size_t)g * G * ev->attn_colsum_stride, ev->attn_colsum_stride, G, roll,
+                    &sum_glo, &sum_loc);
     if (B <= 0 || l->n <= B) return PYKV_OK;
     int64_t members = l->n;
     if (l->n_members)
@@ -101,7 +48,7 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
         const int32_t n = l->n, P = o->window < n ? o->window : n, nc = n - P;
         if (nc < 1) break;
         const float a = ems_alignment(sum_loc, sum_glo);
-        const int32_t weak = weakest_centre(s, l->pos, nc, a);
+        const int32_t weak = ems_weakest_centre(s, l->pos, nc, a);
         int32_t best = -1;
         float r_best = 0.0f;
         if (o->tau < 1.0 && members <= cap && nc > 1) best = most_similar(l, s, d, nc, weak, &r_best);

@@ -4,8 +4,10 @@
 //   ems-merge.c   redundancy R(i, c) and the weighted merge of entries into a centre
 //   ems-prefill.c end of prefill: global-local score, centre / TBM / evict partition, merges
 //   ems-decode.c  every decode step: window -> centre, weakest centre merged or evicted
+//   ems-step.c    the decode step's two scans of a list (scores and sums, weakest centre)
 // Every choice is documented in ems.c's header comment.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 #include "../policy.h"
 
@@ -68,6 +70,18 @@ static inline float ems_alignment(double sum_loc, double sum_glo) {
 // The mean-aligned global-local score of entries [0, n_cand) of a list:
 // gl[j] = max(a * glo[j], loc[j]), a = sum(loc over all n) / sum(glo over all n).
 void ems_global_local(const float *glo, const float *loc, int32_t n, int32_t n_cand, float *gl);
+
+// A decode step's attention into a list's scores: s_Glo and s_Loc_cur += the GQA mean of the
+// G rows of attention sums (`stride` floats apart); when `roll`, s_Loc_cur then replaces
+// s_Loc_past and restarts at 0. Returns the sums over the list of s_Glo and of s_Loc =
+// lp + lc (four double partial sums, entry j into partial j % 4), for the mean alignment.
+void ems_step_scores(struct ems_list *s, const float *rows, size_t stride, int G, int roll, double *sum_glo,
+                     double *sum_loc);
+// The weakest of the nc centres (entries [0, nc)) by s_GL = max(a s_Glo, s_Loc); ties -> the
+// lower position.
+int32_t ems_weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t nc, float a);
+// Tests: nonzero makes both take their scalar paths (the SIMD ones must give the same bits).
+void ems_step_force_scalar(int on);
 
 pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
                              struct ems_list *s, const float *loc);

@@ -1,0 +1,146 @@
+// ems-step.c - the two scans of every list at every EMS decode step (ems-decode.c): the step's
+// attention into the scores with the sums the mean alignment needs, and the weakest centre.
+// At depth they run over every list of every layer each step, so they have an AVX2 path; it
+// gives the scalar path's results bit for bit (the same operations in the same order per
+// entry, the same four double partial sums), which the C test checks.
+#include "ems.h"
+#include "../simd-avx2.h"
+
+#include <math.h>
+
+static int scalar_only;   // tests: the reference path on any CPU
+
+void ems_step_force_scalar(int on) { scalar_only = on; }
+
+// The GQA mean of the G rows (`stride` floats apart) at entries [j, j + m): a[i] = (row 0 +
+// row 1 + ...) / G, summed in row order (as ems_attention_mean).
+static void rows_mean(const float *rows, size_t stride, int G, int32_t j, int32_t m, float *a) {
+    for (int32_t i = 0; i < m; i++) a[i] = 0.0f;
+    for (int r = 0; r < G; r++)
+        for (int32_t i = 0; i < m; i++) a[i] += rows[r * stride + j + i];
+    for (int32_t i = 0; i < m; i++) a[i] /= (float)G;
+}
+
+// Entries [j, n) the scalar way: partial sum j % 4 takes entry j.
+static void step_scores_tail(struct ems_list *s, const float *rows, size_t stride, int G, int roll, int32_t j,
+                             double *sg, double *sl) {
+    enum { BLOCK = 64 };
+    for (; j < s->n; j += BLOCK) {
+        const int32_t m = s->n - j < BLOCK ? s->n - j : BLOCK;
+        float a[BLOCK];
+        rows_mean(rows, stride, G, j, m, a);
+        for (int32_t i = 0; i < m; i++) {
+            const int32_t e = j + i;
+            s->glo[e] += a[i];
+            s->lc[e] += a[i];
+            if (roll) {
+                s->lp[e] = s->lc[e];
+                s->lc[e] = 0.0f;
+            }
+            sg[e & 3] += s->glo[e];
+            sl[e & 3] += s->lp[e] + s->lc[e];
+        }
+    }
+}
+
+static int32_t weakest_from(const struct ems_list *s, const int32_t *pos, int32_t j, int32_t nc, float a,
+                            int32_t weak, float best) {
+    for (; j < nc; j++) {
+        const float x = a * s->glo[j], loc = s->lp[j] + s->lc[j], gl = x > loc ? x : loc;
+        if (weak < 0 || gl < best || (gl == best && pos[j] < pos[weak])) {
+            weak = j;
+            best = gl;
+        }
+    }
+    return weak;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// Eight entries at a time; the partial sums are the four double lanes of two vectors (lane k
+// of the pair takes the entries j with j % 4 == k, as the scalar path's sg[j & 3]).
+static AVX2_TGT int32_t step_scores_avx2(struct ems_list *s, const float *rows, size_t stride, int G, int roll,
+                                         double *sg, double *sl) {
+    const __m256 g = _mm256_set1_ps((float)G);
+    __m256d g4 = _mm256_setzero_pd(), l4 = _mm256_setzero_pd();
+    int32_t j = 0;
+    for (; j + 8 <= s->n; j += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int r = 0; r < G; r++) a = _mm256_add_ps(a, _mm256_loadu_ps(rows + r * stride + j));
+        a = _mm256_div_ps(a, g);
+        const __m256 glo = _mm256_add_ps(_mm256_loadu_ps(s->glo + j), a);
+        __m256 lc = _mm256_add_ps(_mm256_loadu_ps(s->lc + j), a), lp;
+        if (roll) {
+            lp = lc;
+            lc = _mm256_setzero_ps();
+        } else {
+            lp = _mm256_loadu_ps(s->lp + j);
+        }
+        _mm256_storeu_ps(s->glo + j, glo);
+        _mm256_storeu_ps(s->lc + j, lc);
+        _mm256_storeu_ps(s->lp + j, lp);
+        const __m256 loc = _mm256_add_ps(lp, lc);
+        g4 = _mm256_add_pd(g4, _mm256_cvtps_pd(_mm256_castps256_ps128(glo)));
+        g4 = _mm256_add_pd(g4, _mm256_cvtps_pd(_mm256_extractf128_ps(glo, 1)));
+        l4 = _mm256_add_pd(l4, _mm256_cvtps_pd(_mm256_castps256_ps128(loc)));
+        l4 = _mm256_add_pd(l4, _mm256_cvtps_pd(_mm256_extractf128_ps(loc, 1)));
+    }
+    _mm256_storeu_pd(sg, g4);
+    _mm256_storeu_pd(sl, l4);
+    return j;
+}
+
+// s_GL of centres j..j+7: max(a s_Glo, s_Loc), as the scalar `x > loc ? x : loc`.
+static inline AVX2_TGT __m256 global_local8(const struct ems_list *s, __m256 a, int32_t j) {
+    const __m256 x = _mm256_mul_ps(a, _mm256_loadu_ps(s->glo + j));
+    return _mm256_max_ps(x, _mm256_add_ps(_mm256_loadu_ps(s->lp + j), _mm256_loadu_ps(s->lc + j)));
+}
+
+// The weakest of centres [0, nc) as the scalar path picks it: the smallest s_GL, then the
+// lowest position among the centres that have it. -1 when a score is not a number (the
+// scalar path decides those).
+static AVX2_TGT int32_t weakest_avx2(const struct ems_list *s, const int32_t *pos, int32_t nc, float a) {
+    const __m256 va = _mm256_set1_ps(a);
+    __m256 lo = _mm256_set1_ps(INFINITY), bad = _mm256_setzero_ps();
+    const int32_t n8 = nc / 8 * 8;
+    for (int32_t j = 0; j < n8; j += 8) {
+        const __m256 gl = global_local8(s, va, j);
+        lo = _mm256_min_ps(lo, gl);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(gl, gl, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(bad)) return -1;
+    __m128 m = _mm_min_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1));
+    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+    const float best = _mm_cvtss_f32(_mm_min_ss(m, _mm_movehdup_ps(m)));
+    const __m256 vbest = _mm256_set1_ps(best);
+    int32_t weak = -1;
+    for (int32_t j = 0; j < n8; j += 8)   // the centres holding the minimum: the lowest position
+        for (unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(global_local8(s, va, j), vbest, _CMP_EQ_OQ));
+             hit; hit &= hit - 1) {
+            const int32_t i = j + __builtin_ctz(hit);
+            if (weak < 0 || pos[i] < pos[weak]) weak = i;
+        }
+    return weakest_from(s, pos, n8, nc, a, weak, best);
+}
+#endif
+
+void ems_step_scores(struct ems_list *s, const float *rows, size_t stride, int G, int roll, double *sum_glo,
+                     double *sum_loc) {
+    double sg[4] = { 0 }, sl[4] = { 0 };
+    int32_t j = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (!scalar_only && cpu_has_avx2()) j = step_scores_avx2(s, rows, stride, G, roll, sg, sl);
+#endif
+    step_scores_tail(s, rows, stride, G, roll, j, sg, sl);
+    *sum_glo = (sg[0] + sg[1]) + (sg[2] + sg[3]);
+    *sum_loc = (sl[0] + sl[1]) + (sl[2] + sl[3]);
+}
+
+int32_t ems_weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t nc, float a) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!scalar_only && cpu_has_avx2()) {
+        const int32_t weak = weakest_avx2(s, pos, nc, a);
+        if (weak >= 0) return weak;
+    }
+#endif
+    return weakest_from(s, pos, 0, nc, a, -1, 0.0f);
+}
