@@ -23,9 +23,13 @@
 
 // out[r] = dot(row r, x) for the four rows at `rows`, `rb` bytes apart; the offset terms are
 // CENTRE times the sum of lanes 2r + 1 of off (see quant-q8-avx2.c's scales_dm). Each block
-// step prefetches its share (span bytes) of the group after next, so each line of the
-// stream is asked for once; a prefetch per row per block, as the one-row kernels do, made
-// the four-row kernel slower than one row at a time for Q8_0 from memory.
+// step prefetches its share (span bytes) of the four rows DOT4_AHEAD bytes on (at least the
+// group after next), so each line of the stream is asked for once; a prefetch per row per
+// block, as the one-row kernels do, made the four-row kernel slower than one row at a time
+// for Q8_0 from memory. Narrow rows need the bytes, not the rows: two groups ahead was 2.9
+// KiB on SmolLM2's 576-wide Q4_1 rows, and 8 KiB made its decode step 11% faster on Zen 4
+// (gate/up 24%; 6 to 10 KiB measured alike; BENCHMARKS.md).
+#define DOT4_AHEAD 8192
 #define Q8_DOT4(name, block_t, ISUM, SCALES, CENTRE)                                                      \
     static AVX2_TGT void name(const void *rows, int64_t rb, const block_q8_act *x, int64_t n, float *out) {  \
         const block_t *b[4];                                                                              \
@@ -33,7 +37,7 @@
         const __m256i pick_d = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);                                 \
         __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();                                      \
         const int64_t span = (4 * rb + n / QK8_ACT - 1) / (n / QK8_ACT);                                  \
-        const char *ahead = (const char *)rows + 8 * rb;                                                  \
+        const char *ahead = (const char *)rows + (8 * rb > DOT4_AHEAD ? 8 * rb : DOT4_AHEAD);           \
         for (int64_t i = 0; i < n / QK8_ACT; i++) {                                                       \
             for (int64_t at = 0; at < span; at += 64) _mm_prefetch(ahead + i * span + at, WEIGHT_PREFETCH_HINT);  \
             const __m256i xa = _mm256_loadu_si256((const __m256i *)x[i].qs);                             \
