@@ -290,8 +290,9 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 
 // At depth the lists come from memory (the weights streamed since the last step have pushed
 // them out of cache), faster than the hardware prefetcher asks for them: each pass over
-// keys or values requests the rows this many bytes ahead.
-#define ATTENTION_PREFETCH 1024
+// keys or values requests the rows this many bytes ahead (1 KiB before; 4 KiB took an EMS
+// step's attention at depth 1024 4..6.5% lower on Zen 4, 2 and 8 KiB less).
+#define ATTENTION_PREFETCH 4096
 
 // Q8_0 keys: within a 32-value block each query's dot product with the int8 quants sums
 // in t, and t times the block's scale joins the row's total, so the scale costs one
