@@ -1,9 +1,11 @@
-// test_ems_step.c - EMS's two per-list scans of a decode step (ems-step.c) against the rule
+// test_ems_step.c - EMS's per-list scans of a decode step (ems-step.c) against the rules
 // written out here: the step's GQA-mean attention into s_Glo and s_Loc_cur (s_Loc_cur rolled
 // into s_Loc_past when asked), the sums over the list with four double partials (entry j
-// into partial j % 4), and the weakest centre (smallest max(a s_Glo, s_Loc), ties -> lower
-// position). Both the SIMD path and the scalar path must give the rule's results bit for bit,
-// on lists of every length around the vector width, with ties, signed zeros and NaNs.
+// into partial j % 4), the weakest centre (smallest max(a s_Glo, s_Loc), ties -> lower
+// position) and the most similar centre (largest redundancy other than the weakest, ties ->
+// lower position). Both the SIMD path and the scalar path must give the rules' results bit
+// for bit, on lists of every length around the vector width, with ties, signed zeros,
+// infinities and NaNs.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +120,34 @@ static void check_weakest(int32_t nc, int coarse, int with_nan) {
     ems_list_free(&s);
 }
 
+static int32_t rule_most_similar(const float *r, const int32_t *pos, int32_t nc, int32_t weak) {
+    int32_t best = -1;
+    for (int32_t c = 0; c < nc; c++)
+        if (c != weak && (best < 0 || r[c] > r[best] || (r[c] == r[best] && pos[c] < pos[best]))) best = c;
+    return best;
+}
+
+// Redundancies as ems_redundancy_all leaves them: coarse values for ties, -inf now and then,
+// the weakest centre's own (often the largest) among them, and a NaN when asked.
+static void check_most_similar(int32_t nc, int with_nan) {
+    float r[NMAX];
+    int32_t pos[NMAX];
+    for (int32_t c = 0; c < nc; c++) {
+        const uint32_t k = next_u32() % 11;
+        r[c] = k == 0 ? -INFINITY : k == 1 ? -0.0f : (float)(int)(next_u32() % 9) * 0.125f - 0.5f;
+        pos[c] = (int32_t)(next_u32() % 100000);
+    }
+    const int32_t weak = (int32_t)(next_u32() % (uint32_t)nc);
+    if (next_u32() % 2) r[weak] = 2.0f;   // the entry itself is never its own most similar
+    if (with_nan) r[next_u32() % (uint32_t)nc] = NAN;
+    const int32_t want = rule_most_similar(r, pos, nc, weak);
+    for (int scalar = 0; scalar < 2; scalar++) {
+        ems_step_force_scalar(scalar);
+        CHECK(ems_most_similar_pick(r, pos, nc, weak) == want);
+    }
+    ems_step_force_scalar(0);
+}
+
 int main(void) {
     for (int32_t n = 1; n <= 70; n++)
         for (int G = 1; G <= GMAX; G += 2)
@@ -126,5 +156,8 @@ int main(void) {
     for (int32_t nc = 1; nc <= 70; nc++)
         for (int trial = 0; trial < 6; trial++) check_weakest(nc, trial % 2, trial == 5);
     for (int trial = 0; trial < 200; trial++) check_weakest(1 + (int32_t)(next_u32() % (NMAX - 1)), trial % 2, trial % 9 == 0);
+    for (int32_t nc = 1; nc <= 70; nc++)
+        for (int trial = 0; trial < 6; trial++) check_most_similar(nc, trial == 5);
+    for (int trial = 0; trial < 200; trial++) check_most_similar(1 + (int32_t)(next_u32() % (NMAX - 1)), trial % 9 == 0);
     return check_report("test_ems_step");
 }

@@ -23,9 +23,7 @@ static int32_t most_similar(const struct kv_list *l, struct ems_list *s, int32_t
     struct ems_probe probe;
     ems_probe_init(&probe, l, d, weak);
     ems_redundancy_all(l, s, d, &probe, nc, r, tmp);
-    int32_t best = -1;
-    for (int32_t c = 0; c < nc; c++)
-        if (c != weak && (best < 0 || r[c] > r[best] || (r[c] == r[best] && l->pos[c] < l->pos[best]))) best = c;
+    const int32_t best = ems_most_similar_pick(r, l->pos, nc, weak);
     if (best >= 0) *r_best = r[best];
     return best;
 }

@@ -1,5 +1,6 @@
-// ems-step.c - the two scans of every list at every EMS decode step (ems-decode.c): the step's
-// attention into the scores with the sums the mean alignment needs, and the weakest centre.
+// ems-step.c - the scans of every list at every EMS decode step (ems-decode.c): the step's
+// attention into the scores with the sums the mean alignment needs, the weakest centre, and
+// the centre most similar to it.
 // At depth they run over every list of every layer each step, so they have an AVX2 path; it
 // gives the scalar path's results bit for bit (the same operations in the same order per
 // entry, the same four double partial sums), which the C test checks.
@@ -53,6 +54,13 @@ static int32_t weakest_from(const struct ems_list *s, const int32_t *pos, int32_
         }
     }
     return weak;
+}
+
+static int32_t most_similar_from(const float *r, const int32_t *pos, int32_t j, int32_t nc, int32_t weak,
+                                 int32_t best) {
+    for (; j < nc; j++)
+        if (j != weak && (best < 0 || r[j] > r[best] || (r[j] == r[best] && pos[j] < pos[best]))) best = j;
+    return best;
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -121,6 +129,34 @@ static AVX2_TGT int32_t weakest_avx2(const struct ems_list *s, const int32_t *po
         }
     return weakest_from(s, pos, n8, nc, a, weak, best);
 }
+
+// The same pick of the largest r[c] (c != weak), then the lowest position holding it; -2
+// when an r is not a number (the scalar path decides those).
+static AVX2_TGT int32_t most_similar_avx2(const float *r, const int32_t *pos, int32_t nc, int32_t weak) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 hi = ninf, bad = _mm256_setzero_ps();
+    const int32_t n8 = nc / 8 * 8;
+    for (int32_t j = 0; j < n8; j += 8) {
+        const __m256 x = _mm256_loadu_ps(r + j);
+        const __m256 is_weak = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, _mm256_set1_epi32(weak - j)));
+        hi = _mm256_max_ps(hi, _mm256_blendv_ps(x, ninf, is_weak));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(bad)) return -2;
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    const float top = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    const __m256 vtop = _mm256_set1_ps(top);
+    int32_t best = -1;
+    for (int32_t j = 0; j < n8; j += 8)   // the entries holding the maximum: the lowest position
+        for (unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + j), vtop, _CMP_EQ_OQ));
+             hit; hit &= hit - 1) {
+            const int32_t i = j + __builtin_ctz(hit);
+            if (i != weak && (best < 0 || pos[i] < pos[best])) best = i;
+        }
+    return most_similar_from(r, pos, n8, nc, weak, best);
+}
 #endif
 
 void ems_step_scores(struct ems_list *s, const float *rows, size_t stride, int G, int roll, double *sum_glo,
@@ -143,4 +179,14 @@ int32_t ems_weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t
     }
 #endif
     return weakest_from(s, pos, 0, nc, a, -1, 0.0f);
+}
+
+int32_t ems_most_similar_pick(const float *r, const int32_t *pos, int32_t nc, int32_t weak) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!scalar_only && cpu_has_avx2()) {
+        const int32_t best = most_similar_avx2(r, pos, nc, weak);
+        if (best != -2) return best;
+    }
+#endif
+    return most_similar_from(r, pos, 0, nc, weak, -1);
 }

@@ -4,7 +4,7 @@
 //   ems-merge.c   redundancy R(i, c) and the weighted merge of entries into a centre
 //   ems-prefill.c end of prefill: global-local score, centre / TBM / evict partition, merges
 //   ems-decode.c  every decode step: window -> centre, weakest centre merged or evicted
-//   ems-step.c    the decode step's two scans of a list (scores and sums, weakest centre)
+//   ems-step.c    the decode step's scans of a list (scores and sums, weakest centre, most similar)
 // Every choice is documented in ems.c's header comment.
 #pragma once
 #include <stddef.h>
@@ -80,7 +80,10 @@ void ems_step_scores(struct ems_list *s, const float *rows, size_t stride, int G
 // The weakest of the nc centres (entries [0, nc)) by s_GL = max(a s_Glo, s_Loc); ties -> the
 // lower position.
 int32_t ems_weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t nc, float a);
-// Tests: nonzero makes both take their scalar paths (the SIMD ones must give the same bits).
+// The entry c != weak of [0, nc) with the largest r[c], ties -> the lower position; -1 when
+// there is none.
+int32_t ems_most_similar_pick(const float *r, const int32_t *pos, int32_t nc, int32_t weak);
+// Tests: nonzero makes these take their scalar paths (the SIMD ones must give the same results).
 void ems_step_force_scalar(int on);
 
 pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
