@@ -274,13 +274,30 @@ void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j, int32_t tai
     memmove(b + (size_t)(h - 1) * row_bytes, b + (size_t)h * row_bytes, (size_t)(n - h) * row_bytes);
 }
 
+// keep ascends, so keep[x] - x never decreases, and a run of consecutive rows is a stretch of
+// x where it stays the same: its end is found by galloping then bisecting rather than row by
+// row (a decode step's eviction keeps all but one row: two runs, found in a few dozen probes).
+static int32_t run_end(const int32_t *keep, int32_t n_keep, int32_t j) {
+    const int32_t off = keep[j] - j;
+    int32_t lo = j, step = 1;   // keep[lo] - lo == off
+    while (lo + step < n_keep && keep[lo + step] - (lo + step) == off) {
+        lo += step;
+        step *= 2;
+    }
+    int32_t hi = lo + step < n_keep ? lo + step : n_keep;   // the first row past the run is below hi
+    while (hi - lo > 1) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (keep[mid] - mid == off) lo = mid;
+        else hi = mid;
+    }
+    return lo + 1;
+}
+
 void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t n_keep) {
     for (int32_t j = 0; j < n_keep;) {
-        const int32_t i = keep[j];
-        int32_t run = 1;
-        while (j + run < n_keep && keep[j + run] == i + run) run++;
-        if (i != j) memmove((char *)base + (size_t)j * row_bytes, (char *)base + (size_t)i * row_bytes, (size_t)run * row_bytes);
-        j += run;
+        const int32_t i = keep[j], end = run_end(keep, n_keep, j);
+        if (i != j) memmove((char *)base + (size_t)j * row_bytes, (char *)base + (size_t)i * row_bytes, (size_t)(end - j) * row_bytes);
+        j = end;
     }
 }
 

@@ -188,7 +188,34 @@ static void check_mixed(int fmt_k, int fmt_v) {
     kv_cache_free(&c);
 }
 
+// kv_compact_rows against a plain gather: every subset shape a policy produces (one row
+// dropped anywhere, a few dropped, scattered picks, runs of every length, nothing dropped),
+// rows of an odd size.
+static void check_compact_rows(void) {
+    enum { N = 97, ROW = 3 };
+    uint64_t rng = 12345;
+    for (int trial = 0; trial < 400; trial++) {
+        int32_t rows[N * ROW], want[N * ROW], keep[N], n_keep = 0;
+        for (int i = 0; i < N * ROW; i++) rows[i] = i;
+        const int n = 1 + trial % N, mode = trial % 4;
+        const int drop = (int)(rng % (uint64_t)n);
+        for (int32_t j = 0; j < n; j++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            const int r = (int)(rng >> 33) % 100;
+            const int kept = mode == 0 ? j != drop : mode == 1 ? r >= 5 : mode == 2 ? r >= 60 : r >= 1;
+            if (kept) keep[n_keep++] = j;
+        }
+        for (int32_t j = 0; j < n_keep; j++)
+            for (int c = 0; c < ROW; c++) want[j * ROW + c] = rows[keep[j] * ROW + c];
+        kv_compact_rows(rows, ROW * sizeof(int32_t), keep, n_keep);
+        int same = 1;
+        for (int32_t i = 0; i < n_keep * ROW; i++) same &= rows[i] == want[i];
+        CHECK(same);
+    }
+}
+
 int main(void) {
+    check_compact_rows();
     check_q8_0();
     check_mixed(KV_Q8_0, KV_F16);
     check_mixed(KV_F16, KV_Q8_0);
