@@ -120,6 +120,15 @@ pykv_status ws_keep(const struct policy_event *ev, int32_t g, const int64_t *cho
 
 pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *scores, int32_t n_cand, int64_t b) {
     if (b >= n_cand) return PYKV_OK;
+    struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
+    if (b == n_cand - 1 && b > 0 && !l->n_members) {
+        // a decode step's eviction: the one lowest-ranked candidate leaves, the rest keep their
+        // order (the same entries and order as the general path, without its index lists)
+        int64_t lo = 0;
+        for (int64_t j = 1; j < n_cand; j++)
+            if (ranks_below(scores[j], j, scores[lo], lo)) lo = j;
+        return kv_list_drop(ev->cache, l, (int32_t)lo, l->n - (int32_t)lo - 1);
+    }
     int64_t *idx = malloc((size_t)(b > 0 ? b : 1) * sizeof(int64_t));
     if (!idx) return pykv_error(PYKV_ERR_NOMEM, "out of memory selecting KV entries");
     int64_t n = 0;
