@@ -97,65 +97,48 @@ static AVX2_TGT int32_t step_scores_avx2(struct ems_list *s, const float *rows, 
     return j;
 }
 
-// s_GL of centres j..j+7: max(a s_Glo, s_Loc), as the scalar `x > loc ? x : loc`.
-static inline AVX2_TGT __m256 global_local8(const struct ems_list *s, __m256 a, int32_t j) {
-    const __m256 x = _mm256_mul_ps(a, _mm256_loadu_ps(s->glo + j));
-    return _mm256_max_ps(x, _mm256_add_ps(_mm256_loadu_ps(s->lp + j), _mm256_loadu_ps(s->lc + j)));
-}
-
-// The weakest of centres [0, nc) as the scalar path picks it: the smallest s_GL, then the
-// lowest position among the centres that have it. -1 when a score is not a number (the
-// scalar path decides those).
-static AVX2_TGT int32_t weakest_avx2(const struct ems_list *s, const int32_t *pos, int32_t nc, float a) {
-    const __m256 va = _mm256_set1_ps(a);
-    __m256 lo = _mm256_set1_ps(INFINITY), bad = _mm256_setzero_ps();
-    const int32_t n8 = nc / 8 * 8;
-    for (int32_t j = 0; j < n8; j += 8) {
-        const __m256 gl = global_local8(s, va, j);
-        lo = _mm256_min_ps(lo, gl);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(gl, gl, _CMP_UNORD_Q));
-    }
-    if (_mm256_movemask_ps(bad)) return -1;
-    __m128 m = _mm_min_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1));
-    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-    const float best = _mm_cvtss_f32(_mm_min_ss(m, _mm_movehdup_ps(m)));
-    const __m256 vbest = _mm256_set1_ps(best);
-    int32_t weak = -1;
-    for (int32_t j = 0; j < n8; j += 8)   // the centres holding the minimum: the lowest position
-        for (unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(global_local8(s, va, j), vbest, _CMP_EQ_OQ));
-             hit; hit &= hit - 1) {
-            const int32_t i = j + __builtin_ctz(hit);
-            if (weak < 0 || pos[i] < pos[weak]) weak = i;
-        }
-    return weakest_from(s, pos, n8, nc, a, weak, best);
-}
-
-// The same pick of the largest r[c] (c != weak), then the lowest position holding it; -2
-// when an r is not a number (the scalar path decides those).
-static AVX2_TGT int32_t most_similar_avx2(const float *r, const int32_t *pos, int32_t nc, int32_t weak) {
+// The index of the largest v[j] of [0, n) other than j = skip, ties -> the lowest pos[j], as
+// the scalar rule of most_similar_from; -1 when there is none, -2 when one of the vector part's
+// v is not a number (the callers' scalar paths decide those; the tail takes the scalar rule,
+// which already gives what the whole scalar pass would).
+static AVX2_TGT int32_t argmax_avx2(const float *v, const int32_t *pos, int32_t n, int32_t skip) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256 hi = ninf, bad = _mm256_setzero_ps();
-    const int32_t n8 = nc / 8 * 8;
+    const int32_t n8 = n / 8 * 8;
     for (int32_t j = 0; j < n8; j += 8) {
-        const __m256 x = _mm256_loadu_ps(r + j);
-        const __m256 is_weak = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, _mm256_set1_epi32(weak - j)));
-        hi = _mm256_max_ps(hi, _mm256_blendv_ps(x, ninf, is_weak));
+        const __m256 x = _mm256_loadu_ps(v + j);
+        const __m256 skipped = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, _mm256_set1_epi32(skip - j)));
+        hi = _mm256_max_ps(hi, _mm256_blendv_ps(x, ninf, skipped));
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     }
     if (_mm256_movemask_ps(bad)) return -2;
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    const float top = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-    const __m256 vtop = _mm256_set1_ps(top);
+    const __m256 vtop = _mm256_set1_ps(hmax_ps(hi));
     int32_t best = -1;
     for (int32_t j = 0; j < n8; j += 8)   // the entries holding the maximum: the lowest position
-        for (unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + j), vtop, _CMP_EQ_OQ));
+        for (unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + j), vtop, _CMP_EQ_OQ));
              hit; hit &= hit - 1) {
             const int32_t i = j + __builtin_ctz(hit);
-            if (i != weak && (best < 0 || pos[i] < pos[best])) best = i;
+            if (i != skip && (best < 0 || pos[i] < pos[best])) best = i;
         }
-    return most_similar_from(r, pos, n8, nc, weak, best);
+    return most_similar_from(v, pos, n8, n, skip, best);
+}
+
+// The weakest centre as the largest -s_GL (negation is exact, so the order and the ties are
+// those of the smallest s_GL), written into the list's scratch.
+static AVX2_TGT int32_t weakest_avx2(const struct ems_list *s, const int32_t *pos, int32_t nc, float a) {
+    const __m256 va = _mm256_set1_ps(a), zero = _mm256_setzero_ps();
+    int32_t j = 0;
+    for (; j + 8 <= nc; j += 8) {   // max(a s_Glo, s_Loc) as the scalar `x > loc ? x : loc`
+        const __m256 x = _mm256_mul_ps(va, _mm256_loadu_ps(s->glo + j));
+        const __m256 gl = _mm256_max_ps(x, _mm256_add_ps(_mm256_loadu_ps(s->lp + j), _mm256_loadu_ps(s->lc + j)));
+        _mm256_storeu_ps(s->work + j, _mm256_sub_ps(zero, gl));
+    }
+    for (; j < nc; j++) {
+        const float x = a * s->glo[j], loc = s->lp[j] + s->lc[j];
+        s->work[j] = -(x > loc ? x : loc);
+    }
+    return argmax_avx2(s->work, pos, nc, -1);
 }
 #endif
 
@@ -175,7 +158,7 @@ int32_t ems_weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t
 #if defined(__x86_64__) || defined(__i386__)
     if (!scalar_only && cpu_has_avx2()) {
         const int32_t weak = weakest_avx2(s, pos, nc, a);
-        if (weak >= 0) return weak;
+        if (weak != -2) return weak;
     }
 #endif
     return weakest_from(s, pos, 0, nc, a, -1, 0.0f);
@@ -184,7 +167,7 @@ int32_t ems_weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t
 int32_t ems_most_similar_pick(const float *r, const int32_t *pos, int32_t nc, int32_t weak) {
 #if defined(__x86_64__) || defined(__i386__)
     if (!scalar_only && cpu_has_avx2()) {
-        const int32_t best = most_similar_avx2(r, pos, nc, weak);
+        const int32_t best = argmax_avx2(r, pos, nc, weak);
         if (best != -2) return best;
     }
 #endif
