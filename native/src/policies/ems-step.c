@@ -13,9 +13,7 @@ static int scalar_only;   // tests: the reference path on any CPU
 
 void ems_step_force_scalar(int on) { scalar_only = on; }
 
-// The GQA mean of the G rows (`stride` floats apart) at entries [j, j + m): a[i] = (row 0 +
-// row 1 + ...) / G, summed in row order (as ems_attention_mean).
-static void rows_mean(const float *rows, size_t stride, int G, int32_t j, int32_t m, float *a) {
+void ems_rows_mean(const float *rows, size_t stride, int G, int32_t j, int32_t m, float *a) {
     for (int32_t i = 0; i < m; i++) a[i] = 0.0f;
     for (int r = 0; r < G; r++)
         for (int32_t i = 0; i < m; i++) a[i] += rows[r * stride + j + i];
@@ -29,7 +27,7 @@ static void step_scores_tail(struct ems_list *s, const float *rows, size_t strid
     for (; j < s->n; j += BLOCK) {
         const int32_t m = s->n - j < BLOCK ? s->n - j : BLOCK;
         float a[BLOCK];
-        rows_mean(rows, stride, G, j, m, a);
+        ems_rows_mean(rows, stride, G, j, m, a);
         for (int32_t i = 0; i < m; i++) {
             const int32_t e = j + i;
             s->glo[e] += a[i];

@@ -166,13 +166,8 @@ static int32_t ems_last_chunk_min(const struct kv_policy *base) {
 // ---- schedule --------------------------------------------------------------------------
 
 void ems_attention_mean(const struct policy_event *ev, int32_t g, int32_t j0, int32_t m, float *a) {
-    const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;
-    for (int32_t i = 0; i < m; i++) a[i] = 0.0f;
-    for (int32_t r = 0; r < G; r++) {   // the query heads in order: any thread count, same floats
-        const float *restrict row = ev->attn_colsum + (size_t)(g * G + r) * ev->attn_colsum_stride + j0;
-        for (int32_t i = 0; i < m; i++) a[i] += row[i];
-    }
-    for (int32_t i = 0; i < m; i++) a[i] /= (float)G;
+    const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;   // the query heads in order: any thread count, same floats
+    ems_rows_mean(ev->attn_colsum + (size_t)g * G * ev->attn_colsum_stride, ev->attn_colsum_stride, G, j0, m, a);
 }
 
 // s_Glo += a prefill chunk's attention (blocks of entries, so that the mean vectorises).

@@ -71,6 +71,9 @@ static inline float ems_alignment(double sum_loc, double sum_glo) {
 // gl[j] = max(a * glo[j], loc[j]), a = sum(loc over all n) / sum(glo over all n).
 void ems_global_local(const float *glo, const float *loc, int32_t n, int32_t n_cand, float *gl);
 
+// The GQA mean of G rows of attention sums (`stride` floats apart) at entries [j, j + m):
+// a[i] = (row 0 + row 1 + ...) / G, summed in row order.
+void ems_rows_mean(const float *rows, size_t stride, int G, int32_t j, int32_t m, float *a);
 // A decode step's attention into a list's scores: s_Glo and s_Loc_cur += the GQA mean of the
 // G rows of attention sums (`stride` floats apart); when `roll`, s_Loc_cur then replaces
 // s_Loc_past and restarts at 0. Returns the sums over the list of s_Glo and of s_Loc =
@@ -78,7 +81,7 @@ void ems_global_local(const float *glo, const float *loc, int32_t n, int32_t n_c
 void ems_step_scores(struct ems_list *s, const float *rows, size_t stride, int G, int roll, double *sum_glo,
                      double *sum_loc);
 // The weakest of the nc centres (entries [0, nc)) by s_GL = max(a s_Glo, s_Loc); ties -> the
-// lower position.
+// lower position. Uses the list's scratch (s->work).
 int32_t ems_weakest_centre(const struct ems_list *s, const int32_t *pos, int32_t nc, float a);
 // The entry c != weak of [0, nc) with the largest r[c], ties -> the lower position; -1 when
 // there is none.
