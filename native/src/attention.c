@@ -192,10 +192,9 @@ static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int
         __m256i valid, single;
         for (unsigned bits = entry_lanes8(nm, j, n, &valid, &single); bits; bits &= bits - 1) {
             const int e = j + __builtin_ctz(bits);
-            // kv_member_logit_max for every row, the entry's smallest and largest norms read once
-            const float *norm = l->member_pool + at[e], lo = norm[0], hi = norm[nm[e] - 1];
+            const float *norm = l->member_pool + at[e], lo = norm[0], hi = norm[nm[e] - 1];   // read once
             for (int r = 0; r < nq; r++) {
-                const float s = w[(size_t)r * n + e], a = s * lo, b = s * hi, t = a > b ? a : b;
+                const float t = kv_member_logit_max_of(lo, hi, w[(size_t)r * n + e]);
                 if (t > top[r]) top[r] = t;
             }
         }

@@ -113,11 +113,15 @@ static inline const float *kv_member_norms(const struct kv_list *l, int32_t j) {
 // token): with positive norms it is s times the largest norm for s >= 0, the smallest
 // otherwise, i.e. the larger of the two products (exactly: rounding is monotone). Norms are
 // kept ascending, so those are the first and the last.
+// kv_member_logit_max of an entry whose smallest and largest norms are lo_norm and hi_norm
+// (for a loop that reads them once for several query rows).
+static inline float kv_member_logit_max_of(float lo_norm, float hi_norm, float s) {
+    const float lo = s * lo_norm, hi = s * hi_norm;
+    return lo > hi ? lo : hi;
+}
 static inline float kv_member_logit_max(const struct kv_list *l, int32_t j, float s) {
     const float *norm = kv_member_norms(l, j);
-    if (!norm) return s;
-    const float lo = s * norm[0], hi = s * norm[l->n_members[j] - 1];
-    return lo > hi ? lo : hi;
+    return norm ? kv_member_logit_max_of(norm[0], norm[l->n_members[j] - 1], s) : s;
 }
 
 // Make room for `extra` more entries in a list.

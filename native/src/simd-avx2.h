@@ -79,10 +79,10 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void
 // leaves the kernels waiting on loads; asking for the bytes 2 KiB ahead (two or three rows,
 // which each thread reads in one sequential run) made Q4_1 18% faster on Zen 3, and 8 KiB
 // made a K-quant model's decode step 3% faster again on Zen 4 (4, 6, 12 and 16 KiB: 2%).
-// Prefetching past the end of the matrix is harmless: a prefetch never faults. The hint is non-temporal:
-// the bytes are used once, and a decode step streams every weight, so with the plain hint
-// they pushed the KV lists and the policies' per-entry state out of cache before the next
-// step came back to them (on Zen 4, an EMS step at depth 1024: its attention phase -6%,
+// Prefetching past the end of the matrix is harmless: a prefetch never faults. The hint is
+// non-temporal: the bytes are used once, and a decode step streams every weight, so with the
+// plain hint they pushed the KV lists and the policies' per-entry state out of cache before
+// the next step came back to them (on Zen 4, an EMS step at depth 1024: its attention phase -6%,
 // the step -1..2%; no change at depth 0, nor for models of 15 to 61 MB: BENCHMARKS.md).
 #define Q8_PREFETCH 8192
 #define WEIGHT_PREFETCH_HINT _MM_HINT_NTA

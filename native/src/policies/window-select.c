@@ -52,18 +52,21 @@ static int ranks_below(float a, int64_t ia, float b, int64_t ib) {
     return a < b || (a == b && ia > ib);
 }
 
+// The lowest-ranked of s[0..n) other than the n_taken indices in taken.
+static int64_t lowest_ranked(const float *s, int64_t n, const int64_t *taken, int64_t n_taken) {
+    int64_t lo = -1;
+    for (int64_t j = 0; j < n; j++) {
+        int is_taken = 0;
+        for (int64_t e = 0; e < n_taken; e++) is_taken |= taken[e] == j;
+        if (!is_taken && (lo < 0 || ranks_below(s[j], j, s[lo], lo))) lo = j;
+    }
+    return lo;
+}
+
 // A decode step drops one or two entries of a list: a few linear scans instead of a sort.
 static pykv_status drop_lowest(const float *s, int64_t n, int64_t n_drop, int64_t *idx) {
     int64_t drop[4];
-    for (int64_t d = 0; d < n_drop; d++) {
-        int64_t lo = -1;
-        for (int64_t j = 0; j < n; j++) {
-            int taken = 0;
-            for (int64_t e = 0; e < d; e++) taken |= drop[e] == j;
-            if (!taken && (lo < 0 || ranks_below(s[j], j, s[lo], lo))) lo = j;
-        }
-        drop[d] = lo;
-    }
+    for (int64_t d = 0; d < n_drop; d++) drop[d] = lowest_ranked(s, n, drop, d);
     int64_t m = 0;
     for (int64_t j = 0; j < n; j++) {
         int dropped = 0;
@@ -124,10 +127,8 @@ pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *s
     if (b == n_cand - 1 && b > 0 && !l->n_members) {
         // a decode step's eviction: the one lowest-ranked candidate leaves, the rest keep their
         // order (the same entries and order as the general path, without its index lists)
-        int64_t lo = 0;
-        for (int64_t j = 1; j < n_cand; j++)
-            if (ranks_below(scores[j], j, scores[lo], lo)) lo = j;
-        return kv_list_drop(ev->cache, l, (int32_t)lo, l->n - (int32_t)lo - 1);
+        const int32_t lo = (int32_t)lowest_ranked(scores, n_cand, NULL, 0);
+        return kv_list_drop(ev->cache, l, lo, l->n - lo - 1);
     }
     int64_t *idx = malloc((size_t)(b > 0 ? b : 1) * sizeof(int64_t));
     if (!idx) return pykv_error(PYKV_ERR_NOMEM, "out of memory selecting KV entries");
