@@ -73,9 +73,10 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->matmul.dequant = alloc_floats(nt * matmul_scratch_floats(matmul_max_cols(hp)), &failed);
     b->matmul.xq = calloc(1, Q8_ACT_BYTES(matmul_max_cols(hp)));
     b->matmul.xpk = calloc(T * pk_blocks(matmul_max_cols(hp)) + 1, sizeof(pk_act));
+    b->segments_next = calloc((size_t)hp->n_head_kv, sizeof(atomic_int));
     b->segments_left = calloc((size_t)hp->n_head_kv, sizeof(atomic_int));
     b->segments = calloc((size_t)hp->n_head_kv, sizeof(int));
-    failed |= !b->matmul.xq || !b->matmul.xpk || !b->segments_left || !b->segments;
+    failed |= !b->matmul.xq || !b->matmul.xpk || !b->segments_next || !b->segments_left || !b->segments;
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
     b->rope_cs = alloc_floats(T * (size_t)hp->n_rot, &failed);
     if (ctx->policy->ops->wants_attention_sums || ctx->policy->ops->wants_decode_attention_sums)
@@ -92,7 +93,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
 static void free_scratch(struct scratch *b) {
     free(b->x); free(b->xb); free(b->q); free(b->k); free(b->v); free(b->att);
     free(b->gate); free(b->up); free(b->scores); free(b->matmul.dequant); free(b->matmul.xq); free(b->matmul.xpk); free(b->rope_inv_freq); free(b->rope_cs); free(b->attn_colsum);
-    free(b->flash_work); free(b->part_m); free(b->part_l); free(b->part_o); free(b->segments_left); free(b->segments);
+    free(b->flash_work); free(b->part_m); free(b->part_l); free(b->part_o); free(b->segments_next); free(b->segments_left); free(b->segments);
 }
 
 static pykv_status validate_params(const pykv_model *m, const struct pykv_context_params *p) {

@@ -30,6 +30,7 @@ struct scratch {
     size_t flash_work_stride;
     float *part_m, *part_l; // (n_head, DECODE_MAX_SEGMENTS) a decode step's split attention
     float *part_o;          // (n_head, DECODE_MAX_SEGMENTS, head_dim)
+    atomic_int *segments_next;   // (n_head_kv) a decode step's next segment to claim per list
     atomic_int *segments_left;   // (n_head_kv) a decode step's segments still to attend per list
     int        *segments;        // (n_head_kv) its segment counts, fixed before the threads start
 };

@@ -104,11 +104,10 @@ static void normalize_colsum(float *colsum, int n, const float *m, const float *
     }
 }
 
-// A decode step's job: (list, segment) items, and what finishing a list takes.
+// A decode step's job: the lists' segments, and what finishing a list takes.
 struct decode_job {
     pykv_context              *ctx;
-    int                        layer, n_items;
-    atomic_int                 next;
+    int                        layer;
     const struct policy_event *ev;   // the policy's decode_list runs per list, or NULL
     atomic_int                 failed;
     pykv_status                st;
@@ -137,51 +136,66 @@ static void finish_list(struct decode_job *job, int g) {
     }
 }
 
-static void decode_split_task(void *arg, int ith, int nth) {
-    struct decode_job *job = arg;
+// Segment seg of list g: its query heads' partial outputs and unnormalised weights. The
+// thread that attends a list's last segment finishes the list (the decrement orders every
+// segment's results before it).
+static void attend_segment(struct decode_job *job, float *scores, int g, int seg) {
     pykv_context *ctx = job->ctx;
     const struct hparams *hp = &ctx->model->hp;
     const int n_rep = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
-    float *scores = ctx->buf.scores + (size_t)ith * ctx->buf.scores_stride;
     struct scratch *b = &ctx->buf;
-    (void)nth;
-    for (int it; (it = atomic_fetch_add(&job->next, 1)) < job->n_items;) {
-        const int g = it / DECODE_MAX_SEGMENTS, seg = it % DECODE_MAX_SEGMENTS;
-        // the count fixed before the threads started: another thread may already have
-        // finished list g and let its policy shrink it
-        const int n_seg = b->segments[g];
-        if (seg >= n_seg) continue;
-        const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
-        const int j0 = segment_start(l->n, n_seg, seg), j1 = segment_start(l->n, n_seg, seg + 1);
-        for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
-            const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
-            const int h0 = g * n_rep + r0;
-            float part_o[ATTENTION_TILE * PYKV_MAX_HEAD_DIM], part_m[ATTENTION_TILE], part_l[ATTENTION_TILE];
-            attention_group_partial(b->q + (size_t)h0 * hd, nq, l, j0, j1, hd, scores, part_o, part_m, part_l);
-            for (int r = 0; r < nq; r++) {
-                const size_t slot = (size_t)(h0 + r) * DECODE_MAX_SEGMENTS + seg;
-                if (b->attn_colsum)   // unnormalised; finish_list scales them
-                    memcpy(b->attn_colsum + (size_t)(h0 + r) * ctx->n_ctx + j0, scores + (size_t)r * (j1 - j0),
-                           (size_t)(j1 - j0) * sizeof(float));
-                b->part_m[slot] = part_m[r];
-                b->part_l[slot] = part_l[r];
-                memcpy(b->part_o + slot * hd, part_o + (size_t)r * hd, (size_t)hd * sizeof(float));
-            }
+    // the count fixed before the threads started: another thread may already have finished
+    // list g and let its policy shrink it
+    const int n_seg = b->segments[g];
+    const struct kv_list *l = kv_cache_list(&ctx->cache, job->layer, g);
+    const int j0 = segment_start(l->n, n_seg, seg), j1 = segment_start(l->n, n_seg, seg + 1);
+    for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
+        const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
+        const int h0 = g * n_rep + r0;
+        float part_o[ATTENTION_TILE * PYKV_MAX_HEAD_DIM], part_m[ATTENTION_TILE], part_l[ATTENTION_TILE];
+        attention_group_partial(b->q + (size_t)h0 * hd, nq, l, j0, j1, hd, scores, part_o, part_m, part_l);
+        for (int r = 0; r < nq; r++) {
+            const size_t slot = (size_t)(h0 + r) * DECODE_MAX_SEGMENTS + seg;
+            if (b->attn_colsum)   // unnormalised; finish_list scales them
+                memcpy(b->attn_colsum + (size_t)(h0 + r) * ctx->n_ctx + j0, scores + (size_t)r * (j1 - j0),
+                       (size_t)(j1 - j0) * sizeof(float));
+            b->part_m[slot] = part_m[r];
+            b->part_l[slot] = part_l[r];
+            memcpy(b->part_o + slot * hd, part_o + (size_t)r * hd, (size_t)hd * sizeof(float));
         }
-        // the thread that attends a list's last segment finishes the list (the decrement
-        // orders every segment's results before it)
-        if (atomic_fetch_sub(&b->segments_left[g], 1) == 1) finish_list(job, g);
     }
+    if (atomic_fetch_sub(&b->segments_left[g], 1) == 1) finish_list(job, g);
+}
+
+// Claims and attends list g's segments until none is left unclaimed.
+static void attend_list(struct decode_job *job, float *scores, int g) {
+    struct scratch *b = &job->ctx->buf;
+    for (int seg; (seg = atomic_fetch_add(&b->segments_next[g], 1)) < b->segments[g];) attend_segment(job, scores, g, seg);
+}
+
+// Each thread first attends the lists it owns (g = ith, ith + nth, ...) segment by segment,
+// then helps with the segments left of any list. A list's policy work then mostly reads rows
+// its own thread has just read, from its own core's cache (with 2 threads and 3 KV heads,
+// lists 0 and 1 stay on one core each; dealing out (list, segment) items in turn had each
+// list's rows half on either core: the attention phase took ~5% longer at depth).
+// Which thread attends a segment does not change any result.
+static void decode_split_task(void *arg, int ith, int nth) {
+    struct decode_job *job = arg;
+    pykv_context *ctx = job->ctx;
+    const int n_kv = ctx->model->hp.n_head_kv;
+    float *scores = ctx->buf.scores + (size_t)ith * ctx->buf.scores_stride;
+    for (int g = ith; g < n_kv; g += nth) attend_list(job, scores, g);
+    for (int g = 0; g < n_kv; g++) attend_list(job, scores, g);
 }
 
 // ev: the policy's decode_list runs on each list as soon as it has attended (NULL: none).
 static pykv_status decode_attention(pykv_context *ctx, int layer, const struct policy_event *ev) {
     const struct hparams *hp = &ctx->model->hp;
-    struct decode_job job = { .ctx = ctx, .layer = layer, .n_items = hp->n_head_kv * DECODE_MAX_SEGMENTS, .ev = ev };
-    atomic_init(&job.next, 0);
+    struct decode_job job = { .ctx = ctx, .layer = layer, .ev = ev };
     atomic_init(&job.failed, 0);
     for (int g = 0; g < hp->n_head_kv; g++) {
         ctx->buf.segments[g] = decode_segments(kv_cache_list(&ctx->cache, layer, g)->n);
+        atomic_init(&ctx->buf.segments_next[g], 0);
         atomic_init(&ctx->buf.segments_left[g], ctx->buf.segments[g]);
     }
     threadpool_run(ctx->pool, decode_split_task, &job);
