@@ -97,6 +97,28 @@ def test_invariants(gqa_model, policy):
             assert not missing, f"{policy}: layer {l} head {h} lost protected positions {sorted(missing)[:8]}"
 
 
+@pytest.mark.parametrize("policy", [p for p in ("full", "ems", "cake") if p in POLICIES])
+def test_decode_steps_same_for_any_thread_count(gqa_model, policy):
+    """Decode steps over lists longer than one attention segment (256 entries): each thread
+    attends the lists it owns, then any left (with 3 threads and 2 KV heads one thread owns
+    none); the logits and kept positions must not depend on who attended what."""
+    kw = {} if policy == "full" else {"budget": 300}
+    toks, steps = prompt(400), prompt(24, seed=1)
+    runs = []
+    for n_threads in (1, 2, 3):
+        llm = run(gqa_model, policy, toks, n_threads=n_threads, **kw)
+        rows = []
+        for t in steps:
+            llm.eval([t])
+            rows.append(llm.logits())
+        assert max(len(p) for layer in positions(llm) for p in layer) > 256, "lists fit one segment"
+        runs.append((np.stack(rows), positions(llm)))
+        llm.close()
+    for logits, pos in runs[1:]:
+        assert np.array_equal(runs[0][0], logits), "decode logits depend on the thread count"
+        assert runs[0][1] == pos, "kept positions depend on the thread count"
+
+
 @pytest.mark.parametrize("policy", EVICTING)
 @pytest.mark.parametrize("budget", ["n", "100%", "n+5"])
 def test_budget_at_least_prompt_is_full(gqa_model, policy, budget):
