@@ -83,7 +83,8 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void
 // non-temporal: the bytes are used once, and a decode step streams every weight, so with the
 // plain hint they pushed the KV lists and the policies' per-entry state out of cache before
 // the next step came back to them (on Zen 4, an EMS step at depth 1024: its attention phase -6%,
-// the step -1..2%; no change at depth 0, nor for models of 15 to 61 MB: BENCHMARKS.md).
+// the step -1..2%; no change at depth 0, nor for models of 15 to 61 MB; on Zen 3 the NTA, T0
+// and T2 hints measured alike: BENCHMARKS.md).
 #define Q8_PREFETCH 8192
 #define WEIGHT_PREFETCH_HINT _MM_HINT_NTA
 
