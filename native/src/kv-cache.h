@@ -109,16 +109,16 @@ static inline const float *kv_member_norms(const struct kv_list *l, int32_t j) {
     return l->n_members && l->n_members[j] > 1 ? l->member_pool + l->member_at[j] : NULL;
 }
 
-// The largest logit among entry j's members for q . key j = s (s itself for a single
-// token): with positive norms it is s times the largest norm for s >= 0, the smallest
-// otherwise, i.e. the larger of the two products (exactly: rounding is monotone). Norms are
-// kept ascending, so those are the first and the last.
-// kv_member_logit_max of an entry whose smallest and largest norms are lo_norm and hi_norm
-// (for a loop that reads them once for several query rows).
+// The largest member logit of a merged entry for q . key = s, from its smallest and largest
+// norms (a loop over several query rows reads them once): with positive norms it is s times
+// the largest norm for s >= 0, the smallest otherwise, i.e. the larger of the two products
+// (exactly: rounding is monotone).
 static inline float kv_member_logit_max_of(float lo_norm, float hi_norm, float s) {
     const float lo = s * lo_norm, hi = s * hi_norm;
     return lo > hi ? lo : hi;
 }
+// The same for entry j of a list (s itself for a single token). Norms are kept ascending,
+// so the smallest and largest are the first and the last.
 static inline float kv_member_logit_max(const struct kv_list *l, int32_t j, float s) {
     const float *norm = kv_member_norms(l, j);
     return norm ? kv_member_logit_max_of(norm[0], norm[l->n_members[j] - 1], s) : s;

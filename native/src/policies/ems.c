@@ -166,7 +166,8 @@ static int32_t ems_last_chunk_min(const struct kv_policy *base) {
 // ---- schedule --------------------------------------------------------------------------
 
 void ems_attention_mean(const struct policy_event *ev, int32_t g, int32_t j0, int32_t m, float *a) {
-    const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;   // the query heads in order: any thread count, same floats
+    const int32_t G = ev->hp->n_head / ev->hp->n_head_kv;
+    // the query heads summed in order: any thread count gives the same floats
     ems_rows_mean(ev->attn_colsum + (size_t)g * G * ev->attn_colsum_stride, ev->attn_colsum_stride, G, j0, m, a);
 }
 
