@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ._sampling import TokenLogprob
-from ._tools import CallStream, new_call_id, parse_calls
+from ._tools import CallStream, bound_call, new_call_id, parse_calls
 
 
 def _usage(result) -> dict:
@@ -174,10 +174,9 @@ def chat_completion(llm, prompt_tokens, stream: bool, tools=None, tool_mode: str
 
 def _calls_in(text: str, finish: str, tools, tool_mode: str):
     """[(name, arguments text)] of the reply's calls; None when it is text."""
-    if tool_mode == "call":
-        stream = CallStream()
-        args = stream.push(text) + stream.finish(finish == "stop")
-        return [(stream.name, args)] if stream.name is not None else None
+    if tool_mode == "call":   # a call cut short comes back as text (pykv._tools)
+        call = bound_call(text, finish)
+        return [call] if call is not None else None
     if tool_mode == "auto" and finish == "stop":
         return parse_calls(text, tools)
     return None
@@ -240,7 +239,7 @@ def _tool_chunks(llm, env, logprobs, steps, tools, tool_mode: str, legacy: bool)
             deltas.append({"content": bound.text})
         elif rest:
             deltas.append(_call_delta(0, None, rest, legacy))
-        calls = bound.name is not None
+        calls = bound_call(bound.text, finish) is not None   # cut short: its finish_reason, not "tool_calls"
     else:
         calls = _calls_in(held, finish, tools, tool_mode) if held else None
         if calls:

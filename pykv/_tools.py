@@ -12,6 +12,15 @@ most chat models are trained on. How the tools reach the model: a chat template 
 - "auto" (the default with tools): the model chooses. A reply that is a call, a list of calls
   or calls inside <tool_call>...</tool_call> tags, naming given tools with object arguments,
   comes back as "tool_calls"; anything else as text.
+
+A call cut short (max_tokens reached, a stop string, the context full) is never handed back as
+"tool_calls" with arguments that do not parse: the whole reply comes back as the message's
+"content", the text as generated, with the finish_reason that cut it ("length" for
+max_tokens), as for any other reply that is not a complete call. A stream sends a bound call's
+arguments as they are generated, as OpenAI's stream does; one cut short ends with that
+finish_reason, never "tool_calls", and its argument deltas then join to incomplete JSON.
+The grammar's whitespace between JSON tokens is one space, or one newline and a little
+indentation (pykv.grammar.JSON_GBNF), so a finished call cannot be padded up to max_tokens.
 """
 from __future__ import annotations
 
@@ -227,6 +236,21 @@ def parse_calls(text: str, tools: List[dict]) -> Optional[List[Tuple[str, str]]]
                 return None
             calls.append((call["name"], json.dumps(args, ensure_ascii=False)))
     return calls or None
+
+
+def bound_call(text: str, finish_reason: str) -> Optional[Tuple[str, str]]:
+    """(name, arguments JSON) of a grammar-bound call's reply when the call is complete (the
+    generation stopped on its own and the arguments parse as an object); None when it was cut
+    short, so that the reply goes back as text."""
+    stream = CallStream()
+    args = stream.push(text) + stream.finish(complete=finish_reason == "stop")
+    if stream.name is None or finish_reason != "stop":
+        return None
+    try:
+        parsed = json.loads(args)
+    except json.JSONDecodeError:
+        return None
+    return (stream.name, args) if isinstance(parsed, dict) else None
 
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')

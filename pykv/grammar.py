@@ -18,7 +18,9 @@ from . import errors
 from ._ffi import check, ffi, lib
 
 # Any JSON object (llama-cpp-python's response_format={"type": "json_object"}): the JSON
-# grammar of RFC 8259 with whitespace runs bounded, so a model cannot pad forever.
+# grammar of RFC 8259 with whitespace between tokens bounded to one space, or one newline and
+# up to 12 indentation characters (six levels of two-space indentation), so that a model can
+# lay a value out but cannot pad a finished one into max_tokens.
 JSON_GBNF = r"""
 root   ::= object
 value  ::= object | array | string | number | boolean | null
@@ -31,7 +33,7 @@ number ::= integer ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )? ws
 integer ::= "-"? ( "0" | [1-9] [0-9]{0,15} )
 boolean ::= ( "true" | "false" ) ws
 null   ::= "null" ws
-ws     ::= [ \t\n]{0,20}
+ws     ::= ( " " | "\n" [ \t]{0,12} )?
 """
 
 

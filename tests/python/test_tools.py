@@ -237,3 +237,47 @@ def test_smollm2_calls_the_right_tool(smollm2_path):
             args = json.loads(call["arguments"])
             assert call["name"] == name and {k: args.get(k) for k in stated} == stated, (question, call)
             jsonschema.validate(args, (weather if name == "get_weather" else add)["function"]["parameters"])
+
+
+def test_json_whitespace_is_bounded(tiny_llm):
+    """Between JSON tokens the call grammar and the JSON object grammar take one space, or one
+    newline and at most 12 indentation characters: a finished call cannot be padded."""
+    from pykv.grammar import JSON_GBNF, LlamaGrammar
+    call = '{"name": "add", "arguments": {"a": 3, "b": 1}}'
+    pretty = '{\n  "name": "add",\n  "arguments": {\n    "a": 3,\n    "b": 1\n  }\n}'
+    for grammar in (call_grammar([ADD]), LlamaGrammar.from_string(JSON_GBNF)):
+        matcher = bind(tiny_llm._model, grammar)
+        for text, want in [(call, True), (pretty, True), (call + " ", True), (call + "\n" + "\t" * 12, True),
+                           (call + "\n\n", False), (call + "  ", False), (call + "\n" + " " * 13, False),
+                           (call + " \n", False), ('{"name":  "add", "arguments": {"a": 3, "b": 1}}', False),
+                           ('{"name": "add", "arguments": {"a": 3, "b": 1}\n\n\n}', False)]:
+            assert grammar_takes(matcher, text) == want, (grammar.text[:20], text)
+
+
+def test_call_cut_short_comes_back_as_text(tiny_llm):
+    """A required call cut by max_tokens: finish_reason "length", no tool_calls, the text as
+    generated in "content"; streamed, the stream ends with "length" too. A whole call still
+    comes back as tool_calls."""
+    messages = [{"role": "user", "content": "add"}]
+    for seed in range(3):
+        args = dict(tools=[ADD], tool_choice="required", temperature=1.0, seed=seed, max_tokens=38)
+        tiny_llm.reset()
+        whole = tiny_llm.create_chat_completion(messages, **args)["choices"][0]
+        assert whole["finish_reason"] == "length"
+        assert "tool_calls" not in whole["message"] and "function_call" not in whole["message"]
+        text = tiny_llm.detokenize(tiny_llm.last_result.tokens).decode()
+        # the name has come (the old reply was a call with broken arguments), the call has not ended
+        assert whole["message"]["content"] == text and '"arguments"' in text
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
+        tiny_llm.reset()
+        chunks = [c["choices"][0] for c in tiny_llm.create_chat_completion(messages, stream=True, **args)]
+        assert chunks[-1]["finish_reason"] == "length"
+    legacy = tiny_llm.create_chat_completion(messages, functions=[ADD["function"]], function_call={"name": "add"},
+                                             temperature=1.0, seed=0, max_tokens=38)["choices"][0]
+    assert legacy["finish_reason"] == "length" and "function_call" not in legacy["message"]
+    # a stop string that cuts the call: text too, with finish_reason "stop"
+    cut = tiny_llm.create_chat_completion(messages, tools=[ADD], tool_choice="required", temperature=1.0, seed=0,
+                                          max_tokens=400, stop=['"arguments"'])["choices"][0]
+    assert cut["finish_reason"] == "stop" and "tool_calls" not in cut["message"]
+    assert cut["message"]["content"].startswith('{')
