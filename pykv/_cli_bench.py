@@ -127,7 +127,7 @@ def run_bench(args, model_path: str) -> int:
                                 rows.append({
                                     "test": f"{kind}{size}" + (f" @ d{depth}" if depth else ""),
                                     "policy": policy, "budget": budget, "type_k": kv_type, "type_v": kv_type_v,
-                                    "threads": n_threads or "auto",
+                                    "threads": llm.n_threads,
                                     "n_batch": n_batch, "t_s": statistics.mean(speeds),
                                     "t_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
                                     "t_s_median": statistics.median(speeds),

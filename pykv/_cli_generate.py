@@ -141,9 +141,21 @@ def load_model(args, path, **extra):
                  kv_type_v=kv_type_v, policy_kwargs=parse_policy_args(args.policy_arg) or None, **extra)
 
 
+_written = {"last": ""}   # the last character written to stdout by _write
+
+
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+    if text:
+        _written["last"] = text[-1]
+
+
+def _end_line() -> None:
+    """A newline after the output unless it is empty or already ends with one (llama.cpp's
+    main ends its output so, and the shell prompt then starts on a line of its own)."""
+    if _written["last"] not in ("", "\n"):
+        _write("\n")
 
 
 def run_generate(args) -> int:
@@ -167,6 +179,7 @@ def run_generate(args) -> int:
 
 def _generate(args, llm, prompt, path, load_ms, sampling) -> int:
     text_in = model_prompt(prompt)
+    _written["last"] = ""
     streaming = not (args.no_stream or args.json)
     show_prompt = not args.no_display_prompt and not args.json
     try:
@@ -223,10 +236,10 @@ def _generate(args, llm, prompt, path, load_ms, sampling) -> int:
     if args.json:
         print(json.dumps(_json_result(result, path, load_ms, total_ms), ensure_ascii=False))
     elif streaming:
-        if (prompt + result.text) and not (prompt + result.text).endswith("\n"):
-            _write("\n")
+        _end_line()
     else:
-        _write((prompt if show_prompt else "") + result.text + "\n")
+        _write((prompt if show_prompt else "") + result.text)
+        _end_line()
 
     if args.prompt_cache:
         print(f"pykv: prompt cache: {result.cached_tokens} of {result.prompt_tokens} prompt tokens reused",
@@ -282,9 +295,8 @@ class PromptProgress:
 def _prefill_only(llm, prompt, progress=None):
     tokens = llm._prompt_tokens(prompt)
     cached = llm._start_from(tokens)
-    from ._ffi import lib
-    lib.pykv_reset_timings(llm._ctx)
-    llm.eval(tokens[cached:], progress=progress)
+    llm._reset_timings()
+    llm._eval_prompt(tokens[cached:], progress=progress)
     if llm._after_prompt is not None:
         llm._after_prompt()
     return _PrefillResult(llm, len(tokens), cached)
@@ -330,6 +342,11 @@ def _rate_line(label, ms, n, unit):
             f"({per_token:8.2f} ms per token, {per_second:8.2f} tokens per second)")
 
 
+def _rate(n: int, ms: float) -> str:
+    """tokens per second, or "-" when no token was evaluated (a prompt taken whole from the cache)."""
+    return f"{n / ms * 1e3:.2f} tok/s" if n > 0 and ms > 0 else "- tok/s"
+
+
 def print_perf(result, load_ms, total_ms) -> None:
     t = result.timings or {}
     p_n, p_ms = int(t.get("prompt_n", 0)), float(t.get("prompt_ms", 0.0))
@@ -339,8 +356,7 @@ def print_perf(result, load_ms, total_ms) -> None:
     print(_rate_line("prompt eval time", p_ms, p_n, "tokens"), file=err)
     print(_rate_line("eval time", d_ms, d_n, "runs"), file=err)
     print(f"pykv: {'total time':>16} = {total_ms:10.2f} ms / {p_n + d_n:5d} tokens", file=err)
-    print(f"pykv: prefill {t.get('prompt_per_second', 0.0):.2f} tok/s, "
-          f"decode {t.get('predicted_per_second', 0.0):.2f} tok/s, "
+    print(f"pykv: prefill {_rate(p_n, p_ms)}, decode {_rate(d_n, d_ms)}, "
           f"{len(result.tokens)} tokens generated (finish: {result.finish_reason})", file=err)
     err.flush()
 

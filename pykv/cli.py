@@ -181,7 +181,7 @@ def _add_convert(sub):
     p = sub.add_parser("convert", help="convert a Hugging Face Llama/Mistral folder to GGUF",
                        description="Write a GGUF file from a Hugging Face model folder (config.json, "
                                    "*.safetensors, tokenizer.json) and print its path. Needs the gguf "
-                                   "package (pip install 'pykv[hf]').")
+                                   "package (pip install gguf, or pip install '.[hf]' in a pykv checkout).")
     p.add_argument("model_dir", metavar="DIR", help="the Hugging Face model folder")
     p.add_argument("-o", "--outfile", default=None, metavar="PATH",
                    help="the GGUF to write (default: DIR/<name>-<OUTTYPE>.gguf)")

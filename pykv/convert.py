@@ -141,7 +141,8 @@ def convert(model_dir, out_path, out_type: str = "f16", pre: Optional[str] = Non
     try:
         import gguf
     except ImportError as exc:
-        raise ConvertError("pykv convert needs the gguf package: pip install 'pykv[hf]'") from exc
+        raise ConvertError("pykv convert needs the gguf package: pip install gguf "
+                           "(or pip install '.[hf]' in a pykv checkout, as README says)") from exc
     if out_type not in OUT_TYPES:
         raise ConvertError(f"--outtype must be one of {', '.join(OUT_TYPES)}, got {out_type!r}")
     model_dir, out_path = Path(model_dir), Path(out_path)

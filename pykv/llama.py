@@ -79,6 +79,13 @@ def _resolve_model_path(model_path) -> str:
     raise errors.ModelLoadError(f"model file '{path}' does not exist")
 
 
+def _physical_cores() -> int:
+    """The thread count of n_threads=0: the physical cores pykv_system_info reports."""
+    import re
+    match = re.search(r"physical cores = (\d+)", ffi.string(lib.pykv_system_info()).decode())
+    return int(match.group(1)) if match else os.cpu_count() or 1
+
+
 class Count(int):
     """An int that may also be called: llama-cpp-python's llm.n_ctx() and llm.n_vocab() work
     beside pykv's llm.n_ctx and llm.n_vocab."""
@@ -171,6 +178,7 @@ class Llama:
             self.close()
             check(status)
         self._ctx = cout[0]
+        self.n_threads = n_threads or _physical_cores()   # the count the C library uses for 0
         self.logits_all = bool(logits_all)
         self.embedding = bool(embedding)
         try:
@@ -495,6 +503,7 @@ class Llama:
 
     def set_threads(self, n_threads: int) -> None:
         check(lib.pykv_context_set_threads(self._need_ctx(), n_threads))
+        self.n_threads = n_threads
 
     def kv_stats(self) -> dict:
         ctx = self._need_ctx()
@@ -527,16 +536,43 @@ class Llama:
         return list(ffi.unpack(out, n_out[0]))
 
     def timings(self) -> dict:
+        """Tokens evaluated and milliseconds taken since the last generation began, split into
+        the prompt's ("prompt_*") and the generated tokens' ("predicted_*"); a one-token
+        prompt counts as the prompt's, though the C library times a one-token call as a
+        decode step."""
         t = new_params("struct pykv_timings")
         lib.pykv_get_timings(self._need_ctx(), t)
+        moved_n, moved_ms = getattr(self, "_prompt_step", (0, 0.0))
+        n_prefill, ms_prefill = t.n_prefill + moved_n, t.t_prefill_ms + moved_ms
+        n_decode, ms_decode = t.n_decode - moved_n, max(t.t_decode_ms - moved_ms, 0.0)
         return {
-            "prompt_n": t.n_prefill,
-            "prompt_ms": t.t_prefill_ms,
-            "prompt_per_second": t.n_prefill / t.t_prefill_ms * 1e3 if t.t_prefill_ms > 0 else 0.0,
-            "predicted_n": t.n_decode,
-            "predicted_ms": t.t_decode_ms,
-            "predicted_per_second": t.n_decode / t.t_decode_ms * 1e3 if t.t_decode_ms > 0 else 0.0,
+            "prompt_n": n_prefill,
+            "prompt_ms": ms_prefill,
+            "prompt_per_second": n_prefill / ms_prefill * 1e3 if ms_prefill > 0 else 0.0,
+            "predicted_n": n_decode,
+            "predicted_ms": ms_decode,
+            "predicted_per_second": n_decode / ms_decode * 1e3 if ms_decode > 0 else 0.0,
         }
+
+    def _reset_timings(self) -> None:
+        lib.pykv_reset_timings(self._need_ctx())
+        self._prompt_step = (0, 0.0)
+
+    def _eval_prompt(self, tokens: Sequence[int], progress=None) -> None:
+        """eval() of a prompt's tokens after _reset_timings(), timed as the prompt's however
+        many they are (a one-token call is a decode step to the C library)."""
+        tokens = list(tokens)
+        if len(tokens) != 1:
+            self.eval(tokens, progress=progress)
+            return
+        t = new_params("struct pykv_timings")
+        lib.pykv_get_timings(self._need_ctx(), t)
+        n0, ms0 = t.n_decode, t.t_decode_ms
+        try:
+            self.eval(tokens, progress=progress)
+        finally:
+            lib.pykv_get_timings(self._ctx, t)
+            self._prompt_step = (t.n_decode - n0, t.t_decode_ms - ms0)
 
     # ---- generation ----
 
@@ -686,7 +722,7 @@ class Llama:
         else:   # every prompt token's logits are needed: none of it may come from the context
             self.reset()
             cached = 0
-        lib.pykv_reset_timings(self._ctx)
+        self._reset_timings()
         after_prompt = self._after_prompt
         text = TextStream(stop)
         generated: List[int] = []
@@ -710,7 +746,7 @@ class Llama:
 
         try:
             if n_prompt_logprobs is None:
-                self.eval(prompt_tokens[cached:], progress=prompt_progress)
+                self._eval_prompt(prompt_tokens[cached:], progress=prompt_progress)
             else:
                 prompt_logprobs = unsent_prompt = self._eval_prompt_logprobs(prompt_tokens, n_prompt_logprobs)
             if after_prompt is not None:

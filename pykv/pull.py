@@ -260,7 +260,7 @@ def hf_address(repo_id: str, filename: str) -> str:
         from huggingface_hub import list_repo_files
     except ImportError:
         raise PullError("Hugging Face models need the huggingface-hub package: "
-                        "pip install huggingface-hub (or pip install 'pykv[hf]')") from None
+                        "pip install huggingface-hub (or pip install '.[hf]' in a pykv checkout)") from None
     try:
         files = list_repo_files(repo_id)
     except Exception as exc:  # noqa: BLE001 - network, auth and missing-repository errors all end here
@@ -278,7 +278,7 @@ def _pull_hf(address: str, *, quiet: bool) -> Path:
         from huggingface_hub import hf_hub_download
     except ImportError:
         raise PullError("hf:// models need the huggingface-hub package: "
-                        "pip install huggingface-hub (or pip install 'pykv[hf]')") from None
+                        "pip install huggingface-hub (or pip install '.[hf]' in a pykv checkout)") from None
     _say(quiet, f"pykv: fetching {filename} from {repo_id} on the Hugging Face Hub")
     try:
         path = Path(hf_hub_download(repo_id=repo_id, filename=filename))

@@ -1,0 +1,98 @@
+"""Small things a user of `pykv generate`, `pykv bench` and `pykv convert` sees: the output
+ends with one newline (none added to an empty output or one that already ends with one),
+a one-token prompt is timed as a prompt, bench's threads column gives the real count, and
+convert's install hint is README's."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "pykv", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def physical_cores() -> int:
+    """The reference: distinct (package, core) pairs in sysfs, else the CPU count."""
+    seen = set()
+    for cpu in range(os.cpu_count() or 1):
+        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            core = int((base / "core_id").read_text())
+        except OSError:
+            return os.cpu_count() or 1
+        try:
+            pkg = int((base / "physical_package_id").read_text())
+        except OSError:
+            pkg = 0
+        seen.add((pkg, core))
+    return len(seen) or os.cpu_count() or 1
+
+
+def test_generate_ends_its_output_with_one_newline(tiny_model):
+    model = tiny_model()
+    common = ["generate", model, "-t", 1, "--temp", 0]
+    for flags, want in [(["-p", "ab", "--grammar", 'root ::= "hi\\n"'], "abhi\n"),
+                        (["-p", "ab", "--grammar", 'root ::= "hi\\n"', "--no-stream"], "abhi\n"),
+                        (["-p", "ab", "--grammar", 'root ::= "hi"', "--no-stream"], "abhi\n"),
+                        (["-p", "ab", "--grammar", 'root ::= "hi"'], "abhi\n"),
+                        (["-p", "ab", "--grammar", 'root ::= "hi"', "--no-display-prompt"], "hi\n"),
+                        (["-p", "ab", "-n", 0, "--no-display-prompt"], ""),
+                        (["-p", "ab", "-n", 0], "ab\n")]:
+        r = run_cli(*common, *flags)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == want, (flags, r.stdout)
+
+
+def test_one_token_prompt_is_timed_as_the_prompt(tiny_model):
+    """An empty prompt is BOS alone: one prompt token, timed as the prompt's (a positive
+    prefill rate), and every generated token's step counted under eval, none twice."""
+    r = run_cli("generate", tiny_model(), "-p", "", "-n", 4, "--ignore-eos", "--temp", 0, "-t", 1, "--json")
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)["timings"]
+    # the first generated token comes from the prompt's logits: 4 tokens, 3 decode steps
+    assert (t["prompt_n"], t["predicted_n"]) == (1, 3) and t["prompt_ms"] > 0, t
+    r = run_cli("generate", tiny_model(), "-p", "", "-n", 4, "--ignore-eos", "--temp", 0, "-t", 1)
+    line = next(x for x in r.stderr.splitlines() if x.startswith("pykv: prefill"))
+    rate = float(re.match(r"pykv: prefill ([0-9.]+) tok/s", line).group(1))
+    assert rate > 0, line
+    assert re.search(r"prompt eval time = +[0-9.]+ ms / +1 tokens", r.stderr), r.stderr
+    zero = run_cli("generate", tiny_model(), "-p", "", "-n", 0, "-t", 1)
+    assert re.search(r"pykv: prefill [0-9.]+ tok/s, decode - tok/s", zero.stderr), zero.stderr
+
+
+def test_bench_threads_column_is_the_real_count(tiny_model):
+    model = tiny_model()
+    for flags, want in [([], physical_cores()), (["-t", "1"], 1)]:
+        r = run_cli("bench", model, "-p", "8", "-n", "", "-r", "1", "--no-warmup", "-o", "json", *flags)
+        assert r.returncode == 0, r.stderr
+        assert [row["threads"] for row in json.loads(r.stdout)] == [want]
+    md = run_cli("bench", model, "-p", "8", "-n", "", "-r", "1", "--no-warmup")
+    assert "auto" not in md.stdout and f"| {physical_cores()} |" in md.stdout, md.stdout
+
+
+def test_install_hints_match_readme(monkeypatch):
+    """The extra's install line that README gives ('.[hf]' from a checkout: pykv is not on a
+    package index) is the one convert's and pull's messages give."""
+    readme = (ROOT / "README.md").read_text()
+    (line,) = set(re.findall(r"pip install '[^']*\[hf\]'", readme))
+    import pytest
+    from pykv import convert, pull
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(convert.ConvertError) as err:
+        convert.convert("nowhere", "out.gguf")
+    assert line in str(err.value)
+    with pytest.raises(pull.PullError) as err:
+        pull.pull("hf://owner/repo/model.gguf", quiet=True)
+    assert line in str(err.value)
+    assert line in " ".join(run_cli("convert", "--help").stdout.split())
