@@ -5,13 +5,16 @@ holds of the earlier turns (Llama.generate's prefix match), so a turn evaluates 
 tokens; an evicting policy compresses the conversation as it stands, from a fresh context.
 Ctrl-C during a reply (or during a long turn's evaluation, at the next chunk) cuts the reply
 short and keeps the conversation; at the prompt it ends the session (exit 130).
+-f FILE starts from a document: its text, then a blank line, then the first message make the
+first user message (again after /reset).
 """
 from __future__ import annotations
 
 import sys
 
 from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, model_path_arg
-from ._cli_generate import PromptProgress, _write, check_model_flags, load_model, print_kv_stats, sampling_kwargs
+from ._cli_generate import (PromptProgress, _write, check_model_flags, load_model, print_kv_stats, read_flag_file,
+                            sampling_kwargs)
 from .errors import ContextOverflowError, PykvError
 
 COMMANDS = "/reset starts over, /exit ends"
@@ -60,21 +63,31 @@ def run_chat(args) -> int:
 
     check_model_flags(args)
     sampling = sampling_kwargs(args)   # a bad grammar or bias is refused before the model loads
+    sampling["ignore_eos"] = bool(getattr(args, "ignore_eos", False))
+    document = read_flag_file("-f/--file", args.file) if getattr(args, "file", None) is not None else None
     path = model_path_arg(args)
     llm = load_model(args, path)
     try:
-        return converse(args, llm, sampling)
+        return converse(args, llm, sampling, document)
     finally:
         llm.close()
 
 
-def converse(args, llm, sampling) -> int:
+def with_document(document, message: str) -> str:
+    """The first user message of a conversation about a document (-f): the document's text,
+    a blank line, the message."""
+    return message if document is None else f"{document.rstrip()}\n\n{message}"
+
+
+def converse(args, llm, sampling, document=None) -> int:
     interactive = sys.stdin.isatty()
     opening = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     history = list(opening)
     totals, failed = Totals(), False
     if interactive:
         print(f"pykv: chatting with {llm.model_path} ({COMMANDS}; end a line with \\ to go on)", file=sys.stderr)
+        if document is not None:
+            print(f"pykv: {args.file} ({len(document)} characters) goes before your first message", file=sys.stderr)
     code = EXIT_OK
     while True:
         try:
@@ -90,7 +103,8 @@ def converse(args, llm, sampling) -> int:
             continue
         if not message.strip():
             continue
-        turn = history + [{"role": "user", "content": message}]
+        first = len(history) == len(opening)
+        turn = history + [{"role": "user", "content": with_document(document, message) if first else message}]
         try:
             reply = _reply(llm, turn, sampling)
         except PykvError as exc:   # this turn cannot run (say, the conversation outgrew the context)

@@ -148,6 +148,11 @@ def _add_chat(sub):
                    help="at most N tokens per reply (default -1: until the model ends its turn or the context is full)")
     g.add_argument("--stop", "-r", "--reverse-prompt", action="append", default=[], metavar="STR",
                    help="also end a reply when this text appears (repeatable)")
+    g.add_argument("-f", "--file", default=None, metavar="FILE",
+                   help="a document to talk about: its text goes before the first message (and the first "
+                        "after /reset)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="keep generating past end-of-generation tokens (a reply then ends at -n or a full context)")
     g.add_argument("-v", "--verbose", action="store_true", help="log from the runtime; timings per reply; tracebacks")
     add_chat_template_flags(p)
     _add_sampling_flags(p)

@@ -96,3 +96,50 @@ def test_install_hints_match_readme(monkeypatch):
         pull.pull("hf://owner/repo/model.gguf", quiet=True)
     assert line in str(err.value)
     assert line in " ".join(run_cli("convert", "--help").stdout.split())
+
+
+def chat_cli(model, stdin, *flags):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "pykv", "chat", str(model), "--temp", "0", "-t", "1", "-c", "512",
+                           *map(str, flags)], input=stdin, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_chat_starts_from_a_document(tiny_model, tmp_path):
+    """-f FILE: the first user message is the document, a blank line and the typed message;
+    the replies are the API's greedy replies to that conversation, and /reset brings the
+    document back for the next first message."""
+    from pykv import Llama
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Alpha beta gamma.\n")
+    model = tiny_model()
+    r = chat_cli(model, "Sum it up\nmore\n/reset\nagain\n", "-f", doc, "-n", 6, "-v")
+    assert r.returncode == 0, r.stderr
+    first = "Alpha beta gamma.\n\nSum it up"
+    with Llama(str(model), n_ctx=512, n_threads=1) as llm:
+        def reply(history):
+            return llm.create_chat_completion(history, temperature=0.0, max_tokens=6)["choices"][0]["message"]["content"]
+        one = reply([{"role": "user", "content": first}])
+        two = reply([{"role": "user", "content": first}, {"role": "assistant", "content": one},
+                     {"role": "user", "content": "more"}])
+        three = reply([{"role": "user", "content": "Alpha beta gamma.\n\nagain"}])
+        n_first = len(llm.chat_prompt([{"role": "user", "content": first}]))
+    assert r.stdout == f"{one}\n{two}\n{three}\n"
+    assert f"pykv: prompt {n_first} tokens" in r.stderr, r.stderr
+    missing = chat_cli(model, "hi\n", "-f", tmp_path / "nope.txt")
+    assert missing.returncode == 1 and "cannot read -f/--file" in missing.stderr, missing.stderr
+
+
+def test_chat_ignore_eos(tiny_model):
+    """--ignore-eos: with EOS made certain by a logit bias a reply still runs to -n tokens;
+    without it the reply ends at once."""
+    from pykv import Llama
+    model = tiny_model()
+    with Llama(str(model), vocab_only=True) as llm:
+        eos = llm.token_eos()
+    counts = {}
+    for flags in ([], ["--ignore-eos"]):
+        r = chat_cli(model, "hi\n", "-n", 5, "-v", "-l", f"{eos}+100", *flags)
+        assert r.returncode == 0, r.stderr
+        counts[bool(flags)] = int(re.search(r"reply (\d+) tokens", r.stderr).group(1))
+    assert counts == {False: 0, True: 5}
