@@ -1,5 +1,6 @@
 """The cffi ABI-mode binding: declarations from the marked region of the installed pykv.h,
-functions from the installed libpykv.so (DESIGN.md item 8)."""
+functions from the installed libpykv.so (which one: _find_library). The token loop runs in
+Python over the C API (docs/architecture.md)."""
 import os
 import re
 import sys
@@ -13,21 +14,31 @@ _LIB_NAMES = ("libpykv.so", "libpykv.dylib", "pykv.dll")
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def _candidate_dirs():
-    """Where the built library may be: this package, an installed copy of it further down
-    sys.path (when the source tree shadows the installed package), a local CMake build."""
-    yield _PACKAGE_DIR / "lib"
-    for entry in sys.path:
-        if entry:
-            yield Path(entry) / "pykv" / "lib"
-    yield _PACKAGE_DIR.parent / "build"
+def _package_dirs():
+    """This package's own folders: one for an ordinary install; for an editable install,
+    the source folder and the folder that holds the built library and header."""
+    package = sys.modules.get(__package__)
+    return [Path(p) for p in getattr(package, "__path__", [_PACKAGE_DIR])]
 
 
-def _find_library():
-    env = os.environ.get("PYKV_LIBRARY")
+def _find_library(env=None, package_dirs=None, source_root=None):
+    """The library to load: $PYKV_LIBRARY when set (it overrides everything, so a test run
+    can point at its own build), else the one installed with this package (its lib/
+    folder), else, in a source checkout that was never installed, the CMake build in
+    build/. Nothing else on sys.path is searched: an older copy of pykv there must not be
+    loaded in place of this one."""
+    env = os.environ.get("PYKV_LIBRARY") if env is None else env
     if env:
-        return Path(env)
-    for directory in _candidate_dirs():
+        path = Path(env)
+        if not path.is_file():
+            raise ImportError(f"pykv: PYKV_LIBRARY={env} is not a file")
+        return path
+    package_dirs = _package_dirs() if package_dirs is None else package_dirs
+    source_root = _PACKAGE_DIR.parent if source_root is None else Path(source_root)
+    directories = [Path(d) / "lib" for d in package_dirs]
+    if (source_root / "native" / "include" / "pykv.h").is_file():   # a source checkout
+        directories.append(source_root / "build")
+    for directory in directories:
         for name in _LIB_NAMES:
             if (directory / name).is_file():
                 return directory / name

@@ -42,6 +42,23 @@ def assert_consistent(llm):
             assert all(0 <= p < n for p in pos), (layer, g, n, [p for p in pos if p >= n][:4])
 
 
+def eval_cancelled_at_chunk(llm, tokens, k):
+    """eval(tokens), calling cancel() from its progress callback once k chunks are done (the
+    chunks' sizes are the policy's own): the next chunk stops before its first layer, so the
+    call ends exactly at that chunk boundary, whatever the machine's speed. Returns the
+    boundaries the progress callback reported."""
+    boundaries = []
+
+    def on_chunk(n_done, _n_total):
+        boundaries.append(n_done)
+        if len(boundaries) == k:
+            llm.cancel()
+
+    with pytest.raises(GenerationCancelled):
+        llm.eval(tokens, progress=on_chunk)
+    return boundaries
+
+
 def eval_cancelled_after(llm, tokens, seconds):
     """eval(tokens) with a cancel from another thread after `seconds`; True if it raised."""
     timer = threading.Timer(seconds, llm.cancel)
@@ -72,6 +89,32 @@ def test_cancel_between_calls_stops_the_next(smollm2_path, policy):
         llm.reset()
         llm.eval(PROMPT[:8])
         assert llm.n_past == 8
+
+
+@pytest.mark.parametrize("policy,kw", [("full", {}), ("cake", {"budget": 96}), ("ems", {"budget": 96}),
+                                       ("take", {"budget": 96})])
+def test_cancel_at_a_chunk_boundary_keeps_the_chunks_done(smollm2_path, policy, kw):
+    """A cancel between two chunks of a prefill (from the progress callback, so at a known
+    boundary) stops the call there: exactly the chunks done stay evaluated, and evaluating
+    the rest gives a consistent cache (and, with the full cache, the uncancelled logits)."""
+    with _open(smollm2_path, policy, **kw) as llm:
+        llm.eval(PROMPT)
+        want = llm.logits()
+        for k in (2, 6):
+            llm.reset()
+            boundaries = eval_cancelled_at_chunk(llm, PROMPT, k)
+            assert len(boundaries) == k and 0 < boundaries[-1] < N_PROMPT
+            assert llm.n_past == boundaries[-1]
+            assert llm.input_ids == PROMPT[:llm.n_past]
+            assert_consistent(llm)
+            if policy == "full":
+                for g in range(llm.model_info["n_head_kv"]):
+                    assert list(llm.kv_positions(0, g)) == list(range(llm.n_past))
+            llm.eval(PROMPT[llm.n_past:])
+            assert llm.n_past == N_PROMPT
+            assert_consistent(llm)
+            if policy == "full" and boundaries[-1] % N_BATCH == 0:
+                np.testing.assert_array_equal(llm.logits(), want)
 
 
 @pytest.mark.parametrize("policy,kw", [("full", {}), ("cake", {"budget": 96}), ("ems", {"budget": 96}),
@@ -156,19 +199,13 @@ def test_take_starts_afresh_after_a_cancelled_prefill(smollm2_path):
     """TAKE carries its probe scores (an EMA) from chunk to chunk of one call. A call cut
     short by a cancel must not hand them to the next call, even one of the same length that
     starts where the cancelled one stopped: the next call selects exactly what a context
-    restored from the same cache (so with no TAKE history) selects."""
+    restored from the same cache (so with no TAKE history) selects. The cancel comes from
+    the progress callback after the third chunk, so it lands between two chunks every time."""
     other = [int(t) for t in np.random.default_rng(6).integers(100, 40000, size=N_PROMPT)]
     kw = dict(n_ctx=2 * N_PROMPT + 64, n_batch=N_BATCH, n_threads=2, verbose=False, policy="take", budget=96)
     with Llama(str(smollm2_path), **kw) as llm, Llama(str(smollm2_path), **kw) as fresh:
-        t0 = time.perf_counter()
-        llm.eval(PROMPT)
-        whole = time.perf_counter() - t0
-        for frac in (0.3, 0.5, 0.15, 0.7, 0.05):
-            llm.reset()
-            if eval_cancelled_after(llm, PROMPT, frac * whole) and 0 < llm.n_past < N_PROMPT:
-                break
-        else:
-            pytest.skip("no cancel landed between two chunks of the prefill")
+        eval_cancelled_at_chunk(llm, PROMPT, 3)
+        assert 0 < llm.n_past < N_PROMPT
         fresh.load_state(llm.save_state())
         llm.eval(other)
         fresh.eval(other)
