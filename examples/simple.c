@@ -1,6 +1,10 @@
 // simple.c - the smallest complete pykv program: load a model, greedy-generate from a prompt.
 //
-//   cc simple.c -I native/include -L build -lpykv -o simple
+// From the repository's root: build libpykv, then this program against it (the rpath lets
+// the program find libpykv.so where it was built):
+//
+//   cmake -S . -B build && cmake --build build -j
+//   cc examples/simple.c -Inative/include -Lbuild -lpykv -Wl,-rpath,"$PWD/build" -o simple
 //   ./simple model.gguf "The capital of France is" 32
 #include <stdio.h>
 #include <stdlib.h>

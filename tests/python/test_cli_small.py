@@ -143,3 +143,15 @@ def test_chat_ignore_eos(tiny_model):
         assert r.returncode == 0, r.stderr
         counts[bool(flags)] = int(re.search(r"reply (\d+) tokens", r.stderr).group(1))
     assert counts == {False: 0, True: 5}
+
+
+def test_pip_build_logs_its_steps():
+    """pyproject.toml asks scikit-build-core for its INFO log (its steps, CMake's progress),
+    which `pip install -v .` shows, and the settings are valid ones of the installed backend."""
+    import pytest
+    pytest.importorskip("scikit_build_core")
+    from scikit_build_core.settings.skbuild_read_settings import SettingsReader
+    reader = SettingsReader.from_file(ROOT / "pyproject.toml", state="wheel")
+    reader.validate_may_exit()
+    assert reader.settings.logging.level == "INFO"
+    assert "pip install -v ." in (ROOT / "README.md").read_text()
