@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Union
@@ -68,32 +70,56 @@ def model_fingerprint(model_path) -> str:
 
 def write_state_file(path, state: LlamaState, model_path) -> None:
     """FILE_MAGIC, a u32 length, a JSON header (model fingerprint, token ids), the state bytes;
-    written to a temporary file and renamed, so a reader never sees half a file."""
+    written to a new temporary file in the same folder and renamed, so a reader never sees
+    half a file. The temporary file is created exclusively under a random name (mkstemp), so
+    a link planted in the folder is never followed nor overwritten."""
     header = json.dumps({"model": model_fingerprint(model_path), "tokens": state.input_ids}).encode()
     path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(FILE_MAGIC + struct.pack("<I", len(header)) + header)
             f.write(state.data)
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def _read_regular_file(path) -> bytes:
+    """The bytes of path, which must be a regular file: a FIFO, a device (/dev/zero) or a
+    folder is refused with ValueError before anything is read (opened without blocking, so a
+    FIFO with no writer does not hang), and no more than the size it had when opened is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(info.st_size)
+    finally:
+        os.close(fd)
+    if len(data) != info.st_size:
+        raise ValueError(f"{path} changed while it was read")
+    return data
 
 
 def read_state_file(path, model_path) -> LlamaState:
-    """The state in a prompt-cache file; ValueError says why it cannot be used with this model."""
-    data = Path(path).read_bytes()
+    """The state in a prompt-cache file; ValueError says why it cannot be used with this model
+    (also for a path that is not a regular file)."""
+    data = _read_regular_file(path)
     if not data.startswith(FILE_MAGIC) or len(data) < len(FILE_MAGIC) + 4:
         raise ValueError(f"{path} is not a pykv prompt cache")
     (n,) = struct.unpack_from("<I", data, len(FILE_MAGIC))
     start = len(FILE_MAGIC) + 4
+    if n > len(data) - start:
+        raise ValueError(f"{path}: the prompt cache's header is damaged")
     try:
         header = json.loads(data[start:start + n])
         tokens = [int(t) for t in header["tokens"]]
         model = header["model"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise ValueError(f"{path}: the prompt cache's header is damaged") from None
     if model != model_fingerprint(model_path):
         raise ValueError(f"{path} was written for another model file")
