@@ -19,9 +19,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(_WIN32)
-#  define PYKV_API __declspec(dllexport)
-#elif defined(PYKV_BUILD)
+/* The library is built with PYKV_BUILD defined: on Windows it exports the API and a program
+ * using it imports it (define PYKV_STATIC to link a static build); with GCC and Clang the
+ * API stays visible when the rest of the library is built with hidden visibility. */
+#if defined(_WIN32) && !defined(PYKV_STATIC)
+#  if defined(PYKV_BUILD)
+#    define PYKV_API __declspec(dllexport)
+#  else
+#    define PYKV_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) && __GNUC__ >= 4
 #  define PYKV_API __attribute__((visibility("default")))
 #else
 #  define PYKV_API

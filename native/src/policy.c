@@ -33,8 +33,6 @@ static const struct policy_ops *const registry[] = {
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))
 
-int policy_registry_count(void) { return N_POLICIES; }
-
 const struct policy_ops *policy_registry_get(int i) { return (i >= 0 && i < N_POLICIES) ? registry[i] : NULL; }
 
 const struct policy_ops *policy_find(const char *name) {

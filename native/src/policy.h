@@ -113,5 +113,4 @@ struct kv_policy {
 
 // The registry; NULL when name is unknown (pykv_last_error lists the names).
 const struct policy_ops *policy_find(const char *name);
-int                      policy_registry_count(void);
 const struct policy_ops *policy_registry_get(int i);

@@ -8,11 +8,13 @@
 #include "threadpool.h"
 #include "error.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 // Polling budgets before sleeping (a pause is some tens of cycles).
 #define WORKER_SPIN_ROUNDS 20000
@@ -96,15 +98,18 @@ struct threadpool *threadpool_create(int n_threads) {
     pthread_cond_init(&pool->wake, NULL);
     pthread_cond_init(&pool->done, NULL);
     pool->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-    if (!pool->threads) { threadpool_free(pool); pykv_error(PYKV_ERR_NOMEM, "out of memory"); return NULL; }
+    if (!pool->threads) { threadpool_free(pool); pykv_error(PYKV_ERR_NOMEM, "out of memory creating the thread pool"); return NULL; }
     for (int i = 1; i < n_threads; i++) {
         struct worker_start *s = malloc(sizeof(*s));
         if (s) s->pool = pool;
-        if (!s || pthread_create(&pool->threads[i], NULL, worker_main, s) != 0) {
+        int rc = s ? pthread_create(&pool->threads[i], NULL, worker_main, s) : ENOMEM;
+        if (rc != 0) {
             free(s);
             pool->n_threads = i;
             threadpool_free(pool);
-            pykv_error(PYKV_ERR_INTERNAL, "could not start worker thread %d", i);
+            // the system's limits (threads, memory for their stacks): the caller reports NOMEM
+            pykv_error(PYKV_ERR_NOMEM, "could not start worker thread %d of %d (%s); try fewer threads",
+                       i, n_threads, strerror(rc));
             return NULL;
         }
     }

@@ -10,7 +10,9 @@ struct threadpool;
 // ith in [0, nth): which slice of the work this thread takes.
 typedef void (*threadpool_task)(void *arg, int ith, int nth);
 
-struct threadpool *threadpool_create(int n_threads);   // NULL on failure (message set)
+// NULL on failure, with the message set; every failure is a lack of resources (memory, or
+// the system's limit on threads), so callers return PYKV_ERR_NOMEM.
+struct threadpool *threadpool_create(int n_threads);
 void               threadpool_free(struct threadpool *pool);
 int                threadpool_size(const struct threadpool *pool);
 void               threadpool_run(struct threadpool *pool, threadpool_task task, void *arg);
