@@ -635,6 +635,8 @@ class Llama:
         (as eval()'s progress: False stops it).
         Returns a GenerationResult, or with stream=True an iterator of GenerationChunk whose
         final result is left in self.last_result."""
+        from ._arguments import check_argument_types
+        check_argument_types("generate", locals())
         self._need_ctx()
         if isinstance(stop, str):
             stop = [stop]
@@ -817,6 +819,8 @@ class Llama:
         grammar, logits_processor and stopping_criteria work as in generate(). suffix fills in
         the middle: the completion is what goes between prompt and suffix (the model needs FIM
         tokens; see pykv._fim). prompt_progress works as in generate()."""
+        from ._arguments import check_argument_types
+        check_argument_types("create_completion", locals())
         from ._openai import completion
         if suffix is not None:
             if echo:
@@ -879,6 +883,8 @@ class Llama:
         bind the reply to a call whose arguments follow the function's parameters schema. The
         older functions and function_call are taken too. See pykv._tools. logits_processor,
         stopping_criteria and prompt_progress work as in generate()."""
+        from ._arguments import check_argument_types
+        check_argument_types("create_chat_completion", locals())
         from ._openai import chat_completion
         from ._tools import check_tools, choose
         if top_logprobs is not None and not logprobs:
