@@ -2,6 +2,11 @@
 // character classes, `.`, groups, and the repetitions *, +, ?, {m}, {m,}, {m,n}, which become
 // generated rules. Checks that every rule used is defined and none is left-recursive (the
 // matcher would expand it forever).
+//
+// Parsing is linear in the text and the grammar it makes: rule names are found through a hash
+// table, generated rules are never looked up, and the checks after parsing visit each element
+// a bounded number of times. Groups may nest GRAMMAR_MAX_NESTING deep: each level is a few
+// frames of recursion, and the bound keeps a parse well inside a small thread's stack.
 #include "grammar.h"
 
 #include "error.h"
@@ -13,6 +18,7 @@
 
 #define GRAMMAR_MAX_REPEAT 4096      // bound of {m,n}: each copy is expanded in place
 #define GRAMMAR_MAX_ELEMS  (1 << 24)
+#define GRAMMAR_MAX_NESTING 256      // groups inside groups; real grammars stay within a few dozen
 
 struct elem_vec {
     struct grammar_elem *v;
@@ -30,6 +36,10 @@ struct parser {
     const char *src, *p, *end;   // end: the text's terminating NUL
     struct rule_def *rules;
     int32_t n_rules, cap_rules;
+    int32_t *named;              // hash table of the rules named in the text: rule index or -1
+    int32_t n_named, cap_named;  // cap_named: 0 or a power of two
+    int nesting;                 // groups open around ps->p
+    int64_t work;                // see grammar_rules.parse_work
     struct grammar_range *ranges;
     int32_t n_ranges, cap_ranges;
     int32_t n_elems_total;
@@ -75,14 +85,8 @@ static pykv_status push_range(struct parser *ps, uint32_t lo, uint32_t hi) {
     return PYKV_OK;
 }
 
-// The rule named name[0..len), added (undefined) when new.
-static pykv_status rule_id(struct parser *ps, const char *name, size_t len, int32_t *id) {
-    for (int32_t i = 0; i < ps->n_rules; i++) {
-        if (strlen(ps->rules[i].name) == len && memcmp(ps->rules[i].name, name, len) == 0) {
-            *id = i;
-            return PYKV_OK;
-        }
-    }
+// A new rule named name[0..len), undefined.
+static pykv_status new_rule(struct parser *ps, const char *name, size_t len, int32_t *id) {
     PYKV_TRY(grammar_grow((void **)&ps->rules, &ps->cap_rules, ps->n_rules + 1, sizeof(*ps->rules)));
     struct rule_def *r = &ps->rules[ps->n_rules];
     memset(r, 0, sizeof(*r));
@@ -94,11 +98,61 @@ static pykv_status rule_id(struct parser *ps, const char *name, size_t len, int3
     return PYKV_OK;
 }
 
-// A rule for a group or repetition inside rule `parent`: named parent~N, which no GBNF name can be.
+static uint32_t name_hash(const char *name, size_t len) {   // FNV-1a
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)name[i]) * 16777619u;
+    return h;
+}
+
+// The slot of name[0..len) in the named-rule table: where it is, or the empty slot it would take.
+static int32_t named_slot(struct parser *ps, const char *name, size_t len) {
+    uint32_t mask = (uint32_t)ps->cap_named - 1, i = name_hash(name, len) & mask;
+    for (;; i = (i + 1) & mask) {
+        ps->work++;
+        int32_t r = ps->named[i];
+        if (r < 0 || (strlen(ps->rules[r].name) == len && memcmp(ps->rules[r].name, name, len) == 0)) return (int32_t)i;
+    }
+}
+
+// Keep the named-rule table at most half full (a power of two, so the probe can mask).
+static pykv_status named_reserve(struct parser *ps) {
+    if (2 * (ps->n_named + 1) <= ps->cap_named) return PYKV_OK;
+    if (ps->cap_named > (1 << 29)) return nomem();
+    int32_t cap = ps->cap_named ? 2 * ps->cap_named : 64, *old = ps->named, old_cap = ps->cap_named;
+    ps->named = malloc((size_t)cap * sizeof(*ps->named));
+    if (!ps->named) {
+        ps->named = old;
+        return nomem();
+    }
+    ps->cap_named = cap;
+    for (int32_t i = 0; i < cap; i++) ps->named[i] = -1;
+    for (int32_t i = 0; i < old_cap; i++) {
+        if (old[i] >= 0) ps->named[named_slot(ps, ps->rules[old[i]].name, strlen(ps->rules[old[i]].name))] = old[i];
+    }
+    free(old);
+    return PYKV_OK;
+}
+
+// The rule named name[0..len) in the text, added (undefined) when new.
+static pykv_status rule_id(struct parser *ps, const char *name, size_t len, int32_t *id) {
+    PYKV_TRY(named_reserve(ps));
+    int32_t slot = named_slot(ps, name, len);
+    if (ps->named[slot] >= 0) {
+        *id = ps->named[slot];
+        return PYKV_OK;
+    }
+    PYKV_TRY(new_rule(ps, name, len, id));
+    ps->named[slot] = *id;
+    ps->n_named++;
+    return PYKV_OK;
+}
+
+// A rule for a group or repetition inside rule `parent`: named parent~N, which no GBNF name can
+// be, so it is made without a look-up.
 static pykv_status generated_rule(struct parser *ps, int32_t parent, int32_t *id) {
     char name[256];
     int len = snprintf(name, sizeof(name), "%.200s~%d", ps->rules[parent].name, (int)ps->n_rules);
-    PYKV_TRY(rule_id(ps, name, (size_t)len, id));
+    PYKV_TRY(new_rule(ps, name, (size_t)len, id));
     ps->rules[*id].defined_at = ps->p;
     return PYKV_OK;
 }
@@ -296,10 +350,13 @@ static pykv_status parse_sequence(struct parser *ps, int32_t rule, int nested) {
             PYKV_TRY(push_elem(ps, &ps->rules[rule].body, GRAMMAR_RULE_REF, ref, 0));
         } else if (c == '(') {
             const char *open = ps->p++;
+            if (ps->nesting == GRAMMAR_MAX_NESTING) return fail_at(ps, open, "groups nested more than 256 deep");
             skip_space(ps, 1);
             int32_t group;
             PYKV_TRY(generated_rule(ps, rule, &group));
+            ps->nesting++;
             PYKV_TRY(parse_alternatives(ps, group, 1));
+            ps->nesting--;
             if (*ps->p != ')') return fail_at(ps, *ps->p ? ps->p : open, *ps->p ? "expected ')'" : "unclosed '('");
             ps->p++;
             PYKV_TRY(push_elem(ps, &ps->rules[rule].body, GRAMMAR_RULE_REF, group, 0));
@@ -346,59 +403,118 @@ static pykv_status parse_rule(struct parser *ps) {
     return PYKV_OK;
 }
 
+// nullable[r] = whether rule r can match the empty text. A worklist: an alternative made only of
+// rule references waits for that many of them to become nullable (each occurrence counted), and
+// when a rule becomes nullable only the alternatives that refer to it are revisited, so the work
+// is linear in the grammar's size however the rules nest.
+static pykv_status find_nullable(const struct grammar_rules *g, uint8_t *nullable, int64_t *work) {
+    int32_t n = g->n_rules, n_alts = g->rule_alt[n];
+    int32_t *waiting = malloc((size_t)(n_alts + 1) * sizeof(*waiting));   // per alternative: refs not yet nullable, -1 never
+    int32_t *alt_rule = malloc((size_t)(n_alts + 1) * sizeof(*alt_rule));
+    int32_t *users_at = calloc((size_t)n + 1, sizeof(*users_at));          // rule s's occurrences: users[users_at[s] .. users_at[s+1])
+    int32_t *queue = malloc((size_t)(n + 1) * sizeof(*queue));
+    int32_t *users = NULL;
+    pykv_status st = PYKV_OK;
+    if (!waiting || !alt_rule || !users_at || !queue) st = nomem();
+    int32_t n_users = 0;
+    for (int32_t r = 0; r < n && st == PYKV_OK; r++) {
+        for (int32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+            int32_t pos = g->alt_start[a], refs = 0;
+            for (; g->elems[pos].type == GRAMMAR_RULE_REF; pos++) refs++;
+            *work += refs + 1;
+            alt_rule[a] = r;
+            waiting[a] = grammar_is_end(g, pos) ? refs : -1;
+            if (waiting[a] <= 0) continue;
+            for (pos = g->alt_start[a]; !grammar_is_end(g, pos); pos++) users_at[g->elems[pos].a + 1]++;
+            n_users += refs;
+        }
+    }
+    if (st == PYKV_OK && !(users = malloc((size_t)(n_users + 1) * sizeof(*users)))) st = nomem();
+    if (st == PYKV_OK) {
+        for (int32_t s = 0; s < n; s++) users_at[s + 1] += users_at[s];
+        for (int32_t a = 0; a < n_alts; a++) {   // users_at[s] runs ahead while filling, then is shifted back
+            if (waiting[a] <= 0) continue;
+            for (int32_t pos = g->alt_start[a]; !grammar_is_end(g, pos); pos++) users[users_at[g->elems[pos].a]++] = a;
+        }
+        for (int32_t s = n; s > 0; s--) users_at[s] = users_at[s - 1];
+        users_at[0] = 0;
+        int32_t head = 0, tail = 0;
+        for (int32_t a = 0; a < n_alts; a++) {
+            if (waiting[a] == 0 && !nullable[alt_rule[a]]) nullable[queue[tail++] = alt_rule[a]] = 1;
+        }
+        while (head < tail) {
+            int32_t s = queue[head++];
+            for (int32_t u = users_at[s]; u < users_at[s + 1]; u++) {
+                int32_t a = users[u];
+                ++*work;
+                if (--waiting[a] == 0 && !nullable[alt_rule[a]]) nullable[queue[tail++] = alt_rule[a]] = 1;
+            }
+        }
+    }
+    free(waiting); free(alt_rule); free(users_at); free(queue); free(users);
+    return st;
+}
+
+// Where a depth-first search over first references stands in one rule: the alternative it is in
+// and the next element of it to look at (-1: that alternative is done).
+struct first_ref_cursor {
+    int32_t rule, alt, pos;
+};
+
+static struct first_ref_cursor first_ref_start(const struct grammar_rules *g, int32_t rule) {
+    int32_t alt = g->rule_alt[rule];
+    return (struct first_ref_cursor){ rule, alt, alt < g->rule_alt[rule + 1] ? g->alt_start[alt] : -1 };
+}
+
+// The next rule reference that may come first in cursor's rule (each looked at once), or -1.
+static int32_t next_first_ref(const struct grammar_rules *g, const uint8_t *nullable, struct first_ref_cursor *c,
+                              int64_t *work) {
+    int32_t end = g->rule_alt[c->rule + 1];
+    while (c->alt < end) {
+        ++*work;
+        if (c->pos >= 0 && g->elems[c->pos].type == GRAMMAR_RULE_REF) {
+            int32_t at = c->pos;
+            c->pos = nullable[g->elems[at].a] ? at + 1 : -1;   // what follows comes first too when this may be empty
+            return at;
+        }
+        if (++c->alt < end) c->pos = g->alt_start[c->alt];
+    }
+    return -1;
+}
+
 // Left recursion: a rule reaching itself before any character, through rules that may match
-// nothing. nullable[] is computed first; then a depth-first search over those first references.
-static pykv_status check_left_recursion(const struct parser *ps, const struct grammar_rules *g) {
+// nothing. nullable[] is computed first; then an iterative depth-first search over those first
+// references.
+static pykv_status check_left_recursion(struct parser *ps, const struct grammar_rules *g) {
     int32_t n = g->n_rules;
     uint8_t *nullable = calloc((size_t)n, 1), *state = calloc((size_t)n, 1);
-    int32_t *stack = malloc((size_t)n * 2 * sizeof(*stack));
+    struct first_ref_cursor *stack = malloc((size_t)n * sizeof(*stack));
     if (!nullable || !state || !stack) {
         free(nullable); free(state); free(stack);
         return nomem();
     }
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int32_t r = 0; r < n; r++) {
-            for (int32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1] && !nullable[r]; a++) {
-                int32_t pos = g->alt_start[a];
-                while (g->elems[pos].type == GRAMMAR_RULE_REF && nullable[g->elems[pos].a]) pos++;
-                if (grammar_is_end(g, pos)) nullable[r] = changed = 1;
-            }
-        }
-    }
-    pykv_status st = PYKV_OK;
-    // Iterative DFS; a frame is (rule, next alternative-position to look at). state: 1 open, 2 done.
+    pykv_status st = find_nullable(g, nullable, &ps->work);
+    // state: 1 open (on the search's stack), 2 done.
     for (int32_t start = 0; start < n && st == PYKV_OK; start++) {
         if (state[start]) continue;
         int32_t depth = 0;
-        stack[0] = start;
-        stack[1] = -1;
+        stack[0] = first_ref_start(g, start);
         state[start] = 1;
         while (depth >= 0 && st == PYKV_OK) {
-            int32_t r = stack[2 * depth], *cursor = &stack[2 * depth + 1];
-            // cursor walks the first references of every alternative, flattened: -1 = not started
-            int32_t next = -1;
-            for (int32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1] && next < 0; a++) {
-                for (int32_t pos = g->alt_start[a]; g->elems[pos].type == GRAMMAR_RULE_REF; pos++) {
-                    if (pos > *cursor) { next = pos; break; }
-                    if (!nullable[g->elems[pos].a]) break;
-                }
-            }
+            struct first_ref_cursor *c = &stack[depth];
+            int32_t next = next_first_ref(g, nullable, c, &ps->work);
             if (next < 0) {
-                state[r] = 2;
+                state[c->rule] = 2;
                 depth--;
                 continue;
             }
-            *cursor = next;
             int32_t s = g->elems[next].a;
             if (state[s] == 1) {
                 st = pykv_error(PYKV_ERR_INVALID_ARG, "grammar: rule '%s' is left-recursive (it can reach itself "
                                 "before matching any character)", ps->rules[s].name);
             } else if (state[s] == 0) {
                 state[s] = 1;
-                depth++;
-                stack[2 * depth] = s;
-                stack[2 * depth + 1] = -1;
+                stack[++depth] = first_ref_start(g, s);
             }
         }
     }
@@ -451,7 +567,9 @@ static pykv_status finish(struct parser *ps, const char *root, struct grammar_ru
     }
     if (out->root < 0) return pykv_error(PYKV_ERR_INVALID_ARG, "grammar: no rule named '%.200s' to start from", root);
     PYKV_TRY(flatten(ps, out));
-    return check_left_recursion(ps, out);
+    PYKV_TRY(check_left_recursion(ps, out));
+    out->parse_work = ps->work;
+    return PYKV_OK;
 }
 
 pykv_status grammar_parse(const char *text, const char *root, struct grammar_rules *out) {
@@ -467,6 +585,7 @@ pykv_status grammar_parse(const char *text, const char *root, struct grammar_rul
         free(ps.rules[r].body.v);
     }
     free(ps.rules);
+    free(ps.named);
     free(ps.ranges);
     if (st != PYKV_OK) grammar_rules_free(out);
     return st;

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #define GRAMMAR_MAX_STACKS 8192   // alive alternatives at one point: beyond it, an error, not a stall
+#define GRAMMAR_MAX_EXPANSION (1 << 20)   // alternatives visited to expand one stack: beyond it, an error
 
 struct stack {
     int32_t  n;
@@ -83,52 +84,91 @@ static pykv_status set_add(struct stack_set *S, const int32_t *pos, int32_t n) {
     return PYKV_OK;
 }
 
-// Add stack pos[0..n) to out with any rule reference on top replaced by each of its
-// alternatives (recursively). buf has room for the deepest expansion (see stack_room).
-static pykv_status expand(const struct grammar_rules *g, int32_t *pos, int32_t n, int32_t room,
-                          struct stack_set *out) {
-    if (n == 0 || g->elems[pos[n - 1]].type != GRAMMAR_RULE_REF) return set_add(out, pos, n);
-    if (n + 1 > room) return pykv_error(PYKV_ERR_INVALID_ARG, "grammar: nesting deeper than %d rules", room);
-    int32_t top = pos[n - 1], rule = g->elems[top].a;
-    int32_t base = n - 1;
-    if (!grammar_is_end(g, top + 1)) pos[base++] = top + 1;   // where to go on after the rule
-    for (int32_t a = g->rule_alt[rule]; a < g->rule_alt[rule + 1]; a++) {
-        int32_t m = base, start = g->alt_start[a];
-        if (!grammar_is_end(g, start)) pos[m++] = start;
-        PYKV_TRY(expand(g, pos, m, room, out));   // leaves pos[0 .. m) as it found them
-    }
-    pos[n - 1] = top;   // leave the caller's stack as it was
+// One rule reference being expanded on top of a stack of n positions: the reference's position
+// (restored in pos[n-1] when done), the positions below its alternatives, the next alternative.
+struct expand_frame {
+    int32_t n, top, base, alt;
+};
+
+// Scratch of expand: the stack being built and the references being expanded on it. Both grow
+// on the heap, so a grammar whose rules nest deep costs memory, not the thread's stack.
+struct expansion {
+    int32_t *pos;
+    int32_t  cap_pos;
+    struct expand_frame *frames;
+    int32_t  cap_frames;
+};
+
+static void expansion_free(struct expansion *x) {
+    free(x->pos);
+    free(x->frames);
+    memset(x, 0, sizeof(*x));
+}
+
+static int tops_rule(const struct grammar_rules *g, const int32_t *pos, int32_t n) {
+    return n > 0 && g->elems[pos[n - 1]].type == GRAMMAR_RULE_REF;
+}
+
+// Start expanding the rule reference on top of x->pos[0..n): its alternatives go where it is,
+// above where to go on once the rule is done.
+static pykv_status push_frame(const struct grammar_rules *g, struct expansion *x, int32_t n, int32_t *depth) {
+    PYKV_TRY(grammar_grow((void **)&x->frames, &x->cap_frames, *depth + 1, sizeof(*x->frames)));
+    int32_t top = x->pos[n - 1], base = n - 1;
+    if (!grammar_is_end(g, top + 1)) x->pos[base++] = top + 1;
+    x->frames[(*depth)++] = (struct expand_frame){ n, top, base, g->rule_alt[g->elems[top].a] };
     return PYKV_OK;
 }
 
-static int32_t stack_room(const struct stack *s, const struct grammar_rules *g) {
-    return s->n + g->n_rules + 2;   // each expansion level adds at most one position per rule
+// Add the stack x->pos[0..n) to out with any rule reference on top replaced by each of its
+// alternatives, again until every top is a character (or the stack is empty). Depth first, as
+// a recursion would, but its frames are on the heap; the positions are left as they were found.
+// GRAMMAR_MAX_EXPANSION bounds the alternatives visited: a grammar that reaches the same stacks
+// along exponentially many paths (r1 ::= r2 | r2, r2 ::= r3 | r3, ...) fails instead of stalling.
+static pykv_status expand(const struct grammar_rules *g, struct expansion *x, int32_t n, struct stack_set *out) {
+    if (!tops_rule(g, x->pos, n)) return set_add(out, x->pos, n);
+    int32_t depth = 0, visited = 0;
+    PYKV_TRY(push_frame(g, x, n, &depth));
+    while (depth > 0) {
+        struct expand_frame *f = &x->frames[depth - 1];
+        if (f->alt == g->rule_alt[g->elems[f->top].a + 1]) {
+            x->pos[f->n - 1] = f->top;
+            depth--;
+            continue;
+        }
+        if (++visited > GRAMMAR_MAX_EXPANSION) {
+            return pykv_error(PYKV_ERR_INVALID_ARG, "grammar: more than %d rule alternatives to expand at one point "
+                              "(the grammar is too ambiguous or its rules nest too deep)", GRAMMAR_MAX_EXPANSION);
+        }
+        int32_t m = f->base, start = g->alt_start[f->alt++];
+        PYKV_TRY(grammar_grow((void **)&x->pos, &x->cap_pos, m + 1, sizeof(*x->pos)));
+        if (!grammar_is_end(g, start)) x->pos[m++] = start;
+        if (tops_rule(g, x->pos, m)) PYKV_TRY(push_frame(g, x, m, &depth));   // f may have moved
+        else PYKV_TRY(set_add(out, x->pos, m));
+    }
+    return PYKV_OK;
 }
 
 // The stacks after s's top character matched: pop it, go on in its sequence, expand.
 static pykv_status advance(const struct grammar_rules *g, const struct stack *s, struct stack_set *out) {
-    int32_t room = stack_room(s, g);
-    int32_t *buf = malloc((size_t)room * sizeof(*buf));
-    if (!buf) return pykv_error(PYKV_ERR_NOMEM, "grammar: out of memory");
+    struct expansion x = { 0 };
+    PYKV_TRY(grammar_grow((void **)&x.pos, &x.cap_pos, s->n, sizeof(*x.pos)));
     int32_t top = s->pos[s->n - 1], n = s->n - 1;
-    memcpy(buf, s->pos, (size_t)n * sizeof(*buf));
-    if (!grammar_is_end(g, top + 1)) buf[n++] = top + 1;
-    pykv_status st = expand(g, buf, n, room, out);
-    free(buf);
+    memcpy(x.pos, s->pos, (size_t)n * sizeof(*x.pos));
+    if (!grammar_is_end(g, top + 1)) x.pos[n++] = top + 1;
+    pykv_status st = expand(g, &x, n, out);
+    expansion_free(&x);
     return st;
 }
 
 static pykv_status initial_stacks(const struct grammar_rules *g, struct stack_set *out) {
-    int32_t room = g->n_rules + 2;
-    int32_t *buf = malloc((size_t)room * sizeof(*buf));
-    if (!buf) return pykv_error(PYKV_ERR_NOMEM, "grammar: out of memory");
-    pykv_status st = PYKV_OK;
+    struct expansion x = { 0 };
+    pykv_status st = grammar_grow((void **)&x.pos, &x.cap_pos, 1, sizeof(*x.pos));
     for (int32_t a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1] && st == PYKV_OK; a++) {
         int32_t n = 0, start = g->alt_start[a];
-        if (!grammar_is_end(g, start)) buf[n++] = start;
-        st = expand(g, buf, n, room, out);
+        if (!grammar_is_end(g, start)) x.pos[n++] = start;
+        st = expand(g, &x, n, out);
     }
-    free(buf);
+    expansion_free(&x);
     return st;
 }
 

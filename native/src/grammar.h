@@ -32,6 +32,7 @@ struct grammar_rules {
     int32_t              *rule_alt;   // rule r's alternatives: alt_start[rule_alt[r] .. rule_alt[r+1])
     int32_t               n_rules;
     int32_t               root;
+    int64_t               parse_work;  // name probes and the checks' steps: tests see it grow linearly
 };
 
 // Make room for `need` items of `size` bytes in *v (capacity *cap, doubled as needed).

@@ -5,7 +5,9 @@
 #include "grammar.h"
 #include "pykv.h"
 
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 // Token texts; the last one is end-of-generation (no text).
@@ -182,8 +184,173 @@ static void test_sampler(void) {
     pykv_grammar_free(g);
 }
 
+// ---- deep and large grammars ----
+
+// `root ::= ((( ... "a" ... )))` with depth groups; the caller frees it.
+static char *nested(int depth) {
+    char *t = malloc((size_t)depth * 2 + 32);
+    int n = sprintf(t, "root ::= ");
+    memset(t + n, '(', (size_t)depth);
+    n += depth;
+    n += sprintf(t + n, "\"a\"");
+    memset(t + n, ')', (size_t)depth);
+    t[n + depth] = '\0';
+    return t;
+}
+
+// A chain of named rules, root ::= r0, r0 ::= r1, ..., r{n-1} ::= "a" ("a" twice: `| alts`
+// alternatives each, all the same, so the chain's expansion visits alts^n paths).
+static char *chain(int n, int alts) {
+    char *t = malloc((size_t)n * (size_t)alts * 32 + 64), *p = t;
+    p += sprintf(p, "root ::= r0\n");
+    for (int i = 0; i < n; i++) {
+        p += sprintf(p, "r%d ::= ", i);
+        for (int a = 0; a < alts; a++) {
+            if (i + 1 < n) p += sprintf(p, a ? " | r%d" : "r%d", i + 1);
+            else p += sprintf(p, a ? " | \"a\"" : "\"a\"");
+        }
+        p += sprintf(p, "\n");
+    }
+    return t;
+}
+
+static void test_nesting_limit(void) {
+    char *t = nested(256);   // the documented limit parses
+    pykv_grammar *g = make(t);
+    CHECK(pykv_grammar_accept(g, A) == PYKV_OK && pykv_grammar_is_complete(g));
+    pykv_grammar_free(g);
+    free(t);
+    t = nested(257);
+    expect_error(t, "line 1, column 266: groups nested more than 256 deep");
+    free(t);
+    t = nested(100000);   // deep enough to overflow any stack if nothing stopped it
+    expect_error(t, "groups nested more than 256 deep");
+    free(t);
+    // 256 deep inside each of many sibling groups is fine: the bound is on depth, not count
+    char *wide = malloc(100 * 520 + 32), *p = wide;
+    p += sprintf(p, "root ::= ");
+    for (int i = 0; i < 100; i++) {
+        memset(p, '(', 256); p += 256;
+        p += sprintf(p, "\"a\"");
+        memset(p, ')', 256); p += 256;
+        *p++ = ' ';
+    }
+    *p = '\0';
+    g = NULL;
+    CHECK(pykv_grammar_init(NULL, wide, NULL, &g) == PYKV_OK);
+    pykv_grammar_free(g);
+    free(wide);
+}
+
+// Parse and follow the deepest grammars the bounds allow on a small stack: groups 256 deep, and
+// a chain of 100000 named rules, which the matcher expands 100000 rules deep at its first step.
+static void *deep_on_small_stack(void *arg) {
+    int *ok = arg;
+    char *t = nested(256);
+    pykv_grammar *g = make(t);
+    *ok = pykv_grammar_accept(g, A) == PYKV_OK && pykv_grammar_is_complete(g);
+    pykv_grammar_free(g);
+    free(t);
+    t = chain(100000, 1);
+    g = make(t);
+    uint8_t allowed[N_VOCAB];
+    *ok = *ok && pykv_grammar_allowed(g, allowed, N_VOCAB) == PYKV_OK && allowed[A] && !allowed[B];
+    *ok = *ok && pykv_grammar_accept(g, A) == PYKV_OK && pykv_grammar_is_complete(g);
+    pykv_grammar_free(g);
+    free(t);
+    t = nested(100000);
+    g = NULL;
+    *ok = *ok && pykv_grammar_init(NULL, t, NULL, &g) == PYKV_ERR_INVALID_ARG;
+    free(t);
+    return NULL;
+}
+
+static void test_small_stack(void) {
+    pthread_attr_t attr;
+    pthread_t th;
+    int ok = 0;
+    CHECK(pthread_attr_init(&attr) == 0);
+    CHECK(pthread_attr_setstacksize(&attr, 512 * 1024) == 0);
+    CHECK(pthread_create(&th, &attr, deep_on_small_stack, &ok) == 0);
+    CHECK(pthread_join(th, NULL) == 0);
+    CHECK(ok);
+    pthread_attr_destroy(&attr);
+}
+
+// A grammar reaching the same stacks along 2^30 paths is refused at once, not expanded for hours.
+static void test_ambiguous_expansion(void) {
+    char *t = chain(30, 2);
+    expect_error(t, "rule alternatives to expand at one point");
+    free(t);
+    t = chain(8, 2);   // 256 paths: fine
+    pykv_grammar *g = make(t);
+    CHECK(allowed_mask(g) == BIT(A));
+    pykv_grammar_free(g);
+    free(t);
+}
+
+// The parser's work (grammar_rules.parse_work: name probes, the nullable and left-recursion
+// steps) per byte of text stays under a constant as grammars grow 16-fold, in each shape that
+// used to cost more: many rules, many alternatives, long chains, nested optional groups.
+static char *many_alternatives(int n) {
+    char *t = malloc((size_t)n * 4 + 64), *p = t;
+    p += sprintf(p, "root ::= x");
+    for (int i = 1; i < n; i++) p += sprintf(p, " | x");
+    sprintf(p, "\nx ::= \"a\"\n");
+    return t;
+}
+
+static char *many_names(int n) {   // n rules, each used once from root, defined after it
+    char *t = malloc((size_t)n * 32 + 64), *p = t;
+    p += sprintf(p, "root ::= ");
+    for (int i = 0; i < n; i++) p += sprintf(p, "rule%d ", i);
+    p += sprintf(p, "\n");
+    for (int i = 0; i < n; i++) p += sprintf(p, "rule%d ::= \"a\"?\n", i);
+    return t;
+}
+
+static char *nested_optional(int n) {   // groups of (((("a")?)?)?) 200 deep, n/200 of them in a row
+    char *t = malloc((size_t)n * 4 + 64), *p = t;
+    p += sprintf(p, "root ::= ");
+    for (int k = 0; k < n / 200; k++) {
+        memset(p, '(', 200); p += 200;
+        p += sprintf(p, "\"a\"");
+        for (int i = 0; i < 200; i++) p += sprintf(p, ")?");
+        *p++ = ' ';
+    }
+    *p = '\0';
+    return t;
+}
+
+static char *chain_of_one(int n) { return chain(n, 1); }
+
+static void test_linear_work(void) {
+    char *(*shapes[])(int) = { many_alternatives, many_names, nested_optional, chain_of_one };
+    const char *names[] = { "many alternatives", "many names", "nested optional groups", "a chain of rules" };
+    for (int s = 0; s < 4; s++) {
+        for (int n = 2000; n <= 32000; n *= 4) {
+            char *t = shapes[s](n);
+            struct grammar_rules r;
+            pykv_status st = grammar_parse(t, "root", &r);
+            CHECK(st == PYKV_OK);
+            double per_byte = (double)r.parse_work / (double)strlen(t);
+            if (!(per_byte < 8.0)) {   // 4 in nested optional groups (three rules per 3 bytes `)?`), under 2 elsewhere
+                fprintf(stderr, "%s, n = %d: %lld steps for %zu bytes\n", names[s], n, (long long)r.parse_work,
+                        strlen(t));
+                CHECK(0);
+            }
+            grammar_rules_free(&r);
+            free(t);
+        }
+    }
+}
+
 int main(void) {
     test_parse_errors();
+    test_nesting_limit();
+    test_small_stack();
+    test_ambiguous_expansion();
+    test_linear_work();
     test_repetition();
     test_classes_and_groups();
     test_split_character();
