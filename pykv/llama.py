@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import warnings
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Sequence, Union
@@ -16,6 +17,7 @@ import numpy as np
 
 from . import _llama_cpp_options, errors
 from ._ffi import call_string, check, ffi, lib, new_params
+from ._in_use import InUse, hold_each_step, using_context, using_model
 from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logprob
 from ._textstream import TextStream
 from .chat import resolve_template
@@ -69,6 +71,28 @@ def _kv_type_name(code: int) -> str:
     return next(name for name, c in _KV_TYPES.items() if getattr(lib, c) == code)
 
 
+def _check_tfs_z(tfs_z) -> None:
+    if isinstance(tfs_z, bool) or not isinstance(tfs_z, (int, float)):
+        raise TypeError(f"tfs_z must be a number, got {type(tfs_z).__name__}")
+    if tfs_z != 1.0:
+        warnings.warn(f"tfs_z={tfs_z}: pykv has no tail-free sampling (llama.cpp removed it too); it is off",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _named(model: Optional[str], result):
+    """A completion dict, or its chunks, with "model" set to model (llama-cpp-python's
+    create_*completion(model=...)); as it is when model is None."""
+    if model is None:
+        return result
+    if isinstance(result, dict):
+        return dict(result, model=model)
+
+    def chunks():
+        for chunk in result:
+            yield dict(chunk, model=model)
+    return chunks()
+
+
 def _resolve_model_path(model_path) -> str:
     path = os.fspath(model_path)
     if os.path.exists(path):
@@ -84,6 +108,14 @@ def _physical_cores() -> int:
     import re
     match = re.search(r"physical cores = (\d+)", ffi.string(lib.pykv_system_info()).decode())
     return int(match.group(1)) if match else os.cpu_count() or 1
+
+
+def _optional_lib_function(name):
+    """A function of libpykv that a library built before it lacks (None then)."""
+    try:
+        return getattr(lib, name)
+    except AttributeError:
+        return None
 
 
 class Count(int):
@@ -121,16 +153,24 @@ class Llama:
                  verbose: bool = False, vocab_only: bool = False, use_mmap: bool = True,
                  policy: str = "full", budget=None, window: Optional[int] = None,
                  sink: Optional[int] = None, policy_kwargs: Optional[dict] = None,
+                 evict_every_chunk: bool = False,
                  exact_matmul: bool = False, kv_type: Optional[str] = None, kv_type_v: Optional[str] = None,
                  logits_all: bool = False,
                  embedding: bool = False, pooling_type=None, chat_template: Optional[str] = None,
                  **llama_cpp_options):
         self._model = None
         self._ctx = None
+        self._in_use = InUse()   # the calls running on _model and _ctx: close() waits for them
         # llama-cpp-python's keywords without a pykv name (type_k, n_gpu_layers, ...):
         # checked before anything loads
-        kv_type, kv_type_v = _llama_cpp_options.resolve(llama_cpp_options, kv_type, kv_type_v)
-        self._chat_template = None if chat_template is None else resolve_template(chat_template)
+        compat = _llama_cpp_options.resolve(llama_cpp_options, kv_type, kv_type_v, chat_template)
+        kv_type, kv_type_v = compat.kv_type, compat.kv_type_v
+        self.chat_format = compat.chat_format   # a name of pykv._chat_formats, or None
+        self._chat_template = compat.chat_template if chat_template is None else resolve_template(chat_template)
+        self.last_n_tokens_size = compat.last_n_tokens_size   # the penalties' window in create_*completion
+        self.n_batch = n_batch
+        self.cache = None   # set_cache()
+        self._scores = None
         lib.pykv_log_set_level(3 if verbose else 0)
         self.model_path = _resolve_model_path(model_path)
         self.verbose = verbose
@@ -156,6 +196,8 @@ class Llama:
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
             raise errors.InvalidArgumentError(f"n_threads must be a positive integer, got {n_threads!r}")
         budget_n, budget_frac = parse_budget(budget)
+        if evict_every_chunk:   # a policy argument every evicting policy takes
+            policy_kwargs = {**(policy_kwargs or {}), "evict_every_chunk": 1}
         args_text, probe = policy_args(policy_kwargs)
         self._policy_args_c = ffi.new("char[]", args_text.encode())
         self._policy_c = ffi.new("char[]", (policy or "full").encode())
@@ -172,6 +214,15 @@ class Llama:
         cparams.exact_matmul = int(bool(exact_matmul))
         cparams.kv_type = _kv_type_code(kv_type)   # keys, and values unless kv_type_v (llama.cpp's -ctk, -ctv)
         cparams.kv_type_v = -1 if kv_type_v is None else _kv_type_code(kv_type_v, "kv_type_v")
+        _llama_cpp_options.apply_kv_overrides(compat, self.metadata)
+        if compat.rope_freq_base or compat.rope_freq_scale:   # else the defaults: the model's, unscaled
+            if not hasattr(cparams, "rope_freq_base"):
+                self.close()
+                raise errors.InvalidArgumentError(
+                    "rope_freq_base and rope_freq_scale need a libpykv with RoPE overrides; this one is older: "
+                    "reinstall pykv (pip install .)")
+            cparams.rope_freq_base = compat.rope_freq_base
+            cparams.rope_freq_scale = compat.rope_freq_scale
         cout = ffi.new("pykv_context **")
         status = lib.pykv_context_init(self._model, cparams, cout)
         if status != lib.PYKV_OK:
@@ -213,12 +264,30 @@ class Llama:
     # ---- lifetime ----
 
     def _refuse_in_eval(self, what: str) -> None:
-        if getattr(self, "_evaluating", False):
+        # _evaluating is the holding thread's: another thread's call waits or is refused by _in_use
+        if getattr(self, "_evaluating", False) and self._in_use.holds_context():
             raise errors.InvalidArgumentError(f"{what} cannot run inside eval() (from its progress callback)")
 
     def close(self) -> None:
-        """Free the context and the model now (also done by `with` and on garbage collection)."""
+        """Free the context and the model now (also done by `with` and on garbage collection).
+        Any thread may call it: a call running in another thread (generate(), eval(), ...) is
+        cancelled (it raises GenerationCancelled, or InvalidArgumentError "this Llama is
+        closed" at its next step), and close() waits for it to stop before freeing anything;
+        calls made afterwards raise InvalidArgumentError."""
         self._refuse_in_eval("close()")
+        in_use = getattr(self, "_in_use", None)
+        if in_use is None:   # __init__ did not get that far
+            return
+        if in_use.holds_context():
+            raise errors.InvalidArgumentError("close() cannot run inside a call on this Llama (from one of its "
+                                              "callbacks)")
+        in_use.close(self._cancel_native, self._free_native)
+
+    def _cancel_native(self) -> None:
+        if self._ctx is not None:
+            lib.pykv_cancel(self._ctx)
+
+    def _free_native(self) -> None:
         if self._ctx is not None:
             lib.pykv_context_free(self._ctx)
             self._ctx = None
@@ -264,6 +333,7 @@ class Llama:
         return dict(self._info)
 
     @property
+    @using_model
     def metadata(self) -> dict:
         model = self._need_model()
         result = {}
@@ -273,6 +343,7 @@ class Llama:
         return result
 
     @property
+    @using_model
     def tensors(self) -> List[dict]:
         model = self._need_model()
         info = new_params("struct pykv_tensor_info")
@@ -289,6 +360,7 @@ class Llama:
         return rows
 
     @property
+    @using_model
     def chat_template(self) -> Optional[str]:
         """The chat template in use: the one given to the constructor, else the GGUF's (None: none)."""
         if self._chat_template is not None:
@@ -299,17 +371,21 @@ class Llama:
         except errors.InvalidArgumentError:
             return None
 
+    @using_model
     def token_bos(self) -> int:
         return lib.pykv_vocab_bos(self._need_model())
 
+    @using_model
     def token_eos(self) -> int:
         return lib.pykv_vocab_eos(self._need_model())
 
+    @using_model
     def is_eog(self, token: int) -> bool:
         return bool(lib.pykv_vocab_is_eog(self._need_model(), token))
 
     # ---- tokenizer ----
 
+    @using_model
     def tokenize(self, text: Union[str, bytes], add_bos: bool = True, special: bool = False) -> List[int]:
         """Token ids of text. add_bos adds the model's BOS/EOS as its metadata asks;
         special parses special-token text such as "<|im_start|>" into those tokens."""
@@ -325,17 +401,20 @@ class Llama:
         check(status)
         return list(ffi.unpack(tokens, n_out[0]))
 
+    @using_model
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
         arr = ffi.new("pykv_token[]", list(tokens))
         return call_string(lib.pykv_detokenize, self._need_model(), arr, len(tokens), int(special),
                            initial=16 * len(tokens) + 16)
 
+    @using_model
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
         return call_string(lib.pykv_token_to_piece, self._need_model(), token, int(special), initial=64)
 
     # ---- low-level loop ----
 
     @property
+    @using_model   # fixed when the context is made
     def n_ctx(self) -> int:
         return Count(lib.pykv_n_ctx(self._need_ctx()))
 
@@ -349,11 +428,13 @@ class Llama:
         self._rng = random.Random(None if seed is None or seed < 0 else seed)
 
     @property
+    @using_context("in use")
     def n_past(self) -> int:
         return lib.pykv_n_past(self._need_ctx())
 
     n_tokens = n_past
 
+    @using_context("evaluating")
     def eval(self, tokens: Sequence[int], progress: Optional[Callable[[int, int], object]] = None) -> None:
         """Append tokens to the context. Several tokens are a prefill (run in chunks of
         n_batch); one token is a decode step. progress(n_done, n_total) is called after each
@@ -377,10 +458,32 @@ class Llama:
             finally:
                 self._evaluating = outer
         self.input_ids.extend(tokens[:lib.pykv_n_past(ctx) - before])
+        self._record_scores(ctx, before, lib.pykv_n_past(ctx) - before)
+        self._relay_warnings(ctx)
         if raised:
             raise raised[0]
         check(status)
 
+    @staticmethod
+    def _relay_warnings(ctx) -> None:
+        """The C context's warnings (a budget raised to the policy's floor or cut to n_ctx,
+        positions past the training context), each given once per context, as RuntimeWarning."""
+        take = _optional_lib_function("pykv_take_warning")
+        while take is not None:
+            text = take(ctx)
+            if text == ffi.NULL:
+                return
+            warnings.warn(ffi.string(text).decode(errors="replace"), RuntimeWarning, stacklevel=3)
+
+    @property
+    def cache_bounded(self) -> bool:
+        """True when n_ctx bounds the cache rather than the prompt: the policy evicts after
+        every prefill chunk (take, or evict_every_chunk=True), so a prompt longer than n_ctx
+        goes through, each (layer, KV head) holding at most n_ctx entries."""
+        bounded = _optional_lib_function("pykv_cache_bounded")
+        return bounded is not None and bool(bounded(self._need_ctx()))
+
+    @using_context("in use")
     def set_probe(self, probe) -> None:
         """The task probe of chunked-prefill policies (TAKE) for the following eval() calls:
         text (tokenized without BOS, special tokens parsed) or token ids; None or empty
@@ -395,6 +498,7 @@ class Llama:
         arr[0:len(tokens)] = tokens
         check(lib.pykv_set_probe(self._need_ctx(), arr, len(tokens)))
 
+    @using_context("in use")
     def logits(self) -> np.ndarray:
         """Logits of the last evaluated token, float32 (n_vocab,), a copy."""
         return self._last_logits()[1].copy()
@@ -414,6 +518,7 @@ class Llama:
             raise errors.InvalidArgumentError(f"no {what}: eval() some tokens first")
         return np.frombuffer(ffi.buffer(ptr, 4 * n[0] * width), dtype=np.float32).reshape(n[0], width)
 
+    @using_context("in use")
     def all_logits(self) -> np.ndarray:
         """Logits of every token of the last eval() call, float32 (n_tokens, n_vocab), a copy;
         row i predicts the token after the call's token i. Needs Llama(logits_all=True)."""
@@ -440,6 +545,7 @@ class Llama:
         self.eval(tokens)
         return self._rows(lib.pykv_get_logits_all, self.n_vocab, "logits")
 
+    @using_context("in use")
     def embeddings(self) -> np.ndarray:
         """Hidden states (after the output norm) of every token of the last eval() call, float32
         (n_tokens, n_embd), a copy. Needs Llama(embedding=True)."""
@@ -447,6 +553,7 @@ class Llama:
             raise errors.InvalidArgumentError("embeddings() needs a Llama created with embedding=True")
         return self._rows(lib.pykv_get_embeddings, self._info["n_embd"], "embeddings").copy()
 
+    @using_context("embedding")
     def embed(self, input, normalize: bool = False, truncate: bool = True, return_count: bool = False):
         """llama-cpp-python's embed: a text's embedding (a list of floats; with pooling_type
         'none' one list per token), or a list of them for a list of texts. Each text is run on
@@ -456,17 +563,20 @@ class Llama:
         from ._embedding import embed
         return embed(self, input, normalize, truncate, return_count)
 
+    @using_context("embedding")
     def create_embedding(self, input, model: Optional[str] = None) -> dict:
         """The OpenAI-shaped embeddings dict for a text or a list of texts (see embed)."""
         from ._embedding import create_embedding
         return create_embedding(self, input, model)
 
+    @using_context("in use")
     def reset(self) -> None:
         """Clear the context: every token and the KV cache's memory."""
         self._refuse_in_eval("reset()")
         lib.pykv_reset(self._need_ctx())
         self.input_ids = []
 
+    @using_context("in use")
     def truncate(self, n_keep: int) -> None:
         """Forget the tokens after the first n_keep, so that eval() continues after them. Only
         the `full` policy allows it (an evicting policy's cache cannot be cut back to a prefix:
@@ -478,6 +588,7 @@ class Llama:
         del self.input_ids[lib.pykv_n_past(ctx):]   # what the context holds, whatever the status
         check(status)
 
+    @using_context("in use")
     def save_state(self):
         """The context as it stands (tokens, their keys and values, the last logits, the
         policy's own state), as a LlamaState for load_state() of a Llama made with the same
@@ -486,6 +597,7 @@ class Llama:
         from ._state import save_state
         return save_state(self)
 
+    @using_context("in use")
     def load_state(self, state) -> None:
         """Put back a state from save_state() of a Llama on the same model and KV type, with
         the same policy and settings (its n_ctx large enough): the context continues as the
@@ -498,13 +610,14 @@ class Llama:
         at the next layer, or with an evicting policy at the next chunk boundary (a decode
         step then finishes first). A cancel between two calls stops the next one before it
         evaluates anything; reset() (and so generate()) forgets a pending cancel."""
-        if self._ctx is not None:
-            lib.pykv_cancel(self._ctx)
+        self._in_use.unless_closing(self._cancel_native)   # a closing Llama cancels by itself
 
+    @using_context("in use")
     def set_threads(self, n_threads: int) -> None:
         check(lib.pykv_context_set_threads(self._need_ctx(), n_threads))
         self.n_threads = n_threads
 
+    @using_context("in use")
     def kv_stats(self) -> dict:
         ctx = self._need_ctx()
         stats = new_params("struct pykv_kv_stats")
@@ -524,6 +637,7 @@ class Llama:
             "bytes_per_element": (_KV_ELEMENT_BYTES[kv_type] + _KV_ELEMENT_BYTES[kv_type_v]) / 2,   # of K and V
         }
 
+    @using_context("in use")
     def kv_positions(self, layer: int, head: int) -> List[int]:
         """Original positions of the entries resident in (layer, KV head), in cache order."""
         ctx = self._need_ctx()
@@ -535,6 +649,7 @@ class Llama:
         check(lib.pykv_kv_head_positions(ctx, layer, head, out, n, n_out))
         return list(ffi.unpack(out, n_out[0]))
 
+    @using_context("in use")
     def timings(self) -> dict:
         """Tokens evaluated and milliseconds taken since the last generation began, split into
         the prompt's ("prompt_*") and the generated tokens' ("predicted_*"); a one-token
@@ -574,6 +689,96 @@ class Llama:
             lib.pykv_get_timings(self._ctx, t)
             self._prompt_step = (t.n_decode - n0, t.t_decode_ms - ms0)
 
+    # ---- llama-cpp-python's scores, eval_tokens and prompt caches ----
+
+    @property
+    def scores(self) -> np.ndarray:
+        """llama-cpp-python's scores: float32 (n_ctx, n_vocab) with logits_all, else (n_batch,
+        n_vocab). With logits_all, row i holds the logits computed at position i (those that
+        predict token i + 1) for every position evaluated so far; rows of positions not
+        evaluated (or past n_ctx) are zero or stale, and without logits_all none is filled,
+        as in llama-cpp-python (logits() has the last token's). The array is the Llama's own,
+        written by later evaluations."""
+        if self._scores is None:
+            rows = self.n_ctx if self.logits_all else self.n_batch
+            self._scores = np.zeros((rows, self.n_vocab), dtype=np.float32)   # pages only as written
+        return self._scores
+
+    def _record_scores(self, ctx, first: int, n: int) -> None:
+        """Copy the logits of the last eval()'s n tokens (at positions first..) into scores."""
+        if not self.logits_all or n <= 0:
+            return
+        n_rows = ffi.new("int32_t *")
+        ptr = lib.pykv_get_logits_all(ctx, n_rows)
+        if ptr == ffi.NULL:
+            return
+        n = min(n, n_rows[0], max(self.n_ctx - first, 0))
+        if n > 0:
+            rows = np.frombuffer(ffi.buffer(ptr, 4 * n_rows[0] * self.n_vocab), dtype=np.float32)
+            self.scores[first:first + n] = rows.reshape(n_rows[0], self.n_vocab)[:n]
+
+    @property
+    def eval_tokens(self) -> deque:
+        """llama-cpp-python's: the tokens evaluated in the context, in order (at most n_ctx)."""
+        return deque(self.input_ids, maxlen=int(self.n_ctx))
+
+    @property
+    def eval_logits(self) -> deque:
+        """llama-cpp-python's: the scores rows of the evaluated tokens, as lists (with
+        logits_all; without it the last row of scores only)."""
+        n = len(self.input_ids)
+        rows = self.scores[:min(n, self.scores.shape[0])]
+        return deque(rows.tolist(), maxlen=int(self.n_ctx) if self.logits_all else 1)
+
+    def set_cache(self, cache) -> None:
+        """Keep each completion's state in cache (a pykv.LlamaRAMCache or LlamaDiskCache;
+        None: no cache), to start later completions from the saved state whose tokens share
+        the longest prefix with their prompt (see pykv.caches)."""
+        from .caches import BaseLlamaCache
+        if cache is not None and not isinstance(cache, BaseLlamaCache):
+            raise errors.InvalidArgumentError(
+                f"set_cache takes a LlamaRAMCache, a LlamaDiskCache or None, got {type(cache).__name__}")
+        self.cache = cache
+
+    def _model_id(self) -> str:
+        if getattr(self, "_fingerprint", None) is None:
+            from ._state import model_fingerprint
+            self._fingerprint = model_fingerprint(self.model_path)
+        return self._fingerprint
+
+    def _load_from_cache(self, prompt_tokens: List[int]) -> None:
+        """Load the cached state that shares a longer prefix with the prompt than the context
+        does (llama-cpp-python's rule); a state this context cannot take is left alone."""
+        if self.cache is None:
+            return
+        try:
+            state = self.cache._lookup(prompt_tokens, self._model_id())
+        except (OSError, ValueError):   # a disk cache's file gone or damaged meanwhile
+            return
+        if state is None:
+            return
+
+        def shared(tokens):
+            n = 0
+            for a, b in zip(tokens, prompt_tokens):
+                if a != b:
+                    break
+                n += 1
+            return n
+        if shared(state.input_ids) > shared(self.input_ids):
+            try:
+                self.load_state(state)
+            except errors.PykvError:   # saved by a context of another KV type or policy
+                pass
+
+    def _save_to_cache(self, finish_reason: str) -> None:
+        if self.cache is None or finish_reason == "cancelled":
+            return
+        try:
+            self.cache._store(self.save_state(), self._model_id())
+        except (errors.PykvError, OSError):   # closed meanwhile, or the disk cache cannot be written
+            pass
+
     # ---- generation ----
 
     def _make_sampler(self, seed, **sampling):
@@ -596,11 +801,14 @@ class Llama:
             tokens = [int(t) for t in prompt]
             if not tokens:
                 raise errors.InvalidArgumentError("the prompt is empty")
-        if len(tokens) > self.n_ctx:
+        if len(tokens) > self.n_ctx and not self.cache_bounded:
             raise errors.ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={self.n_ctx}")
+                f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={self.n_ctx} (policy "
+                f"'{self.kv_stats()['policy']}' keeps the whole prompt until its end; 'take', or evict_every_chunk=True with "
+                "another evicting policy, reads longer prompts)")
         return tokens
 
+    @using_context("generating")
     def generate(self, prompt: Prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
@@ -654,8 +862,8 @@ class Llama:
                      as_callback(stopping_criteria, StoppingCriteriaList, "stopping_criteria"))
         steps = self._generate_steps(tokens, max_tokens, sampler, list(stop or []), ignore_eos, n_logprobs,
                                      n_prompt_logprobs, matcher, callbacks, prompt_progress)
-        if stream:
-            return steps
+        if stream:   # each step holds the context: another thread's call meanwhile is refused
+            return hold_each_step(self._in_use, steps, "generating")
         for _ in steps:
             pass
         return self.last_result
@@ -700,18 +908,19 @@ class Llama:
         check(lib.pykv_sampler_sample(sampler, scores, self.n_vocab, out))
         return out[0], logits
 
+    @using_context("in use")
     def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
                temp: float = 0.8, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                presence_penalty: float = 0.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
                mirostat_tau: float = 5.0, logits_processor=None, seed: Optional[int] = None) -> int:
         """llama-cpp-python's low-level draw: a token from the last eval()'s logits under
-        generate()'s chain, the penalties looking at the context's last 64 tokens. Each call
+        generate()'s chain, the penalties looking at the context's last last_n_tokens_size tokens. Each call
         starts a sampler afresh (Mirostat's state too); the token is not evaluated."""
         sampler = self._make_sampler(seed, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                      typical_p=typical_p, repeat_penalty=repeat_penalty,
                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                      mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
-        for t in self.input_ids[-64:]:
+        for t in self.input_ids[max(len(self.input_ids) - self.last_n_tokens_size, 0):]:
             lib.pykv_sampler_accept(sampler, t)
         processor = as_callback(logits_processor, LogitsProcessorList, "logits_processor")
         return self._draw(sampler, processor, lambda: np.array(self.input_ids, dtype=np.intc))[0]
@@ -720,6 +929,7 @@ class Llama:
                         n_prompt_logprobs=None, grammar=None, callbacks=(None, None),
                         prompt_progress=None) -> Iterator[GenerationChunk]:
         if n_prompt_logprobs is None:
+            self._load_from_cache(prompt_tokens)
             cached = self._start_from(prompt_tokens)
         else:   # every prompt token's logits are needed: none of it may come from the context
             self.reset()
@@ -781,9 +991,14 @@ class Llama:
                     break
                 if limit is not None and len(generated) >= limit:
                     break
-                if self.n_past >= self.n_ctx:
+                if self.n_past >= self.n_ctx and not self.cache_bounded:
                     break   # the context is full: finish_reason stays "length"
-                self.eval([token])
+                try:
+                    self.eval([token])
+                except errors.ContextOverflowError:
+                    if not self.cache_bounded:
+                        raise
+                    break   # the cache is full (nothing was evaluated): finish_reason stays "length"
         except (KeyboardInterrupt, errors.GenerationCancelled, GeneratorExit):
             finish_reason = "cancelled"
             self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs, prompt_logprobs)
@@ -794,13 +1009,19 @@ class Llama:
         self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs, prompt_logprobs)
 
     def _finish(self, text, generated, prompt_tokens, cached, finish_reason, logprobs=None, prompt_logprobs=None):
+        try:
+            timings, kv_stats = self.timings(), self.kv_stats()
+        except errors.InvalidArgumentError:   # an abandoned stream closed after close() or from another thread
+            timings, kv_stats = {}, {}
+        self._save_to_cache(finish_reason)
         self.last_result = GenerationResult(text=text.text, tokens=list(generated), finish_reason=finish_reason,
                                             prompt_tokens=len(prompt_tokens), cached_tokens=cached,
-                                            timings=self.timings(), kv_stats=self.kv_stats(),
+                                            timings=timings, kv_stats=kv_stats,
                                             logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     # ---- llama-cpp-python compatible completion ----
 
+    @using_context("generating")
     def create_completion(self, prompt: Prompt, max_tokens: int = 16, temperature: float = 0.8,
                           top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                           repeat_penalty: float = 1.0, seed: Optional[int] = None,
@@ -810,7 +1031,8 @@ class Llama:
                           echo: bool = False, grammar: Union[None, str, LlamaGrammar] = None,
                           mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                           typical_p: float = 1.0, logits_processor=None, stopping_criteria=None,
-                          suffix: Optional[str] = None, prompt_progress=None):
+                          suffix: Optional[str] = None, prompt_progress=None, model: Optional[str] = None,
+                          tfs_z: float = 1.0):
         """An OpenAI-shaped completion dict (or an iterator of chunk dicts with stream=True).
         logprobs=N fills each choice's "logprobs" (tokens, text_offset, token_logprobs and
         top_logprobs with the N most likely tokens and the chosen one), as llama-cpp-python.
@@ -818,7 +1040,10 @@ class Llama:
         (the first one's null, as OpenAI's): the whole prompt is then evaluated afresh.
         grammar, logits_processor and stopping_criteria work as in generate(). suffix fills in
         the middle: the completion is what goes between prompt and suffix (the model needs FIM
-        tokens; see pykv._fim). prompt_progress works as in generate()."""
+        tokens; see pykv._fim). prompt_progress works as in generate(). llama-cpp-python's
+        model names the model in the result ("model"); tfs_z (tail-free sampling) is not
+        implemented: other than 1.0 (off) it warns. The repeat, frequency and presence
+        penalties look at the last last_n_tokens_size tokens (Llama's keyword, default 64)."""
         from ._arguments import check_argument_types
         check_argument_types("create_completion", locals())
         from ._openai import completion
@@ -827,13 +1052,15 @@ class Llama:
                 raise errors.InvalidArgumentError("echo and suffix cannot go together")
             from ._fim import infill_prompt
             prompt = infill_prompt(self, prompt, suffix)
-        return completion(self, prompt, stream, echo=echo, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+        _check_tfs_z(tfs_z)
+        return _named(model, completion(
+                          self, prompt, stream, echo=echo, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                           logit_bias=logit_bias, logprobs=logprobs, grammar=grammar, mirostat_mode=mirostat_mode,
                           mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, typical_p=typical_p,
                           logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                          prompt_progress=prompt_progress)
+                          prompt_progress=prompt_progress, repeat_last_n=self.last_n_tokens_size))
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True, tools=None) -> List[int]:
         """Token ids of messages rendered with the model's chat template (ChatML without one).
@@ -857,6 +1084,7 @@ class Llama:
     def _special_text(self, token: int) -> str:
         return self.token_to_piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
 
+    @using_context("generating")
     def create_chat_completion(self, messages, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
                                min_p: float = 0.05, stream: bool = False, seed: Optional[int] = None,
                                stop: Union[None, str, Sequence[str]] = None, max_tokens: Optional[int] = None,
@@ -867,7 +1095,8 @@ class Llama:
                                grammar: Union[None, str, LlamaGrammar] = None, mirostat_mode: int = 0,
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, typical_p: float = 1.0, tools=None,
                                tool_choice=None, functions=None, function_call=None, logits_processor=None,
-                               stopping_criteria=None, prompt_progress=None):
+                               stopping_criteria=None, prompt_progress=None, model: Optional[str] = None,
+                               tfs_z: float = 1.0):
         """llama-cpp-python's chat completion: messages ([{"role", "content"}, ...]) rendered with
         the GGUF's chat template, an OpenAI-shaped "chat.completion" dict back (or its chunks with
         stream=True). max_tokens=None runs until end of generation or a full context.
@@ -882,7 +1111,8 @@ class Llama:
         message's "tool_calls" with finish_reason "tool_calls". "required" and a named function
         bind the reply to a call whose arguments follow the function's parameters schema. The
         older functions and function_call are taken too. See pykv._tools. logits_processor,
-        stopping_criteria and prompt_progress work as in generate()."""
+        stopping_criteria and prompt_progress work as in generate(); model and tfs_z and the
+        penalties' window as in create_completion()."""
         from ._arguments import check_argument_types
         check_argument_types("create_chat_completion", locals())
         from ._openai import chat_completion
@@ -901,7 +1131,9 @@ class Llama:
             from ._tools import call_grammar
             grammar = call_grammar(callable_tools)
         prompt = self.chat_prompt(messages, tools=checked)
-        return chat_completion(self, prompt, stream, tools=callable_tools, tool_mode=tool_mode,
+        _check_tfs_z(tfs_z)
+        return _named(model, chat_completion(
+                               self, prompt, stream, tools=callable_tools, tool_mode=tool_mode,
                                legacy=functions is not None, max_tokens=max_tokens,
                                temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                repeat_penalty=repeat_penalty, seed=seed, stop=stop,
@@ -909,6 +1141,7 @@ class Llama:
                                logit_bias=logit_bias, logprobs=(top_logprobs or 0) if logprobs else None,
                                grammar=grammar, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                                mirostat_eta=mirostat_eta, typical_p=typical_p, logits_processor=logits_processor,
-                               stopping_criteria=stopping_criteria, prompt_progress=prompt_progress)
+                               stopping_criteria=stopping_criteria, prompt_progress=prompt_progress,
+                               repeat_last_n=self.last_n_tokens_size))
 
     __call__ = create_completion

@@ -205,11 +205,24 @@ struct pykv_context_params {
                                  divisible by 32) */
     int32_t     kv_type_v;    /* how values are stored, as kv_type (llama.cpp's -ctv); -1
                                  (default) = as kv_type */
+    float       rope_freq_base;  /* RoPE base frequency (theta) instead of the model's; 0
+                                    (default) = the model's */
+    float       rope_freq_scale; /* RoPE linear position scaling: a token at position p is
+                                    rotated as if at p * rope_freq_scale (0.5 spreads the
+                                    model's positions over twice the length); 0 (default)
+                                    = 1, none */
 };
 
 PYKV_API void        pykv_context_default_params(struct pykv_context_params *params);
 PYKV_API pykv_status pykv_context_init(pykv_model *model, const struct pykv_context_params *params,
                                        pykv_context **out);
+/* A context is used by one thread at a time: a call from another thread while pykv_decode
+ * runs is refused with PYKV_ERR_INVALID_ARG (pykv_cancel excepted). pykv_context_free may
+ * come from any thread: while another thread's pykv_decode runs on ctx it cancels that call
+ * and waits for it to return before freeing, so the model may be freed next. From ctx's own
+ * progress callback the free is deferred: the running pykv_decode stops at the next chunk
+ * and frees ctx as it returns PYKV_ERR_CANCELLED. No call on ctx may start once
+ * pykv_context_free has been called. */
 PYKV_API void        pykv_context_free(pykv_context *ctx);
 PYKV_API pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads);
 
@@ -326,6 +339,37 @@ PYKV_API void        pykv_reset_timings(pykv_context *ctx);
 PYKV_API int32_t     pykv_policy_count(void);
 PYKV_API const char *pykv_policy_name(int32_t i);         /* NULL when out of range */
 PYKV_API const char *pykv_policy_description(int32_t i);
+
+/* What a policy does by default. With no budget given, an evicting policy keeps
+ * default_budget_frac of the prompt, at least default_budget_min entries per (layer, KV head)
+ * (so a short prompt keeps everything); a budget given as a share of the prompt is raised to
+ * at least budget_floor entries (or the policy's window or sinks when larger), with one
+ * warning (pykv_take_warning). The strings are static. */
+struct pykv_policy_info {
+    size_t      struct_size;
+    const char *name;
+    const char *description;
+    const char *options;              /* its policy arguments and their defaults, "key=default, ..." */
+    const char *choose;               /* one line on when to choose it */
+    float       default_budget_frac;
+    int32_t     default_budget_min;
+    int32_t     budget_floor;
+    int32_t     evicts;               /* 0 for `full` (a budget is an error) */
+    int32_t     evicts_while_reading; /* 1: evicts after every prefill chunk by itself (take) */
+    int32_t     evicts_every_step;    /* 1: decode steps evict too (the cache stays at the budget) */
+};
+PYKV_API pykv_status pykv_policy_get_info(int32_t i, struct pykv_policy_info *info);
+
+/* Nonzero when n_ctx bounds the context's cache rather than its positions: the policy evicts
+ * after every prefill chunk (take, or any evicting policy given the policy argument
+ * evict_every_chunk=1), so a prompt longer than n_ctx goes through while each (layer, KV
+ * head) holds at most n_ctx entries. Decode steps then stop (PYKV_ERR_CONTEXT_FULL) only
+ * when a list is full. Other policies: a call's tokens must fit in n_ctx positions. */
+PYKV_API int32_t     pykv_cache_bounded(const pykv_context *ctx);
+/* The next warning the context gave (a share budget raised to the policy's floor, a budget
+ * cut to n_ctx, positions past the model's training context; each kind once per context,
+ * also logged at level 2), or NULL when none is left. Owned by ctx. */
+PYKV_API const char *pykv_take_warning(pykv_context *ctx);
 
 /* ---- sampling ---- */
 

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DEFAULT_N_UBATCH 512
 
@@ -79,8 +80,9 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     failed |= !b->matmul.xq || !b->matmul.xpk || !b->segments_next || !b->segments_left || !b->segments;
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
     b->rope_cs = alloc_floats(T * (size_t)hp->n_rot, &failed);
+    b->colsum_stride = (size_t)ctx->cache.max_entries;
     if (ctx->policy->ops->wants_attention_sums || ctx->policy->ops->wants_decode_attention_sums)
-        b->attn_colsum = alloc_floats((size_t)hp->n_head * (size_t)ctx->n_ctx, &failed);
+        b->attn_colsum = alloc_floats((size_t)hp->n_head * b->colsum_stride, &failed);
     ctx->logits = alloc_floats((size_t)hp->n_vocab, &failed);
     ctx->chunk_start_n = calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(int32_t));
     ctx->chunk_tokens = calloc((size_t)ctx->n_ubatch, sizeof(pykv_token));
@@ -114,6 +116,48 @@ static pykv_status validate_params(const pykv_model *m, const struct pykv_contex
     if (p->budget < 0) return pykv_error(PYKV_ERR_INVALID_ARG, "budget must be positive, got %d", p->budget);
     if (!(p->budget_frac >= 0.0f && p->budget_frac <= 1.0f))
         return pykv_error(PYKV_ERR_INVALID_ARG, "budget fraction must be between 0 and 1, got %g", (double)p->budget_frac);
+    if (!(p->rope_freq_base >= 0.0f && p->rope_freq_base <= 1e30f))
+        return pykv_error(PYKV_ERR_INVALID_ARG, "rope_freq_base must be positive and finite (0 = the model's), got %g",
+                          (double)p->rope_freq_base);
+    if (!(p->rope_freq_scale >= 0.0f && p->rope_freq_scale <= 1e6f))
+        return pykv_error(PYKV_ERR_INVALID_ARG, "rope_freq_scale must be positive and finite (0 = 1), got %g",
+                          (double)p->rope_freq_scale);
+    return PYKV_OK;
+}
+
+// The parameters' RoPE overrides: another base frequency, and linear position scaling folded
+// into the frequencies (a token's angle is its position times inv_freq).
+static void apply_rope_params(pykv_context *ctx, const struct pykv_context_params *p) {
+    const struct hparams *hp = &ctx->model->hp;
+    const float base = p->rope_freq_base > 0.0f ? p->rope_freq_base : hp->rope_freq_base;
+    rope_inv_freq(ctx->buf.rope_inv_freq, hp->n_rot, base, ctx->model->rope_freqs);
+    if (p->rope_freq_scale > 0.0f)
+        for (int i = 0; i < hp->n_rot / 2; i++) ctx->buf.rope_inv_freq[i] *= p->rope_freq_scale;
+}
+
+// Make the policy from the parameters: evict_every_chunk comes out of its arguments (the
+// configuration keeps them whole, as saved states identify the settings by them), and the
+// budget rules of its descriptor go into its configuration.
+static pykv_status init_policy(pykv_context *ctx, const struct policy_ops *ops, const struct pykv_context_params *p) {
+    char *own_args = NULL;
+    PYKV_TRY(policy_split_args(ops->name, ctx->policy_args, &own_args, &ctx->evict_every_chunk));
+    if (ctx->evict_every_chunk && ops->keeps_every_entry) {
+        free(own_args);
+        return pykv_error(PYKV_ERR_INVALID_ARG, "the '%s' policy keeps every entry: evict_every_chunk does not apply",
+                          ops->name);
+    }
+    struct policy_config cfg = { .budget = p->budget, .budget_frac = p->budget_frac, .window = p->window,
+                                 .sink = p->sink, .args = own_args, .name = ops->name,
+                                 .default_frac = ops->default_budget_frac, .default_min = ops->default_budget_min };
+    pykv_status st = ops->init(&cfg, &ctx->policy);
+    free(own_args);
+    PYKV_TRY(st);
+    cfg.args = ctx->policy_args;
+    cfg.floor = policy_floor(ctx->policy);
+    cfg.notices = &ctx->notices;
+    ctx->policy->cfg = cfg;
+    ctx->cache_bounded = !ops->keeps_every_entry && (ops->evicts_while_reading || ctx->evict_every_chunk);
+    if (ctx->cache_bounded) ctx->policy->cfg.cap = ctx->n_ctx;
     return PYKV_OK;
 }
 
@@ -129,18 +173,23 @@ static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_pa
 
     const struct policy_ops *ops = policy_find(p->policy ? p->policy : "full");
     if (!ops) return PYKV_ERR_INVALID_ARG;
+    if (ops->keeps_every_entry && (p->budget > 0 || p->budget_frac > 0.0f))
+        return pykv_error(PYKV_ERR_INVALID_ARG, "the '%s' policy keeps every entry: a budget does not apply to it "
+                          "(choose an evicting policy, or give no budget)", ops->name);
     if (p->policy_args && !(ctx->policy_args = strdup(p->policy_args)))
         return pykv_error(PYKV_ERR_NOMEM, "out of memory");
-    struct policy_config cfg = { p->budget, p->budget_frac, p->window, p->sink, ctx->policy_args };
-    PYKV_TRY(ops->init(&cfg, &ctx->policy));
-    ctx->policy->cfg = cfg;
+    PYKV_TRY(init_policy(ctx, ops, p));
 
     // Lists may briefly hold a chunk's probe tokens on top of n_ctx entries.
     const int32_t type_v = p->kv_type_v == -1 ? p->kv_type : p->kv_type_v;
     PYKV_TRY(kv_cache_init(&ctx->cache, hp->n_layer, hp->n_head_kv, hp->head_dim, ctx->n_ctx + ctx->n_ubatch,
                            kv_format_of_type(p->kv_type), kv_format_of_type(type_v)));
-    return alloc_scratch(ctx);
+    PYKV_TRY(alloc_scratch(ctx));
+    apply_rope_params(ctx, p);
+    return PYKV_OK;
 }
+
+static void context_destroy(pykv_context *ctx);
 
 pykv_status pykv_context_init(pykv_model *model, const struct pykv_context_params *params, pykv_context **out) {
     pykv_clear_error();
@@ -156,15 +205,21 @@ pykv_status pykv_context_init(pykv_model *model, const struct pykv_context_param
     ctx->model = model;
     pykv_status st = context_setup(ctx, &p);
     if (st != PYKV_OK) {
-        pykv_context_free(ctx);
+        context_destroy(ctx);
         return st;
     }
     *out = ctx;
     return PYKV_OK;
 }
 
-void pykv_context_free(pykv_context *ctx) {
-    if (!ctx) return;
+// A nonzero value for the calling thread, unique among the threads alive: the address of a
+// thread-local byte.
+static uintptr_t context_thread_tag(void) {
+    static _Thread_local char tag;
+    return (uintptr_t)&tag;
+}
+
+static void context_destroy(pykv_context *ctx) {
     if (ctx->pool) threadpool_free(ctx->pool);
     if (ctx->policy) ctx->policy->ops->free(ctx->policy);
     kv_cache_free(&ctx->cache);
@@ -176,6 +231,25 @@ void pykv_context_free(pykv_context *ctx) {
     free(ctx->probe);
     free(ctx->chunk_tokens);
     free(ctx);
+}
+
+// Freeing a context that a pykv_decode is using: from that call's own thread (its progress
+// callback) the call frees it as it returns; from another thread the call is cancelled and
+// the free waits for it to return, so the caller may free the model next.
+void pykv_context_free(pykv_context *ctx) {
+    if (!ctx) return;
+    const uintptr_t owner = atomic_load(&ctx->decode_owner);
+    if (owner == context_thread_tag()) {
+        atomic_store(&ctx->free_pending, 1);
+        atomic_store(&ctx->cancel, 1);
+        return;
+    }
+    if (owner) {
+        atomic_store(&ctx->cancel, 1);
+        const struct timespec pause = { 0, 200 * 1000 };   // 0.2 ms: a layer takes longer
+        while (atomic_load(&ctx->decode_owner)) nanosleep(&pause, NULL);
+    }
+    context_destroy(ctx);
 }
 
 pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
@@ -204,6 +278,28 @@ pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
     return PYKV_OK;
 }
 
+// Positions stay below this however long the sequence (RoPE angles in float lose their
+// precision far beyond any training context).
+#define MAX_POSITION (1 << 24)
+
+// A cache-bounded context: a prefill is cut back to the budget after every chunk, so any
+// length goes through; a decode step needs room in its lists (n_ctx entries, or one more
+// for a policy that evicts it again at once).
+static pykv_status check_cache_room(const pykv_context *ctx, int32_t n) {
+    if ((int64_t)ctx->n_past + n > MAX_POSITION)
+        return pykv_error(PYKV_ERR_CONTEXT_FULL, "%d tokens after %d would pass position %d, the most pykv runs",
+                          n, ctx->n_past, MAX_POSITION);
+    if (n != 1) return PYKV_OK;
+    int32_t most = 0;
+    for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++)
+        if (ctx->cache.lists[i].n > most) most = ctx->cache.lists[i].n;
+    const int32_t limit = ctx->policy->ops->evicts_every_step ? ctx->n_ctx + 1 : ctx->n_ctx;
+    if (most + n > limit)
+        return pykv_error(PYKV_ERR_CONTEXT_FULL, "the KV cache is full: a list holds %d entries, n_ctx=%d (policy '%s' "
+                          "lets decoding grow the cache)", most, ctx->n_ctx, ctx->policy->ops->name);
+    return PYKV_OK;
+}
+
 static pykv_status check_tokens(const pykv_context *ctx, const pykv_token *tokens, int32_t n) {
     if (n < 0 || (n > 0 && !tokens)) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: invalid token array");
     int32_t n_vocab = ctx->model->hp.n_vocab;
@@ -211,10 +307,12 @@ static pykv_status check_tokens(const pykv_context *ctx, const pykv_token *token
         if (tokens[i] < 0 || tokens[i] >= n_vocab)
             return pykv_error(PYKV_ERR_INVALID_ARG, "token %d at index %d is out of range (vocabulary has %d tokens)",
                               tokens[i], i, n_vocab);
+    if (ctx->cache_bounded) return check_cache_room(ctx, n);
     if ((int64_t)ctx->n_past + n > ctx->n_ctx)
         return pykv_error(PYKV_ERR_CONTEXT_FULL,
-                          "%d tokens do not fit in the context: %d of n_ctx=%d are used, %d are free",
-                          n, ctx->n_past, ctx->n_ctx, ctx->n_ctx - ctx->n_past);
+                          "%d tokens do not fit in the context: %d of n_ctx=%d are used, %d are free (policy '%s' "
+                          "keeps the whole prompt until its end; take, or evict_every_chunk=1, read longer prompts)",
+                          n, ctx->n_past, ctx->n_ctx, ctx->n_ctx - ctx->n_past, ctx->policy->ops->name);
     return PYKV_OK;
 }
 
@@ -292,10 +390,17 @@ static void add_timings(pykv_context *ctx, int is_prefill, int32_t n, double t0,
     else            { ctx->timings.t_decode_ms += t_end - t0;  ctx->timings.n_decode += n; }
 }
 
+static pykv_status refuse_owner(uintptr_t owner, const char *what) {
+    if (!owner) return PYKV_OK;
+    if (owner == context_thread_tag())
+        return pykv_error(PYKV_ERR_INVALID_ARG, "%s: not while pykv_decode runs on this context (from its "
+                          "progress callback)", what);
+    return pykv_error(PYKV_ERR_INVALID_ARG, "%s: another thread is running pykv_decode on this context (a "
+                      "context is used by one thread at a time)", what);
+}
+
 pykv_status context_refuse_busy(const pykv_context *ctx, const char *what) {
-    return ctx->in_decode ? pykv_error(PYKV_ERR_INVALID_ARG, "%s: not while pykv_decode runs on this context "
-                                       "(from its progress callback)", what)
-                          : PYKV_OK;
+    return refuse_owner(atomic_load(&ctx->decode_owner), what);
 }
 
 static pykv_status decode_tokens(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens);
@@ -303,10 +408,15 @@ static pykv_status decode_tokens(pykv_context *ctx, const pykv_token *tokens, in
 pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
     pykv_clear_error();
     if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: ctx is NULL");
-    PYKV_TRY(context_refuse_busy(ctx, "pykv_decode"));
-    ctx->in_decode = 1;
+    uintptr_t idle = 0;
+    if (!atomic_compare_exchange_strong(&ctx->decode_owner, &idle, context_thread_tag()))
+        return refuse_owner(idle, "pykv_decode");
     const pykv_status st = decode_tokens(ctx, tokens, n_tokens);
-    ctx->in_decode = 0;
+    if (atomic_load(&ctx->free_pending)) {
+        context_destroy(ctx);
+        return pykv_error(PYKV_ERR_CANCELLED, "cancelled: the context was freed from the call's progress callback");
+    }
+    atomic_store(&ctx->decode_owner, 0);
     return st;
 }
 
@@ -324,12 +434,17 @@ static pykv_status decode_tokens(pykv_context *ctx, const pykv_token *tokens, in
     const double t0 = perf_now_ms();
     double t_done = t0;   // when the last finished chunk ended
     ctx->event = (struct policy_event){ .cache = &ctx->cache, .hp = &ctx->model->hp, .pool = ctx->pool,
-                                        .layer = -1, .n_prompt = n_tokens };
+                                        .layer = -1, .n_prompt = n_tokens, .n_past_end = ctx->n_past + n_tokens };
     ctx->single_run = 0;   // until this call completes on an empty context
+    const int32_t n_train = ctx->model->hp.n_ctx_train;
+    if (ctx->n_past + n_tokens > n_train)
+        policy_notice(&ctx->notices, NOTICE_TRAIN_CTX, "the sequence passes the model's training context (%d tokens): "
+                      "the model runs on positions it never saw, and its output may degrade", n_train);
     for (int32_t done = 0; done < n_tokens;) {
         int T = next_chunk_size(ctx, n_tokens - done, n_probe);
         int last = done + T == n_tokens, p = last ? 0 : n_probe;
-        ctx->event.is_last_chunk = last;
+        // with evict_every_chunk the policy compresses after every chunk as after a call's last
+        ctx->event.is_last_chunk = last || (is_prefill && ctx->evict_every_chunk);
         ctx->event.is_first_chunk = done == 0;
         memcpy(ctx->chunk_tokens, tokens + done, (size_t)T * sizeof(pykv_token));
         if (p) memcpy(ctx->chunk_tokens + T, probe, (size_t)p * sizeof(pykv_token));
@@ -372,6 +487,13 @@ const float *pykv_get_logits(pykv_context *ctx) { return ctx && ctx->has_logits 
 int32_t pykv_n_past(const pykv_context *ctx) { return ctx ? ctx->n_past : 0; }
 
 int32_t pykv_n_ctx(const pykv_context *ctx) { return ctx ? ctx->n_ctx : 0; }
+
+int32_t pykv_cache_bounded(const pykv_context *ctx) { return ctx ? ctx->cache_bounded : 0; }
+
+const char *pykv_take_warning(pykv_context *ctx) {
+    if (!ctx || ctx->notices.taken >= ctx->notices.n) return NULL;
+    return ctx->notices.text[ctx->notices.taken++];
+}
 
 int32_t pykv_is_single_run(const pykv_context *ctx) {
     return ctx && (ctx->policy->ops->keeps_every_entry || ctx->n_past == 0 || ctx->single_run);

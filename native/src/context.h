@@ -25,7 +25,8 @@ struct scratch {
     struct matmul_buf matmul;   // dequant: (n_threads, matmul_scratch_floats(max input features))
     float *rope_inv_freq;   // (n_rot / 2) base^(-2i/n_rot) / freq_factor
     float *rope_cs;         // (n_ubatch, n_rot) the chunk's tokens' RoPE cos and sin (rope_angles)
-    float *attn_colsum;     // (n_head, n_ctx) attention received per entry, when the policy asks
+    float *attn_colsum;     // (n_head, colsum_stride) attention received per entry, when the policy asks
+    size_t colsum_stride;   // the most entries a list holds (n_ctx + n_ubatch)
     float *flash_work;      // (n_threads, flash_work_stride) blocked prefill attention
     size_t flash_work_stride;
     float *part_m, *part_l; // (n_head, DECODE_MAX_SEGMENTS) a decode step's split attention
@@ -47,6 +48,12 @@ struct pykv_context {
     struct threadpool *pool;
     struct kv_cache    cache;
     struct kv_policy  *policy;
+    // Cut the cache back to the budget after every prefill chunk (the policy argument
+    // evict_every_chunk=1), so the chunks of a prompt end as a call's last chunk does.
+    int                evict_every_chunk;
+    // n_ctx bounds the cache's lists, not the positions (pykv_cache_bounded).
+    int                cache_bounded;
+    struct policy_notices notices;      // warnings given once (pykv_take_warning)
     int32_t           *chunk_start_n;   // (n_layer * n_head_kv) list lengths before a chunk
     struct scratch     buf;
     int32_t            n_past;
@@ -64,12 +71,16 @@ struct pykv_context {
     atomic_int         cancel;
     pykv_progress_callback progress;   // after each chunk of a multi-token call, or NULL
     void              *progress_user;
-    int                in_decode;      // a pykv_decode runs (its progress callback may call in)
+    // The thread running a pykv_decode on this context (context_thread_tag), 0 when none: its
+    // progress callback may call in, another thread's calls are refused, and
+    // pykv_context_free waits for the call to stop.
+    atomic_uintptr_t   decode_owner;
+    atomic_int         free_pending;   // pykv_context_free came from the running call's thread
     struct pykv_timings timings;
 };
 
 // PYKV_OK, or an error naming `what` while a pykv_decode runs on ctx: the calls that change
-// the context refuse from inside its progress callback.
+// the context refuse from inside its progress callback, and from any other thread.
 pykv_status context_refuse_busy(const pykv_context *ctx, const char *what);
 
 // Run tokens [0, T) at positions n_past.. through every layer, appending their K/V to the
