@@ -4,6 +4,7 @@ from .errors import (BackendError, ContextOverflowError, InvalidArgumentError, M
                      PykvError)
 from ._sampling import TokenLogprob
 from ._state import LlamaState
+from .caches import BaseLlamaCache, LlamaDiskCache, LlamaRAMCache
 from .grammar import LlamaGrammar
 from .llama import GenerationChunk, GenerationResult, Llama
 from .policies import list_policies
@@ -17,6 +18,6 @@ def system_info() -> str:
     return ffi.string(lib.pykv_system_info()).decode()
 
 
-__all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "LlamaState", "LlamaGrammar",
+__all__ = ["Llama", "GenerationChunk", "GenerationResult", "TokenLogprob", "LlamaState", "LlamaRAMCache", "LlamaDiskCache", "BaseLlamaCache", "LlamaGrammar",
            "LogitsProcessorList", "StoppingCriteriaList", "PykvError", "ModelLoadError", "ContextOverflowError",
            "InvalidArgumentError", "BackendError", "system_info", "list_policies", "__version__"]
