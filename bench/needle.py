@@ -9,7 +9,7 @@ depth that varies with the sample. Question: "What is the secret passkey?", aske
 model's chat template; greedy decoding of 24 tokens (SmolLM2 spells digits one token each); a hit is the passkey's digits in the
 answer.
 
-Two settings (ALGORITHMS.md 3.3):
+Two settings (docs/policies.md#question-aware-and-question-agnostic-use):
   aware    - one eval() of the whole prompt, question included (the policy sees it);
   agnostic - eval(context) then eval(question): the context is compressed before the
              question is known.

@@ -1,6 +1,6 @@
 """The Llama class: load a GGUF model, tokenize, evaluate and generate (llama-cpp-python style).
 
-The token loop runs in Python (DESIGN.md item 8): eval() appends tokens to the context, the
+The token loop runs in Python (docs/architecture.md): eval() appends tokens to the context, the
 C library computes logits, a C sampler picks the next token, and so on.
 """
 from __future__ import annotations

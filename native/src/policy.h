@@ -1,7 +1,7 @@
 // policy.h - the KV eviction policy interface and registry.
 //
 // A policy is a vtable plus its own state. The context calls its hooks at fixed points of
-// the forward pass; each policy declares which hooks it needs (DESIGN.md item 4):
+// the forward pass; each policy declares which hooks it needs (docs/architecture.md#policy-hooks):
 //   after_layer   - a layer has appended its K/V and attended (cascading policies; also decode
 //                   steps for policies that evict per layer); the pool is idle, free to use
 //   after_chunk   - every layer of a prefill chunk is done (chunked policies such as TAKE)

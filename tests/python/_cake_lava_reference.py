@@ -1,4 +1,4 @@
-"""Independent NumPy reimplementation of CAKE and LAVa prompt selection (ALGORITHMS.md 2.6, 2.7).
+"""Independent NumPy reimplementation of CAKE and LAVa prompt selection (docs/policies.md#cake, #lava).
 
 Never imports pykv.  ``capture_qkv(path, tokens)`` runs the float64 reference forward pass
 (``_policy_reference.capture_qkv``, over tests/python/_reference.py) and returns the
@@ -119,7 +119,7 @@ def final_ints(x, caps, total):
 
 
 def cake_layer(q, k, W, gamma=200.0, tau1=1.0, tau2=1.0, kernel=5):
-    """(log P_l, indicator (Hkv, n)) of one layer, ALGORITHMS.md 2.6 (i), (iv)."""
+    """(log P_l, indicator (Hkv, n)) of one layer (CAKE's layer preference and indicator)."""
     N, H, _ = q.shape
     Hkv = k.shape[1]
     n = N - W
@@ -154,7 +154,7 @@ def cake_select(qkv, B, W=32, **kw):
 
 
 def lava_layer(q, k, v, W, kernel=7):
-    """(normalized entropy e_l, scores s (Hkv, n)) of one layer, ALGORITHMS.md 2.7 code form."""
+    """(normalized entropy e_l, scores s (Hkv, n)) of one layer, the LAVa reference code's form."""
     N, H, _ = q.shape
     Hkv = k.shape[1]
     n = N - W
@@ -217,7 +217,7 @@ def lava_select(qkv, B, W=32, alpha=0.2, cascade=True, kernel=7):
 
 
 def cake_decode_scores(q, keys, W, kernel=5):
-    """CAKE decode rule (ALGORITHMS.md 2.6 (v), position order): q (Hq, D) of the new token,
+    """CAKE decode rule (position order): q (Hq, D) of the new token,
     keys[h] (n_h, D) = KV head h's list (new token last). Returns per KV head the scores of
     its first n_h - W entries: attention row of each query head -> avg pool -> GQA mean."""
     Hq, D = q.shape

@@ -1,4 +1,4 @@
-"""Independent NumPy (float64) reimplementation of EMS (ALGORITHMS.md 2.8) for the tests.
+"""Independent NumPy (float64) reimplementation of EMS (docs/policies.md#ems) for the tests.
 
 Restates the choices documented in native/src/policies/ems.c and its ems-*.c files:
 

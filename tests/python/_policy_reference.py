@@ -2,8 +2,9 @@
 
 Wraps ``_reference`` (never edits it): ``capture_qk`` runs the same textbook forward pass
 and returns every layer's post-RoPE queries and keys of the prompt. The selection
-functions restate ALGORITHMS.md 1.3-1.6, 2.1, 2.3-2.5 and the choices documented in the
-headers of native/src/policies/*.c:
+functions restate the rules of docs/policies.md (the observation window, streamingllm,
+snapkv, pyramidkv, adakv) and the choices documented in the headers of
+native/src/policies/*.c:
 
 * window attention: the last W queries over all N keys, causal inside the window, softmax;
   candidate score = column mean over the W rows (j < N - W);

@@ -5,7 +5,7 @@ Each chunk size is checked two ways:
     SmolLM2) with the same tolerance as the forward tests, and
   * against pykv's own one-shot prefill: with the `full` policy chunking only changes
     how many rows one matmul call sees, not the math, so the only allowed difference is
-    float32 summation order (DESIGN.md decision 7); the tolerance is a few times the
+    float32 summation order (docs/architecture.md); the tolerance is a few times the
     measured difference.
 """
 

@@ -21,7 +21,7 @@ POLICIES = list_policies()
 EVICTING = [p for p in POLICIES if p != "full"]
 WINDOW_POLICIES = [p for p in ("snapkv", "pyramidkv", "adakv") if p in POLICIES]
 N_CTX = 512
-W = 32          # default observation window (ALGORITHMS.md Appendix A)
+W = 32          # default observation window (docs/policies.md)
 SINK = 4        # streamingllm default sinks
 REF_RTOL = 1e-5
 
@@ -33,7 +33,7 @@ def protected(policy: str, n: int, budget: int) -> set:
     if policy == "h2o":
         return set(range(n - budget // 2, n))   # the recent half of the budget
     if policy == "take":
-        return set()                            # TAKE protects no window (ALGORITHMS.md 2.9)
+        return set()                            # TAKE protects no window (docs/policies.md#take)
     return set(range(n - W, n))   # window policies (default W = 32)
 
 

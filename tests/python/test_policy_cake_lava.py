@@ -1,4 +1,4 @@
-"""CAKE and LAVa eviction policies (ALGORITHMS.md 2.6, 2.7, 3.2).
+"""CAKE and LAVa eviction policies (docs/policies.md#cake, #lava).
 
 The NumPy reference (_cake_lava_reference.py) recomputes, from the spec formulas and the
 float64 forward pass, each layer's preference / entropy, the layer and head budgets and

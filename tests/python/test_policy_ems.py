@@ -1,4 +1,4 @@
-"""EMS (evict-then-merge, ALGORITHMS.md 2.8) against an independent NumPy reimplementation.
+"""EMS (evict-then-merge, docs/policies.md#ems) against an independent NumPy reimplementation.
 
 Reference: ``_ems_reference`` (float64 forward, s_Glo / s_Loc column sums, mean alignment,
 mean pooling, centre / TBM / evict partition, redundancy merge with w = s_Loc). pykv runs in

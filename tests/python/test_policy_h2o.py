@@ -1,4 +1,4 @@
-"""H2O against an independent NumPy reimplementation of its score (ALGORITHMS.md 2.2).
+"""H2O against an independent NumPy reimplementation of its score (docs/policies.md#h2o).
 
 Reference: float64 forward (``_policy_reference.capture_qk``), full causal softmax of every
 prompt query of each query head, column sums (the attention each key has received), mean

@@ -1,4 +1,4 @@
-"""TAKE (ALGORITHMS.md 2.9) against an independent NumPy reimplementation.
+"""TAKE (docs/policies.md#take) against an independent NumPy reimplementation.
 
 The reference below (float64) re-runs the chunked prefill itself, since TAKE evicts
 between chunks and later chunks attend over the pruned cache: the same chunk schedule as

@@ -1,4 +1,4 @@
-// adakv.c - Ada-KV / Ada-SnapKV (ALGORITHMS.md 2.5): SnapKV scores, but the heads of a
+// adakv.c - Ada-KV / Ada-SnapKV (docs/policies.md#adakv): SnapKV scores, but the heads of a
 // layer share its budget: a joint top-k over all heads' candidates sets each head's count,
 // blended with the uniform share by the safeguard alpha.
 //
@@ -14,7 +14,7 @@
 //   head h keeps its own top b_h candidates plus the window.
 // Choices: alpha in [0, 1] (argument alpha; 1 = uniform = SnapKV); the kvpress
 // "protect" safeguard is not offered. If all heads together have <= K candidates nothing
-// is evicted. Scoring, defaults, schedule (P1 only, decode grows), ties and later prefill
+// is evicted. Scoring, defaults, schedule (end of a prefill call only, decode grows), ties and later prefill
 // calls are as SnapKV.
 #include "window-scores.h"
 #include "policy-args.h"

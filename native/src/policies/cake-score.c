@@ -1,4 +1,4 @@
-// cake-score.c - CAKE layer preference and eviction indicator (ALGORITHMS.md 2.6).
+// cake-score.c - CAKE layer preference and eviction indicator (docs/policies.md#cake).
 //
 //   H_l = - sum_{hq, window row i, candidate j} A log(A + 1e-10)     (rows not renormalized)
 //   V_l =   sum_{hq, candidate j} var_i(A)                           (unbiased, as torch.var)

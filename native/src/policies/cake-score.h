@@ -1,5 +1,5 @@
-// cake-score.h - CAKE's per-layer scoring at the end of a prefill call (ALGORITHMS.md 2.6
-// (i) and (iv)): the layer preference and the eviction indicator of every KV head.
+// cake-score.h - CAKE's per-layer scoring at the end of a prefill call (docs/policies.md#cake):
+// the layer preference and the eviction indicator of every KV head.
 #pragma once
 #include <stdint.h>
 #include "window-scores.h"

@@ -1,4 +1,4 @@
-// cake.c - CAKE (ALGORITHMS.md 2.6): layer budgets from each layer's attention preference,
+// cake.c - CAKE (docs/policies.md#cake): layer budgets from each layer's attention preference,
 // allocated in a cascade during prefill, mean + gamma*variance token indicator, and a
 // fixed cache size during decoding.
 //
@@ -39,8 +39,8 @@
 //    entries are protected) ranked by the new token's attention row over the whole list
 //    (the step's own fp32 softmax), GQA mean, then avg pool 5 over the position-sorted
 //    candidates: one entry per list per step. This is the cakekv last-query rule, except
-//    that pooling runs over position order instead of cakekv's slot order (ALGORITHMS.md
-//    2.6 (v)), and the GQA mean precedes the (linear) pool. decode_evict=none lets the
+//    that pooling runs over position order instead of cakekv's slot order (slots are
+//    reused as entries leave), and the GQA mean precedes the (linear) pool. decode_evict=none lets the
 //    cache grow.
 #include "cake-budget.h"
 #include "cake-score.h"

@@ -1,4 +1,4 @@
-// ems-decode.c - EMS at every decode step, one (layer, KV head) list (ALGORITHMS.md 2.8, P4).
+// ems-decode.c - EMS at every decode step, one (layer, KV head) list (docs/policies.md#ems).
 //
 // The list holds the window (last P = min(L_win, n) entries) and the class centres (the
 // rest). The new token has just been appended, so the oldest window token has become a

@@ -1,4 +1,4 @@
-// ems-merge.c - EMS redundancy and merge rule (ALGORITHMS.md 2.8 eq. 4 and eq. 7).
+// ems-merge.c - EMS redundancy and merge rule (docs/policies.md#ems).
 //
 // R(i, c) = cos(k_i, k_c) * cos(v_i, v_c) on the keys as stored (post-RoPE; for a merged
 // entry its unit direction k̂_e). [ours] A pair whose key cosine or value cosine is negative

@@ -1,4 +1,4 @@
-// ems-prefill.c - EMS at the end of a prefill call, one (layer, KV head) list (ALGORITHMS.md 2.8).
+// ems-prefill.c - EMS at the end of a prefill call, one (layer, KV head) list (docs/policies.md#ems).
 //
 // Window: the last P = min(L_win, n) entries are protected. Candidates (the n - P others)
 // are ranked by the mean-pooled (kernel k, zeros counted at the edges) global-local score

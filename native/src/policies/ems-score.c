@@ -1,4 +1,4 @@
-// ems-score.c - EMS local score s_Loc at the end of a prefill call (ALGORITHMS.md 2.8 eq. 2).
+// ems-score.c - EMS local score s_Loc at the end of a prefill call (docs/policies.md#ems).
 //
 // s_Loc[j] = sum over the last `rows` queries of the attention on entry j, fp32 logits and
 // max-subtracted softmax (sums in double), causal inside the chunk (a query sees the list up

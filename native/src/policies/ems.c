@@ -1,7 +1,8 @@
-// ems.c - EMS: evict-then-merge with a global-local score (ALGORITHMS.md 2.8; paper only).
+// ems.c - EMS: evict-then-merge with a global-local score (docs/policies.md#ems; the paper
+// publishes no code).
 //
-// Choices (every [decide]/[ours] point of the spec, and what this runtime adds):
-//  * Granularity: per (layer, KV head) lists (DESIGN.md 2); query-head scores are reduced by
+// Choices (every point the paper leaves open, and what this runtime adds):
+//  * Granularity: per (layer, KV head) lists, as the cache keeps them; query-head scores are reduced by
 //    the GQA mean (s_Glo and s_Loc alike).
 //  * s_Glo: the attention each entry received from every query so far (all prompt chunks and
 //    decode steps), from the forward pass's column sums (wants_attention_sums), exactly, no
@@ -12,11 +13,11 @@
 //    whole list (window included); s_GL = max(a s_Glo, s_Loc); mean pooling (kernel 7, zeros
 //    counted at the edges, PyTorch avg_pool1d) over the candidates (the non-window entries).
 //  * Partition, redundancy and merge: ems-prefill.c and ems-merge.c. Similarity uses the
-//    keys as stored (post-RoPE): the spec's "w.o. pos" variant, the one whose merged rotated
+//    keys as stored (post-RoPE): the paper's "w.o. pos" variant, the one whose merged rotated
 //    direction attention.c can expand (no per-member re-rotation). No protected centres (the
 //    paper's PPL setting). One-shot weighted average, w = s_Loc. R with a negative key or value
 //    cosine never merges. tau = 1 is evict-only; gamma = 1 has no TBM tokens.
-//  * Decode (P4, ems-decode.c; each list as soon as it has attended, through decode_list,
+//  * Decode (ems-decode.c; each list as soon as it has attended, through decode_list,
 //    overlapped with the attention of the layer's other lists): fixed budget B per list,
 //    window -> centre, weakest centre by unpooled s_GL merged (R >= tau) or evicted;
 //    s_Glo += the step's attention; s_Loc = s_Loc_past + s_Loc_cur, s_Loc_cur accumulates

@@ -1,4 +1,4 @@
-// ems.h - shared state and helpers of the EMS policy (ALGORITHMS.md 2.8), split by concern:
+// ems.h - shared state and helpers of the EMS policy (docs/policies.md#ems), split by concern:
 //   ems.c         vtable, options, per-list score bookkeeping, the after_layer schedule
 //   ems-score.c   the local score s_Loc of a prefill call (last L_win queries, members expanded)
 //   ems-merge.c   redundancy R(i, c) and the weighted merge of entries into a centre

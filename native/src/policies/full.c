@@ -7,7 +7,7 @@ extern const struct policy_ops policy_full;
 #include <stdlib.h>
 
 static pykv_status full_init(const struct policy_config *cfg, struct kv_policy **out) {
-    (void)cfg;   // full ignores the budget (DESIGN.md item 5)
+    (void)cfg;   // full keeps every entry: no budget applies
     struct kv_policy *p = calloc(1, sizeof(*p));
     if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
     p->ops = &policy_full;

@@ -1,4 +1,4 @@
-// h2o.c - H2O (heavy hitters + recent window), ALGORITHMS.md 2.2.
+// h2o.c - H2O (heavy hitters + recent window); docs/policies.md#h2o.
 //
 // Score: s[j] = the attention entry j has received from every query so far (prompt and
 // generated), per KV head the mean over its query heads (GQA mean), accumulated in the order
@@ -6,9 +6,9 @@
 // KVCache-Factory form, not kvpress's ObservedAttention average) and no pooling.
 //
 // Schedule: scores accumulate after every layer of every chunk (the forward pass sums the
-// attention per entry: wants_attention_sums). At the end of a prefill call (P1) each list
+// attention per entry: wants_attention_sums). At the end of a prefill call each list
 // keeps its `recent` newest entries plus the B - recent highest scores among the others;
-// at every decode step (P4) a list longer than B drops its lowest-scored non-recent entry,
+// at every decode step a list longer than B drops its lowest-scored non-recent entry,
 // so the cache stays at B entries per (layer, KV head): decode does not grow it.
 //
 // [decide] recent (the heavy/recent split) defaults to B / 2, the even split of the H2O

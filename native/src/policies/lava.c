@@ -1,4 +1,4 @@
-// lava.c - LAVa (ALGORITHMS.md 2.7): value-scaled window scores ranked across the heads of
+// lava.c - LAVa (docs/policies.md#lava): value-scaled window scores ranked across the heads of
 // a layer (dynamic head budgets) and layer budgets from the normalized entropy of those
 // scores, allocated in a cascade during prefill. Decoding appends (the cache grows).
 //
@@ -20,7 +20,7 @@
 //  * vbar over the candidates only (code form); entropy normalized by ln(Hkv n) (code
 //    form; the shares are the same as the paper's), ln taken as 1 when Hkv n < 2. Scores
 //    follow ws_layer_scores (mean -> GQA reduce -> pool) and are then scaled by vbar: with
-//    the default max/max this equals the spec's mean -> pool -> x vbar -> GQA max exactly.
+//    the default max/max this equals the paper's mean -> pool -> x vbar -> GQA max exactly.
 //  * Layer split: water-filling with layer caps = the layer's candidates (cake-budget.c),
 //    floor + largest remainder at every cascade step (the cache holds exactly the target
 //    at every step). A later step never re-grows a head: min(b_h, current). As in the

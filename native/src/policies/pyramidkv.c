@@ -1,4 +1,4 @@
-// pyramidkv.c - PyramidKV (ALGORITHMS.md 2.4): the SnapKV score and selection, with a
+// pyramidkv.c - PyramidKV (docs/policies.md#pyramidkv): the SnapKV score and selection, with a
 // per-layer budget that falls linearly with depth.
 //
 // Layer budgets (selectable entries per KV head, window excluded), with B' = B - W,
@@ -7,14 +7,14 @@
 //   if bmax >= N - W: bmax = N - W, bmin = 2 B' - bmax;
 //   step = floor((bmax - bmin) / (L - 1)); b_l = bmax - l * step.
 // Choices ([decide] / [ours]):
-//  * With the floored step, sum b_l exceeds L B' by up to L(L-1)/2 entries (ALGORITHMS.md
-//    calls it a loss; it is a surplus). The difference is settled one entry at a time,
+//  * With the floored step, sum b_l exceeds L B' by up to L(L-1)/2 entries (a surplus, not
+//    a loss). The difference is settled one entry at a time,
 //    round robin from layer 0 upwards (the lowest layers, which hold the most, give it
 //    back), so the total is exactly L B'. A deficit would be handed out the same way,
 //    never above N - W.
 //  * Fallback to uniform (SnapKV) budgets when the pyramid is not defined: one layer.
 //  * beta (default 20, > 0) is the only extra argument; window, pool, kernel, gqa and all
-//    other behaviour (P1 only, decode grows, question-agnostic calls, ties) are SnapKV's.
+//    other behaviour (end of a prefill call only, decode grows, question-agnostic calls, ties) are SnapKV's.
 //  * On a later prefill call a list may hold fewer than b_l candidates: it keeps them all
 //    (the total then stays below L B'; nothing is redistributed).
 #include "policy-args.h"

@@ -1,4 +1,4 @@
-// snapkv.c - SnapKV (ALGORITHMS.md 2.3): at the end of each prefill call, per layer, the
+// snapkv.c - SnapKV (docs/policies.md#snapkv): at the end of each prefill call, per layer, the
 // last W queries score the earlier entries; every KV head keeps its top B - W candidates
 // plus the W window entries.
 //
@@ -6,7 +6,7 @@
 //  * Defaults W=32, max pooling with kernel 7, GQA mean; order mean over the window rows ->
 //    GQA reduce -> pool (the Ada-KV/LAVa baseline setting). Arguments: window, pool
 //    (max|avg), kernel (odd), gqa (mean|max).
-//  * Runs at P1 in after_layer of the last chunk of a multi-token call. Decode steps
+//  * Runs in after_layer of the last chunk of a multi-token call. Decode steps
 //    append without eviction: the cache grows by one entry per list per step.
 //  * A later multi-token call (eval(context) then eval(question)) is a new prefill and is
 //    compressed again at its end; its window is its last min(W, tokens) tokens.

@@ -1,4 +1,4 @@
-// streamingllm.c - StreamingLLM (ALGORITHMS.md 2.1): keep the first S entries (attention
+// streamingllm.c - StreamingLLM (docs/policies.md#streamingllm): keep the first S entries (attention
 // sinks) and the most recent R = B - S entries of every list; drop the middle.
 //
 // Choices ([decide] / [ours]):

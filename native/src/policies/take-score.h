@@ -1,9 +1,9 @@
-// take-score.h - TAKE's probe machinery (ALGORITHMS.md 2.9): the EMA of the probe queries
+// take-score.h - TAKE's probe machinery (docs/policies.md#take): the EMA of the probe queries
 // across prefill chunks in pre-RoPE space, and the probe's attention scores over a layer's
 // lists.
 //
 // Choices:
-//  * [ours, 2.9 open point 2] the EMA runs on pre-RoPE queries: each chunk's probe rows are
+//  * [ours] the EMA runs on pre-RoPE queries: each chunk's probe rows are
 //    un-rotated with their own positions, mixed Qa = alpha*Qa_prev + (1-alpha)*Q_now, and
 //    the result is rotated to the current probe positions before scoring. Rows are aligned
 //    at the end: when the row count changes (a short last chunk, an explicit probe longer
@@ -15,7 +15,7 @@
 //    whose probe is the prompt's real tail). The softmax runs over those columns only, so
 //    appended probe keys are excluded from the normaliser, as in the paper's eq. 9.
 //  * Score = mean over the probe rows, then the mean over the query heads of the KV head
-//    (GQA mean, [ours] 2.9 open point 4), then avg pooling along the list (PyTorch
+//    (GQA mean, [ours]), then avg pooling along the list (PyTorch
 //    semantics: zeros outside, still counted). avg pooling and the GQA mean are linear, so
 //    this order equals pool-then-reduce up to float rounding.
 //  * Each query head is one task of the thread pool writing only its own row, so the

@@ -1,9 +1,9 @@
-// take.c - TAKE (ALGORITHMS.md 2.9): task-aware eviction after every prefill chunk, so the
+// take.c - TAKE (docs/policies.md#take): task-aware eviction after every prefill chunk, so the
 // cache never holds the whole prompt.
 //
-// Schedule (hook P3, after_layer of every chunk of a multi-token call): the context runs
+// Schedule (after_layer of every chunk of a multi-token call): the context runs
 // each chunk but the last followed by the probe tokens (probe_len below; pykv_set_probe
-// gives an explicit one) at the positions right after the chunk ([ours] open point 1).
+// gives an explicit one) at the positions right after the chunk ([ours]).
 // At every scored layer the probe queries update the layer's EMA (take-score.h: pre-RoPE,
 // alpha on the past, rows aligned at the end), the EMA probe, rotated to the current probe
 // positions, scores the layer's entries (the appended probe entries excluded), and each
@@ -11,12 +11,12 @@
 // forward pass to drop.
 //
 // Choices ([decide] / [ours]):
-//  * Last chunk: no probe is appended ([ours] open point 3); the chunk's real tail is the
+//  * Last chunk: no probe is appended ([ours]); the chunk's real tail is the
 //    probe: its last `rows` tokens, rows = the EMA's row count (the earlier chunks' probe
 //    length), or probe_len when the call is a single chunk, at most the chunk's length.
 //    The context keeps at least probe_len tokens in the last chunk (last_chunk_min). Those
-//    tail entries are candidates like any other (no protected window, [ours] open point
-//    5), scored causally by position. A call that fits one chunk is its own last chunk.
+//    tail entries are candidates like any other (no protected window, [ours]),
+//    scored causally by position. A call that fits one chunk is its own last chunk.
 //  * The context refuses a probe of n_ubatch / 2 tokens or more (pykv_decode error), so
 //    the default probe_len = 32 needs n_batch > 64 for multi-chunk prompts.
 //  * Budgets: B = policy_budget(cfg, tokens of the call); k(i, l) = B_warmup for layers
@@ -31,11 +31,11 @@
 //  * The EMA restarts with every multi-token call (a call is recognised by its first
 //    chunk: the call length changes or the chunk does not start where the last one ended)
 //    and after pykv_reset; the EMA is updated on every chunk, also when nothing is evicted.
-//  * Scores: mean over the probe rows, GQA mean ([ours] open point 4), avg pooling with
-//    kernel 7 ([decide] open point "r"); top-k ties go to the lower position.
+//  * Scores: mean over the probe rows, GQA mean ([ours]), avg pooling with
+//    kernel 7 ([decide]); top-k ties go to the lower position.
 //  * Decode steps (one token) never evict: the cache grows by one entry per list per step
-//    ([ours] open point 7). A later multi-token call is a new TAKE prefill and evicts again.
-//  * Defaults alpha = 0.2 (the LongBench value), probe_len = 32 ([decide] open point p).
+//    ([ours]). A later multi-token call is a new TAKE prefill and evicts again.
+//  * Defaults alpha = 0.2 (the LongBench value), probe_len = 32 ([decide]).
 //    Arguments: alpha (0 <= alpha < 1), probe_len (>= 1), warmup_layers (0 .. n_layer,
 //    checked at the first chunk), warmup_budget (>= 1, tokens), kernel (odd, >= 1);
 //    anything else is an error.

@@ -1,6 +1,6 @@
 // window-opts.c - options and budget rules shared by the window policies.
 //
-// [decide] choices (ALGORITHMS.md 3.2):
+// [decide] choices (docs/policies.md#the-observation-window):
 //  * window= (constructor) and the policy argument window= are the same setting; giving
 //    both with different values is an error.
 //  * A budget given as a fraction is a fraction of the sequence at the end of the current

@@ -1,4 +1,4 @@
-// window-scores.c - observation-window attention statistics (ALGORITHMS.md 1.3).
+// window-scores.c - observation-window attention statistics (docs/policies.md#the-observation-window).
 //
 // For every query head, the last `rows` queries of the chunk attend over their KV head's
 // whole list (causal: a query sees the entries up to its own position), softmax in fp32

@@ -1,6 +1,6 @@
 // window-scores.h - shared machinery of the observation-window policies (SnapKV family).
 //
-// ALGORITHMS.md 1.3-1.6: the last W queries of a prefill call attend (fp32 softmax, causal
+// docs/policies.md#the-observation-window: the last W queries of a prefill call attend (fp32 softmax, causal
 // inside the window) over every entry of their KV head's list; the per-query-head column
 // mean (and optionally the unbiased variance) over those rows scores each candidate (the
 // entries before the window). Then GQA reduce, pooling along the token axis, top-k
@@ -34,7 +34,7 @@ struct ws_window ws_window_of(const struct policy_event *ev, int32_t W);
 // computed by attention_weights (the forward pass's kernels).
 void ws_softmax_row(const struct policy_event *ev, const struct kv_list *l, int hq, int t, float *p);
 
-// True in after_layer at the end of a prefill call (hook point P1).
+// True in after_layer of the last chunk of a prefill call.
 int ws_is_prefill_end(const struct policy_event *ev);
 
 // Per-query-head column statistics of one layer. KV head g has n_cand[g] candidates; its

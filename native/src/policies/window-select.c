@@ -1,5 +1,5 @@
 // window-select.c - GQA reduction, pooling, top-k selection and compaction for the window
-// policies (ALGORITHMS.md 1.4-1.6).
+// policies (docs/policies.md#the-observation-window).
 #include "window-scores.h"
 #include "../error.h"
 
