@@ -218,9 +218,9 @@ static AVX2_TGT void merged_exp_avx2(const struct kv_list *l, int j0, int n, int
             float *wr = w + (size_t)r * n + j;
             const __m256 s = _mm256_maskload_ps(wr, valid), e = exp_ps(_mm256_sub_ps(s, vmax[r]));
             const __m256 is1 = _mm256_castsi256_ps(single);
-            // a masked store is microcoded on AMD (without it, an EMS list's exponentials at
-            // depth take 8..14% fewer cycles on Zen 3): a blend keeps the merged entries' logits,
-            // and only the last eight entries, whose lanes may reach into the next row, take it
+            // a masked store is microcoded on AMD, so a blend keeps the merged entries' logits
+            // and a plain store writes them back; only the last eight entries, whose lanes may
+            // reach into the next row, take the masked store
             if (j + 8 <= n) _mm256_storeu_ps(wr, _mm256_blendv_ps(s, e, is1));
             else _mm256_maskstore_ps(wr, single, e);
             vsum[r] = _mm256_add_ps(vsum[r], _mm256_and_ps(e, is1));
@@ -296,8 +296,8 @@ static void weighted_sum_generic(const float *p, const struct kv_list *l, int j0
 
 // At depth the lists come from memory (the weights streamed since the last step have pushed
 // them out of cache), faster than the hardware prefetcher asks for them: each pass over
-// keys or values requests the rows this many bytes ahead (1 KiB before; 4 KiB took an EMS
-// step's attention at depth 1024 4..6.5% lower on Zen 4, 2 and 8 KiB less).
+// keys or values requests the rows this many bytes ahead (a few rows: nearer leaves the
+// loads waiting, farther evicts rows the pass has not reached yet).
 #define ATTENTION_PREFETCH 4096
 
 // Q8_0 keys: within a 32-value block each query's dot product with the int8 quants sums

@@ -176,8 +176,8 @@ static void attend_list(struct decode_job *job, float *scores, int g) {
 // Each thread first attends the lists it owns (g = ith, ith + nth, ...) segment by segment,
 // then helps with the segments left of any list. A list's policy work then mostly reads rows
 // its own thread has just read, from its own core's cache (with 2 threads and 3 KV heads,
-// lists 0 and 1 stay on one core each; dealing out (list, segment) items in turn had each
-// list's rows half on either core: the attention phase took ~5% longer at depth).
+// lists 0 and 1 stay on one core each; dealing out (list, segment) items in turn would put
+// each list's rows half on either core).
 // Which thread attends a segment does not change any result.
 static void decode_split_task(void *arg, int ith, int nth) {
     struct decode_job *job = arg;

@@ -76,7 +76,7 @@ static void matvec_rows(const struct matvec_job *job, long r0, long r1) {
 }
 
 // Each thread takes one contiguous share of the rows: a long sequential stream is what the
-// hardware prefetcher follows best (interleaved chunks of 16 rows ran 15% slower). The
+// hardware prefetcher follows best (interleaved chunks of rows break the stream up). The
 // shares are whole groups of four rows, so that which rows take the four-row kernel (and
 // so the rounding of each output) does not depend on the number of threads.
 static void matvec_task(void *arg, int ith, int nth) {

@@ -15,8 +15,8 @@
 static inline TGT float half(uint16_t h) { return _cvtsh_ss(h); }
 
 // pshufb controls that spread bytes 0-7 (spread_lo) or 8-15 (spread_hi) of a 128-bit lane,
-// duplicated in both lanes, into eight zero-extended 32-bit lanes. On Zen 3 this made Q4_1
-// a third faster than vpmovzxbd ymm, xmm (which crosses lanes) plus unpacks.
+// duplicated in both lanes, into eight zero-extended 32-bit lanes: in-lane shuffles, cheaper
+// than vpmovzxbd ymm, xmm (which crosses lanes) plus unpacks.
 #define B4(i) i, -1, -1, -1
 static const int8_t spread_lo[32] = { B4(0), B4(1), B4(2), B4(3), B4(4), B4(5), B4(6), B4(7) };
 static const int8_t spread_hi[32] = { B4(8), B4(9), B4(10), B4(11), B4(12), B4(13), B4(14), B4(15) };

@@ -6,9 +6,9 @@
 // activation load and one convert and multiply for all four rows' scales: each row's integer
 // sums (eight int32 lanes) are folded with two rounds of hadd into one vector holding every
 // row's partial sum twice, [r0 r1 r2 r3 | r0 r1 r2 r3] (the two halves of the block), which
-// one FMA scales by [d0 dx .. d3 dx | the same]. On Zen 3: 1.37x the one-row kernel per
-// Q4_1 row in cache; SmolLM2 Q4_1's decode step +10..14% (BENCHMARKS.md); Q8_0 from memory,
-// where the one-row kernel already streams at the bandwidth, the same speed.
+// one FMA scales by [d0 dx .. d3 dx | the same]. It pays where the rows are in cache or
+// narrow (small models' decode steps); for Q8_0 from memory, where the one-row kernel
+// already streams at the memory's bandwidth, the two run at the same speed.
 #if defined(__x86_64__) || defined(__i386__)
 #include "pykv.h"
 #include "quant-blocks.h"
@@ -26,9 +26,9 @@
 // step prefetches its share (span bytes) of the four rows DOT4_AHEAD bytes on (at least the
 // group after next), so each line of the stream is asked for once; a prefetch per row per
 // block, as the one-row kernels do, made the four-row kernel slower than one row at a time
-// for Q8_0 from memory. Narrow rows need the bytes, not the rows: two groups ahead was 2.9
-// KiB on SmolLM2's 576-wide Q4_1 rows, and 8 KiB made its decode step 11% faster on Zen 4
-// (gate/up 24%; 6 to 10 KiB measured alike; BENCHMARKS.md).
+// for Q8_0 from memory. Narrow rows need the bytes, not the rows: two groups ahead is only a
+// few KiB on 576-wide Q4_1 rows, too close to hide the memory's latency, so the distance is
+// in bytes (8 KiB, as the one-row kernels').
 #define DOT4_AHEAD 8192
 #define Q8_DOT4(name, block_t, ISUM, SCALES, CENTRE)                                                      \
     static AVX2_TGT void name(const void *rows, int64_t rb, const block_q8_act *x, int64_t n, float *out) {  \

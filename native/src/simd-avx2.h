@@ -76,20 +76,19 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void
 }
 
 // Weights are read once per token, straight from memory. The hardware prefetcher alone
-// leaves the kernels waiting on loads; asking for the bytes 2 KiB ahead (two or three rows,
-// which each thread reads in one sequential run) made Q4_1 18% faster on Zen 3, and 8 KiB
-// made a K-quant model's decode step 3% faster again on Zen 4 (4, 6, 12 and 16 KiB: 2%).
+// leaves the kernels waiting on loads, so the kernels ask for the bytes several rows ahead
+// (each thread reads its rows in one sequential run); 8 KiB is far enough for the memory's
+// latency on wide and narrow rows alike without running past what the caches hold.
 // Prefetching past the end of the matrix is harmless: a prefetch never faults. The hint is
 // non-temporal: the bytes are used once, and a decode step streams every weight, so with the
-// plain hint they pushed the KV lists and the policies' per-entry state out of cache before
-// the next step came back to them (on Zen 4, an EMS step at depth 1024: its attention phase -6%,
-// the step -1..2%; no change at depth 0, nor for models of 15 to 61 MB; on Zen 3 the NTA, T0
-// and T2 hints measured alike: BENCHMARKS.md).
+// plain hint they push the KV lists and the policies' per-entry state out of cache before
+// the next step comes back to them (this matters at depth; on CPUs that treat the hints
+// alike it costs nothing).
 #define Q8_PREFETCH 8192
 #define WEIGHT_PREFETCH_HINT _MM_HINT_NTA
 
 // A K-quant super-block spans two to four cache lines: ask for each of them (one prefetch per
-// super-block left Q4_K decoding 27% slower on Zen 3).
+// super-block leaves the kernel waiting on the lines it did not ask for).
 static inline AVX2_TGT void prefetch_superblock(const void *blk, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)blk + Q8_PREFETCH + off, WEIGHT_PREFETCH_HINT);
 }
@@ -143,7 +142,7 @@ static inline AVX2_TGT __m256i qh_bytes(uint32_t qh) {
 
 // The 32 four-bit quants of a Q4 block in element order, one per byte: the low nibbles of
 // qs are elements 0-15, the high nibbles 16-31. (One broadcast load, then the upper lane is
-// shifted by 4: a third faster on Zen 3 than building the halves separately.)
+// shifted by 4: fewer instructions than building the halves separately.)
 static inline AVX2_TGT __m256i q4_quants(const uint8_t *qs) {
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
     return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
