@@ -138,7 +138,8 @@ def load_model(args, path, **extra):
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
                  use_mmap=not args.no_mmap, policy=args.policy, budget=args.budget,
                  window=args.window, sink=args.sink, exact_matmul=args.exact_matmul, kv_type=kv_type,
-                 kv_type_v=kv_type_v, policy_kwargs=parse_policy_args(args.policy_arg) or None, **extra)
+                 kv_type_v=kv_type_v, policy_kwargs=parse_policy_args(args.policy_arg) or None,
+                 evict_every_chunk=getattr(args, "evict_every_chunk", False), **extra)
 
 
 _written = {"last": ""}   # the last character written to stdout by _write

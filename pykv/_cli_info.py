@@ -54,13 +54,30 @@ def _print_system() -> None:
     print(pykv.system_info())
 
 
+def _policy_lines(info: dict) -> list:
+    """What `pykv info --policies` says of one policy, after its name and description."""
+    from .policies import default_budget_text
+    if not info["evicts"]:
+        return [f"choose: {info['choose']}"]
+    reading = ("yes: it evicts after every prefill chunk, so -c bounds the cache, not the prompt"
+               if info["evicts_while_reading"] else "with evict_every_chunk=1 (--evict-every-chunk)")
+    return [f"options: {info['options']}",
+            f"budget: default {default_budget_text(info)}; a share (N%) is raised to at least "
+            f"{info['budget_floor']} entries or the policy's window",
+            f"decode: {'evicts every step (the cache stays at the budget)' if info['evicts_every_step'] else 'the cache grows'}; "
+            f"prompts longer than -c: {reading}",
+            f"choose: {info['choose']}"]
+
+
 def _print_policies() -> None:
-    from .policies import describe_policies
-    rows = list(describe_policies().items())
-    width = max((len(n) for n, _ in rows), default=4)
-    print("policies:")
-    for name, desc in rows:
-        print(f"  {name:<{width}}  {desc}")
+    from .policies import policy_info
+    rows = policy_info()
+    width = max((len(r["name"]) for r in rows), default=4)
+    print("policies (--policy NAME; options go through --policy-arg K=V):")
+    for info in rows:
+        print(f"  {info['name']:<{width}}  {info['description']}")
+        for line in _policy_lines(info):
+            print(f"  {'':<{width}}    {line}")
 
 
 def load_info(path) -> dict:

@@ -40,7 +40,8 @@ def _add_model_flags(p):
                         "(default: smollm2, fetched on first use)")
     g.add_argument("-m", "--model", help="same as MODEL")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
-                   help="context size in tokens (default 4096; 0 = the model's training context)")
+                   help="context size in tokens (default 4096; 0 = the model's training context); with "
+                        "--policy take or --evict-every-chunk it bounds the KV cache, not the prompt")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="threads (default: number of physical cores)")
     g.add_argument("-b", "--batch-size", type=int, default=512, metavar="N",
@@ -55,7 +56,13 @@ def _add_model_flags(p):
     k = p.add_argument_group("KV cache policy")
     k.add_argument("--policy", default="full", help="eviction policy (default full; see 'pykv info --policies')")
     k.add_argument("--budget", default=None,
-                   help="entries kept per (layer, KV head) on average, or a share of the prompt like 3%%")
+                   help="entries kept per (layer, KV head) on average, or a share of the prompt like 3%% "
+                        "(raised to the policy's floor, 64 entries or its window, with a warning); default for "
+                        "an evicting policy: 25%% of the prompt, at least 256 entries")
+    k.add_argument("--evict-every-chunk", action="store_true",
+                   help="cut the cache back to the budget after every prefill chunk (any evicting policy; take "
+                        "always does), so the cache never holds the whole prompt and a prompt longer than -c "
+                        "goes through")
     k.add_argument("--window", type=int, default=None, metavar="N", help="recent tokens always kept")
     k.add_argument("--sink", type=int, default=None, metavar="N", help="first tokens always kept")
     k.add_argument("--policy-arg", action="append", default=[], metavar="K=V",

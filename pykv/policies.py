@@ -22,6 +22,39 @@ def describe_policies() -> dict:
     return out
 
 
+def policy_info() -> list:
+    """One dict per policy, in the registry's order, from the C registry: name, description,
+    options (its policy arguments and their defaults), choose (when to choose it), the
+    default budget (default_budget_frac of the prompt, at least default_budget_min entries),
+    budget_floor (the least a share budget becomes), evicts, evicts_while_reading (n_ctx then
+    bounds the cache, not the prompt) and evicts_every_step (decoding keeps the budget)."""
+    from ._ffi import check, new_params
+    out = []
+    for i in range(lib.pykv_policy_count()):
+        info = new_params("struct pykv_policy_info")
+        check(lib.pykv_policy_get_info(i, info))
+        out.append({
+            "name": ffi.string(info.name).decode(),
+            "description": ffi.string(info.description).decode(),
+            "options": ffi.string(info.options).decode(),
+            "choose": ffi.string(info.choose).decode(),
+            "default_budget_frac": round(float(info.default_budget_frac), 6),
+            "default_budget_min": int(info.default_budget_min),
+            "budget_floor": int(info.budget_floor),
+            "evicts": bool(info.evicts),
+            "evicts_while_reading": bool(info.evicts_while_reading),
+            "evicts_every_step": bool(info.evicts_every_step),
+        })
+    return out
+
+
+def default_budget_text(info: dict) -> str:
+    """The default budget of a policy's info in words: "25% of the prompt, at least 256 entries"."""
+    if not info["evicts"]:
+        return "none (keeps everything)"
+    return f"{info['default_budget_frac'] * 100:g}% of the prompt, at least {info['default_budget_min']} entries"
+
+
 def parse_budget(budget):
     """(entries, fraction) for the C params from budget=256 (entries per layer and KV head on
     average) or "3%" / 0.03 (a fraction of the prompt); None: the policy's default."""

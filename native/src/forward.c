@@ -126,7 +126,8 @@ static void finish_list(struct decode_job *job, int g) {
         const size_t slot = (size_t)h * DECODE_MAX_SEGMENTS;
         attention_merge(b->segments[g], b->part_m + slot, b->part_l + slot, b->part_o + slot * hd, hd,
                         b->att + (size_t)h * hd);
-        if (b->attn_colsum) normalize_colsum(b->attn_colsum + (size_t)h * ctx->n_ctx, l->n, b->part_m + slot, b->part_l + slot);
+        if (b->attn_colsum)
+            normalize_colsum(b->attn_colsum + (size_t)h * b->colsum_stride, l->n, b->part_m + slot, b->part_l + slot);
     }
     if (!job->ev) return;
     const pykv_status st = ctx->policy->ops->decode_list(ctx->policy, job->ev, g);
@@ -157,7 +158,7 @@ static void attend_segment(struct decode_job *job, float *scores, int g, int seg
         for (int r = 0; r < nq; r++) {
             const size_t slot = (size_t)(h0 + r) * DECODE_MAX_SEGMENTS + seg;
             if (b->attn_colsum)   // unnormalised; finish_list scales them
-                memcpy(b->attn_colsum + (size_t)(h0 + r) * ctx->n_ctx + j0, scores + (size_t)r * (j1 - j0),
+                memcpy(b->attn_colsum + (size_t)(h0 + r) * b->colsum_stride + j0, scores + (size_t)r * (j1 - j0),
                        (size_t)(j1 - j0) * sizeof(float));
             b->part_m[slot] = part_m[r];
             b->part_l[slot] = part_l[r];
@@ -214,7 +215,7 @@ static void prefill_attention(pykv_context *ctx, int layer, int T) {
 // colsum[h][j] += the attention query head h pays entry j.
 static void add_colsums(pykv_context *ctx, int h0, int nq, int n, const float *w) {
     for (int r = 0; r < nq; r++) {
-        float *colsum = ctx->buf.attn_colsum + (size_t)(h0 + r) * ctx->n_ctx;
+        float *colsum = ctx->buf.attn_colsum + (size_t)(h0 + r) * ctx->buf.colsum_stride;
         for (int j = 0; j < n; j++) colsum[j] += w[(size_t)r * n + j];
     }
 }
@@ -233,7 +234,7 @@ static void attention_colsum_task(void *arg, int ith, int nth) {
     for (long g = g0; g < g1; g++) {
         const int n_list = kv_cache_list(&ctx->cache, job->layer, (int)g)->n;
         for (int r = 0; r < n_rep; r++)
-            memset(ctx->buf.attn_colsum + ((size_t)g * n_rep + r) * ctx->n_ctx, 0, (size_t)n_list * sizeof(float));
+            memset(ctx->buf.attn_colsum + ((size_t)g * n_rep + r) * ctx->buf.colsum_stride, 0, (size_t)n_list * sizeof(float));
         for (int t = 0; t < job->T; t++) attend_group(ctx, job->layer, job->T, (int)g, t, scores, add_colsums);
     }
 }
@@ -296,7 +297,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         ev.T = T;
         const int prefill_sums = T > 1 && ops->wants_attention_sums;   // decode steps write them anyway
         ev.attn_colsum = T == 1 || prefill_sums ? b->attn_colsum : NULL;
-        ev.attn_colsum_stride = ctx->n_ctx;
+        ev.attn_colsum_stride = (int32_t)b->colsum_stride;
         // a decode step (a one-token call, not a one-token chunk of a prompt) evicts each list
         // as it finishes
         const int per_list = T == 1 && ev.n_prompt == 1 && ops->decode_list;

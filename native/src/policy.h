@@ -16,12 +16,34 @@
 #include "pykv.h"
 #include "state-io.h"
 
+// Warnings a context gives once each (pykv_take_warning hands them to the caller; they are
+// logged too): a share budget raised to the policy's floor, a budget cut to n_ctx, positions
+// past the model's training context.
+enum policy_notice_kind { NOTICE_BUDGET_FLOOR = 0, NOTICE_BUDGET_CAP = 1, NOTICE_TRAIN_CTX = 2, NOTICE_KINDS = 3 };
+
+struct policy_notices {
+    unsigned said;                        // bit per kind already given
+    int32_t  n, taken;                    // messages kept, messages handed out
+    char     text[NOTICE_KINDS][320];
+};
+
+// Record (and log) a warning of this kind unless the context already gave one.
+void policy_notice(struct policy_notices *ns, enum policy_notice_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 struct policy_config {
     int32_t     budget;        // entries per (layer, KV head) on average; 0 = from budget_frac
-    float       budget_frac;   // fraction of the prompt
+    float       budget_frac;   // fraction of the prompt; with budget 0 too, the policy's default
     int32_t     window;        // -1 = the policy's default
     int32_t     sink;          // -1 = the policy's default
     const char *args;          // "k=v,k=v" or NULL
+    // Set by the context once the policy is made (policy_budget reads them):
+    const char *name;          // the policy's name, for messages
+    float       default_frac;  // the descriptor's default budget: this share of the prompt,
+    int32_t     default_min;   //   at least this many entries
+    int32_t     floor;         // a share budget is raised to at least this many entries
+    int32_t     cap;           // no budget above this many entries (n_ctx); 0 = none
+    struct policy_notices *notices;   // the context's, or NULL
 };
 
 struct hparams;
@@ -34,7 +56,9 @@ struct policy_event {
     int32_t               layer;         // after_layer and decode_list only; -1 otherwise
     int32_t               n_past;        // tokens in the sequence, this chunk included
     int32_t               n_prompt;      // tokens of the current pykv_decode() call (1 = decode step)
-    int32_t               is_last_chunk; // this chunk ends the current pykv_decode() call
+    int32_t               n_past_end;    // tokens in the sequence once the current call is done
+    int32_t               is_last_chunk; // this chunk ends the current pykv_decode() call, or the policy
+                                         // is to compress after every chunk (evict_every_chunk)
     int32_t               is_first_chunk; // this chunk starts the current pykv_decode() call
     // after_layer only: this chunk's queries, post-RoPE, (T, n_head, head_dim); the chunk's
     // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
@@ -99,17 +123,57 @@ struct policy_ops {
     // Nonzero: the policy never evicts and keeps no per-entry state, so the cache can be cut
     // back to any prefix of the tokens (pykv_truncate) and equal a fresh run over it.
     int           keeps_every_entry;
+    // What users see (pykv_policy_get_info, `pykv info --policies`), and the budget rules:
+    const char   *options;        // the policy arguments and their defaults, "key=default, ..."
+    const char   *choose;         // one line on when to choose it
+    // The budget when none is given: default_budget_frac of the prompt, at least
+    // default_budget_min entries (so short prompts keep everything).
+    float         default_budget_frac;
+    int32_t       default_budget_min;
+    // A share budget (budget_frac) never goes below this many entries; min_budget (NULL: 1)
+    // gives the least the policy works with under its options (its window, its sinks),
+    // which raises the floor when larger.
+    int32_t       budget_floor;
+    int32_t     (*min_budget)(const struct kv_policy *p);
+    // Nonzero: evicts after every prefill chunk by itself (TAKE), so a prompt longer than
+    // n_ctx goes through: n_ctx bounds the cache, not the prompt.
+    int           evicts_while_reading;
+    // Nonzero: every decode step evicts back to the budget (the cache does not grow).
+    int           evicts_every_step;
 };
 
-// The budget in entries per (layer, KV head) for a prompt of n_prompt tokens: cfg->budget,
-// or ceil(cfg->budget_frac * n_prompt); at least 1.
+// The budget in entries per (layer, KV head) for a prompt of n_prompt tokens: cfg->budget;
+// or ceil(cfg->budget_frac * n_prompt), raised to cfg->floor (with one warning); or, with
+// neither given, the policy's default: ceil(default_frac * n_prompt), at least default_min.
+// Never above cfg->cap (n_ctx; a warning when a prompt longer than that meets it), at least 1.
 int32_t policy_budget(const struct policy_config *cfg, int32_t n_prompt);
+
+// Nonzero when cfg gives no budget (the policy's default applies).
+static inline int policy_budget_is_default(const struct policy_config *cfg) {
+    return cfg->budget <= 0 && !(cfg->budget_frac > 0.0f);
+}
+
+// The least budget the policy works with under its options (floor of share budgets).
+int32_t policy_floor(const struct kv_policy *p);
+
+// The budget rules the evicting policies share (their descriptors name them): with no budget
+// given, a quarter of the prompt, at least 256 entries per (layer, KV head), so prompts of up
+// to 256 tokens keep everything; a share budget never below 64 entries (or the policy's own
+// least, when larger), below which every policy loses most of what the prompt said.
+#define POLICY_DEFAULT_BUDGET_FRAC 0.25f
+#define POLICY_DEFAULT_BUDGET_MIN  256
+#define POLICY_BUDGET_FLOOR        64
 
 // Every policy state starts with its ops and configuration.
 struct kv_policy {
     const struct policy_ops *ops;
     struct policy_config     cfg;
 };
+
+// The arguments every evicting policy takes, parsed out of args: evict_every_chunk=0|1 (cut
+// the cache back to the budget after every prefill chunk). *rest (malloc'd, NULL when args
+// is NULL) holds the policy's own arguments.
+pykv_status policy_split_args(const char *policy, const char *args, char **rest, int *every_chunk);
 
 // The registry; NULL when name is unknown (pykv_last_error lists the names).
 const struct policy_ops *policy_find(const char *name);

@@ -263,8 +263,6 @@ def test_bad_values(tiny_model):
             Llama(path, n_ctx=N_CTX, policy=policy, budget=40, window=50)
         with pytest.raises(InvalidArgumentError, match=r"no argument 'bogus'.*window.*pool"):
             Llama(path, n_ctx=N_CTX, policy=policy, budget=64, policy_kwargs={"bogus": 1})
-        with pytest.raises(InvalidArgumentError, match="needs a budget"):
-            Llama(path, n_ctx=N_CTX, policy=policy)
         for kw, msg in (({"pool": "median"}, "pool must be one of max|avg"), ({"kernel": 4}, "odd"),
                         ({"kernel": "x"}, "kernel must be an integer"), ({"window": 0}, "window")):
             with pytest.raises(InvalidArgumentError, match=msg):
@@ -281,11 +279,12 @@ def test_bad_values(tiny_model):
         Llama(path, n_ctx=N_CTX, policy="streamingllm", budget=20, window=30)
     with pytest.raises(InvalidArgumentError, match="no argument 'pool'"):
         Llama(path, n_ctx=N_CTX, policy="streamingllm", budget=20, policy_kwargs={"pool": "max"})
-    # a fractional budget is checked once the prompt is known: 10% of 200 (20, or 21 from
-    # float32 rounding in policy_budget) <= W
+    # a fractional budget is resolved once the prompt is known: 10% of 200 is 20 entries,
+    # below the policy's floor (64, more than W=32), so it is raised to it with a warning
     llm = Llama(path, n_ctx=N_CTX, policy="snapkv", budget="10%")
-    with pytest.raises(InvalidArgumentError, match=r"budget \(2[01] entries.*W=32"):
+    with pytest.warns(RuntimeWarning, match="raised to 64"):
         llm.eval(prompt(200))
+    assert {n for layer in llm.kv_stats()["entries_per_head"] for n in layer} == {64}
 
 
 # ---- 5. question-agnostic: one compression per prefill call ----------------------------

@@ -142,13 +142,13 @@ def test_smollm2_matches_reference(smollm2_path):
 
 
 @pytest.mark.parametrize("policy", ["cake", "lava"])
-@pytest.mark.parametrize("budget", [40, 64, 100, "30%"])
+@pytest.mark.parametrize("budget", [40, 64, 100, "45%"])
 def test_budget_never_exceeded_and_window_kept(tiny4, policy, budget):
     toks = _prompt()
     llm = _run(tiny4, toks, policy, budget)
     st = llm.kv_stats()
     L, H = len(st["entries_per_head"]), len(st["entries_per_head"][0])
-    B = budget if isinstance(budget, int) else int(np.ceil(0.30 * N_PROMPT))
+    B = budget if isinstance(budget, int) else int(np.ceil(0.45 * N_PROMPT))
     assert st["entries"] <= B * L * H
     assert st["entries"] == B * L * H          # the whole budget is used (no list is capped here)
     assert st["evicted"] == N_PROMPT * L * H - st["entries"]
@@ -286,7 +286,6 @@ def test_lava_decode_grows(tiny4):
     ("cake", 64, {"kernel": 4}, "odd"),
     ("cake", 64, {"bogus": 1}, "bogus"),
     ("cake", 32, {}, "larger than the window"),
-    ("cake", None, {}, "needs a budget"),
     ("lava", 64, {"alpha": 1.5}, "alpha"),
     ("lava", 64, {"cascade": "yes"}, "cascade"),
     ("lava", 64, {"gqa": "min"}, "gqa"),
@@ -299,7 +298,9 @@ def test_bad_arguments(tiny4, policy, budget, kwargs, match):
 
 
 @pytest.mark.parametrize("policy", ["cake", "lava"])
-def test_fraction_budget_below_window_fails_cleanly(tiny4, policy):
-    llm = Llama(str(tiny4), **EXACT, n_ctx=256, policy=policy, budget="5%")
-    with pytest.raises(InvalidArgumentError, match="window"):
+def test_fraction_budget_below_the_floor_is_raised_to_it(tiny4, policy):
+    llm = Llama(str(tiny4), **EXACT, n_ctx=256, policy=policy, budget="5%")   # 8 entries, below W = 32
+    with pytest.warns(RuntimeWarning, match="raised to 64"):
         llm.eval(_prompt())
+    st = llm.kv_stats()
+    assert st["entries"] == 64 * len(st["entries_per_head"]) * len(st["entries_per_head"][0])

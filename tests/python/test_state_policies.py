@@ -112,7 +112,8 @@ def test_other_policies_and_settings_are_refused(tiny_model):
     with Llama(str(path), n_ctx=512, **EXACT) as full:
         full.eval(prompt)
         full_state = full.save_state()
-    others = [("snapkv", None, {}), ("h2o", None, {"budget": 48}), ("h2o", {"recent": 4}, {}), ("full", None, {})]
+    others = [("snapkv", None, {}), ("h2o", None, {"budget": 48}), ("h2o", {"recent": 4}, {}),
+              ("full", None, {"budget": None})]
     for policy, kwargs, extra in others:
         with _llama(path, policy, kwargs, **extra) as llm:
             llm.eval(random_tokens(5, 17))
@@ -185,17 +186,20 @@ def test_reset_decodes_as_a_fresh_context(tiny_model):
 
 
 def test_reset_forgets_a_fractional_budget(tiny_model):
-    """StreamingLLM's budget fixed by a prefill from budget=0.25 is forgotten by pykv_reset:
-    a decode step with no prefill then meets the same refusal as in a fresh context (a
-    fraction of a one-token call is smaller than the sinks) instead of the old budget."""
+    """StreamingLLM's budget fixed by a prefill from budget=0.25 (100 entries of 400) is
+    forgotten by pykv_reset: decode steps with no prefill then keep what a fresh context
+    keeps (a quarter of a one-token call, raised to the floor of 64 entries) instead of the
+    old budget."""
     path = tiny_model("mistral_q4_0_h8kv2")
     with _llama(path, "streamingllm", None, budget=0.25) as used, \
             _llama(path, "streamingllm", None, budget=0.25) as fresh:
-        used.eval(random_tokens(200, 22))
+        used.eval(random_tokens(400, 22))
+        assert used.kv_stats()["entries_per_head"][0][0] == 100
         used.reset()
         for llm in (used, fresh):
-            with pytest.raises(InvalidArgumentError, match="the budget \\(1 entries"):
-                llm.eval([5])
+            with pytest.warns(RuntimeWarning, match="raised to 64"):
+                _steps(llm, random_tokens(80, 23))
+            assert {n for layer in llm.kv_stats()["entries_per_head"] for n in layer} == {64}
 
 
 def test_flipped_bytes_load_or_are_refused(tiny_model):

@@ -149,4 +149,11 @@ const struct policy_ops policy_adakv = {
     .free = adakv_free,
     .after_layer = adakv_after_layer,
     .last_chunk_min = adakv_last_chunk_min,
+    .min_budget = ws_min_budget,
+    .options = "window=32, pool=max, kernel=7, gqa=mean, alpha=0.2, evict_every_chunk=0",
+    .choose = "as snapkv, letting the heads of a layer share the budget unevenly; among the closest to the "
+              "full cache",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
 };

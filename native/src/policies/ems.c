@@ -295,4 +295,11 @@ const struct policy_ops policy_ems = {
     .state_write = ems_state_write,
     .state_read = ems_state_read,
     .wants_attention_sums = 1,
+    .min_budget = ws_min_budget,
+    .options = "window=32, kernel=7, tau=0.6, gamma=4, evict_every_chunk=0",
+    .choose = "long generations in a fixed memory: evicted entries are merged into similar kept ones",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
+    .evicts_every_step = 1,
 };

@@ -59,8 +59,7 @@ static pykv_status h2o_init(const struct policy_config *cfg, struct kv_policy **
     if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
     p->base.ops = &policy_h2o;
     p->recent_arg = -1;
-    pykv_status st = ws_need_budget("h2o", cfg);
-    if (st == PYKV_OK) st = policy_args_parse("h2o", cfg->args, H2O_ARGS, h2o_arg, p);
+    pykv_status st = policy_args_parse("h2o", cfg->args, H2O_ARGS, h2o_arg, p);
     if (st == PYKV_OK && cfg->budget > 0 && p->recent_arg >= cfg->budget)
         st = pykv_error(PYKV_ERR_INVALID_ARG, "policy 'h2o': recent=%d must be smaller than the budget %d",
                         p->recent_arg, cfg->budget);
@@ -227,4 +226,11 @@ const struct policy_ops policy_h2o = {
     .state_write = h2o_state_write,
     .state_read = h2o_state_read,
     .wants_attention_sums = 1,
+    .options = "recent=B/2, evict_every_chunk=0",
+    .choose = "a fixed memory while generating, scored by the attention every token received; "
+              "weak at retrieving one fact from a long prompt",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
+    .evicts_every_step = 1,
 };

@@ -299,4 +299,10 @@ const struct policy_ops policy_lava = {
     .free = lava_free,
     .after_layer = lava_after_layer,
     .last_chunk_min = lava_last_chunk_min,
+    .min_budget = ws_min_budget,
+    .options = "window=32, pool=max, kernel=7, gqa=max, alpha=0.2, cascade=1, evict_every_chunk=0",
+    .choose = "as adakv, with budgets moved between layers too; among the closest to the full cache",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
 };

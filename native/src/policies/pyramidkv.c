@@ -116,4 +116,10 @@ const struct policy_ops policy_pyramidkv = {
     .free = pyramid_free,
     .after_layer = pyramid_after_layer,
     .last_chunk_min = pyramid_last_chunk_min,
+    .min_budget = ws_min_budget,
+    .options = "window=32, pool=max, kernel=7, gqa=mean, beta=20, evict_every_chunk=0",
+    .choose = "as snapkv, giving shallow layers more of the budget than deep ones",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
 };

@@ -64,4 +64,10 @@ const struct policy_ops policy_snapkv = {
     .free = snapkv_free,
     .after_layer = snapkv_after_layer,
     .last_chunk_min = snapkv_last_chunk_min,
+    .min_budget = ws_min_budget,
+    .options = "window=32, pool=max, kernel=7, gqa=mean, evict_every_chunk=0",
+    .choose = "a long prompt with the question at its end: the question's attention keeps what it asks for",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
 };

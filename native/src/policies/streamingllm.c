@@ -4,7 +4,7 @@
 // Choices ([decide] / [ours]):
 //  * S = 4 by default (sink= or the policy argument sink=); R = B - S by default. A window=
 //    (constructor or policy argument) sets R directly: S + R must not exceed B, and with
-//    no budget given B = S + R. Requires B > S.
+//    no budget given B = S + R (else the default budget applies). Requires B > S.
 //  * Evicts in after_layer: at the end of every multi-token call (the whole prompt is
 //    attended to in full first, chunk by chunk) and at every decode step (the list then
 //    holds S + R + 1 entries and loses its oldest non-sink entry).
@@ -64,10 +64,7 @@ static pykv_status streaming_setup(struct streaming *p, const struct policy_conf
         return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'streamingllm': window (recent entries) must be at least 1");
     PYKV_TRY(merge("window", cfg->window, &p->recent));
     if (p->sink < 0) p->sink = 4;
-    if (cfg->budget <= 0 && !(cfg->budget_frac > 0.0f)) {
-        if (p->recent < 0) return ws_need_budget("streamingllm", cfg);
-        p->B = p->sink + p->recent;   // budget implied by sink + window
-    }
+    if (policy_budget_is_default(cfg) && p->recent >= 0) p->B = p->sink + p->recent;   // implied by sink + window
     if (cfg->budget > 0) PYKV_TRY(check_sizes(p, cfg->budget));
     return PYKV_OK;
 }
@@ -89,9 +86,14 @@ static pykv_status streaming_init(const struct policy_config *cfg, struct kv_pol
 
 static void streaming_free(struct kv_policy *p) { free(p); }
 
+// Nonzero when sink + window set the budget (no budget given).
+static int implied_budget(const struct streaming *p) {
+    return policy_budget_is_default(&p->base.cfg) && p->recent >= 0;
+}
+
 static int32_t budget_of(struct streaming *p, const struct policy_event *ev) {
     const struct policy_config *cfg = &p->base.cfg;
-    if (cfg->budget <= 0 && !(cfg->budget_frac > 0.0f)) return p->B;   // sink + window
+    if (implied_budget(p)) return p->B;   // sink + window
     if (ev->n_prompt > 1 || p->B == 0) p->B = ws_budget(cfg, ev);
     return p->B;
 }
@@ -119,8 +121,7 @@ static pykv_status streaming_after_layer(struct kv_policy *base, const struct po
 // pykv_reset: the budget a fresh context starts with (sink + window when no budget is given).
 static void streaming_reset(struct kv_policy *base) {
     struct streaming *p = (struct streaming *)base;
-    const struct policy_config *cfg = &base->cfg;
-    p->B = cfg->budget <= 0 && !(cfg->budget_frac > 0.0f) ? p->sink + p->recent : 0;
+    p->B = implied_budget(p) ? p->sink + p->recent : 0;
 }
 
 // Saved state: the budget the last prefill fixed.
@@ -138,6 +139,12 @@ static pykv_status streaming_state_read(struct kv_policy *base, const struct kv_
     return PYKV_OK;
 }
 
+// The least budget: the sinks and one recent entry, or the sinks and the window asked for.
+static int32_t streaming_min_budget(const struct kv_policy *base) {
+    const struct streaming *p = (const struct streaming *)base;
+    return p->sink + (p->recent > 0 ? p->recent : 1);
+}
+
 const struct policy_ops policy_streamingllm = {
     .name = "streamingllm",
     .description = "StreamingLLM: keep the first sink tokens and the most recent ones",
@@ -147,4 +154,12 @@ const struct policy_ops policy_streamingllm = {
     .reset = streaming_reset,
     .state_write = streaming_state_write,
     .state_read = streaming_state_read,
+    .min_budget = streaming_min_budget,
+    .options = "sink=4, window=B-sink, evict_every_chunk=0",
+    .choose = "the cheapest fixed memory for long chats where only the recent text matters; it forgets the "
+              "middle of a long prompt",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
+    .evicts_every_step = 1,
 };

@@ -22,7 +22,7 @@
 //  * Budgets: B = policy_budget(cfg, tokens of the call); k(i, l) = B_warmup for layers
 //    l <= W_L - 1 on every chunk but the last, else B. Defaults W_L = n_layer / 2
 //    (warmup_layers), B_warmup = min(tokens of the call, 20 * B) ([decide]; warmup_budget),
-//    and B_warmup is never below B. A list with at most k entries is left as it is, so a
+//    and B_warmup is never below B nor above n_ctx (the cache's size). A list with at most k entries is left as it is, so a
 //    prompt of at most B tokens is never evicted.
 //  * Layer-level delay: layers below the key layer W_L - 1 are not scored; the key layer's
 //    per-head selection, taken as positions, is applied to layers 0 .. W_L - 1 from the
@@ -101,8 +101,7 @@ static pykv_status take_init(const struct policy_config *cfg, struct kv_policy *
     p->warmup_layers = -1;
     p->warmup_budget = -1;
     p->kernel = 7;
-    pykv_status st = ws_need_budget("take", cfg);
-    if (st == PYKV_OK) st = policy_args_parse("take", cfg->args, TAKE_ARGS, take_arg, p);
+    pykv_status st = policy_args_parse("take", cfg->args, TAKE_ARGS, take_arg, p);
     if (st != PYKV_OK) {
         take_free(&p->base);
         return st;
@@ -231,6 +230,7 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
     const int32_t B = policy_budget(&base->cfg, ev->n_prompt);
     int64_t Bw = p->warmup_budget > 0 ? p->warmup_budget : (ev->n_prompt < 20LL * B ? ev->n_prompt : 20LL * B);
     if (Bw < B) Bw = B;
+    if (base->cfg.cap > 0 && Bw > base->cfg.cap) Bw = base->cfg.cap;   // the cache's size (B is within it)
     const int32_t k = (ev->layer <= key && !ev->is_last_chunk) ? (int32_t)Bw : B;
     int any = 0;
     for (int32_t g = 0; g < hp->n_head_kv; g++) {
@@ -259,4 +259,11 @@ const struct policy_ops policy_take = {
     .last_chunk_min = take_last_chunk_min,
     .probe_len = take_probe_len,
     .reset = take_reset,
+    .options = "alpha=0.2, probe_len=32, warmup_layers=n_layer/2, warmup_budget=min(prompt, 20 B), kernel=7",
+    .choose = "a prompt longer than memory: evicts after every prefill chunk, so n_ctx bounds the cache, "
+              "not the prompt; the question at the prompt's end (or set_probe) guides it",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
+    .evicts_while_reading = 1,
 };

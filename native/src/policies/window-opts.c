@@ -5,7 +5,8 @@
 //    both with different values is an error.
 //  * A budget given as a fraction is a fraction of the sequence at the end of the current
 //    prefill call (ev->n_past); for the first call that is the prompt.
-//  * A policy that evicts without any budget is an error, not a silent no-op.
+//  * With no budget given, the policy's default applies (policy_budget: a share of the
+//    prompt with a floor in entries, from the policy's descriptor).
 #include "window-scores.h"
 #include "policy-args.h"
 #include "../error.h"
@@ -54,7 +55,6 @@ pykv_status ws_opts_finish(const char *policy, struct ws_opts *o, const struct p
     if (cfg->sink > 0)
         return pykv_error(PYKV_ERR_INVALID_ARG, "policy '%s' has no sink tokens (sink=%d); use streamingllm for sinks",
                           policy, cfg->sink);
-    PYKV_TRY(ws_need_budget(policy, cfg));
     if (cfg->budget > 0) PYKV_TRY(ws_check_budget(policy, cfg->budget, o->window));
     return PYKV_OK;
 }
@@ -66,16 +66,11 @@ pykv_status ws_check_budget(const char *policy, int32_t B, int32_t W) {
     return PYKV_OK;
 }
 
-pykv_status ws_need_budget(const char *policy, const struct policy_config *cfg) {
-    if (cfg->budget <= 0 && !(cfg->budget_frac > 0.0f))
-        return pykv_error(PYKV_ERR_INVALID_ARG, "policy '%s' needs a budget (entries per layer and KV head, "
-                          "or a percentage of the prompt)", policy);
-    return PYKV_OK;
+int32_t ws_budget(const struct policy_config *cfg, const struct policy_event *ev) {
+    return policy_budget(cfg, ev->n_past_end);
 }
 
-int32_t ws_budget(const struct policy_config *cfg, const struct policy_event *ev) {
-    return policy_budget(cfg, ev->n_past);
-}
+int32_t ws_min_budget(const struct kv_policy *p) { return p->ops->last_chunk_min(p) + 1; }
 
 struct parse_state {
     const char    *policy, *accepted;

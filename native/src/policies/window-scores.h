@@ -94,7 +94,8 @@ pykv_status ws_check_budget(const char *policy, int32_t B, int32_t W);
 typedef pykv_status (*ws_extra_arg)(void *self, const char *key, const char *value, int *handled);
 pykv_status ws_opts_parse(const char *policy, const char *accepted, const struct policy_config *cfg,
                           struct ws_opts *o, ws_extra_arg extra, void *self);
-// A policy that evicts needs a budget: budget > 0 or budget_frac > 0.
-pykv_status ws_need_budget(const char *policy, const struct policy_config *cfg);
-// The budget B for the current call: cfg->budget, or the fraction of the sequence so far.
+// The budget B for the current call (policy_budget): cfg->budget, or a share of the sequence
+// as it stands at the end of the call.
 int32_t     ws_budget(const struct policy_config *cfg, const struct policy_event *ev);
+// The least budget of a window policy: its window (last_chunk_min) and one entry more.
+int32_t     ws_min_budget(const struct kv_policy *p);
