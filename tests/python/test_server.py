@@ -140,7 +140,8 @@ def test_bad_bodies(served):
 def test_a_client_leaving_mid_stream_frees_the_server(served):
     url, _ = served
     body = dict(prompt="the cat", max_tokens=50, temperature=0, stream=True)
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode())
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     r = urllib.request.urlopen(req, timeout=TIMEOUT)
     r.readline()   # the first event, then hang up
     r.close()
@@ -239,7 +240,7 @@ def test_api_key(tiny_model):
             assert request(url + "/v1/completions", {"prompt": "x", "max_tokens": 1})[0] == 401
             for header, want in (("Bearer s3cret", 200), ("Bearer wrong", 401), ("s3cret", 401)):
                 req = urllib.request.Request(url + "/v1/completions", data=b'{"prompt": "x", "max_tokens": 1}',
-                                             headers={"Authorization": header})
+                                             headers={"Authorization": header, "Content-Type": "application/json"})
                 try:
                     with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
                         status = r.status
@@ -346,7 +347,7 @@ def test_a_client_leaving_during_its_prompt_stops_it(tiny_model, stream):
             prompt = [5 + i % 290 for i in range(3000)]
             body = json.dumps(dict(prompt=prompt, max_tokens=4, temperature=0, stream=stream)).encode()
             with socket.create_connection(server.server_address, timeout=TIMEOUT) as sock:
-                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                              b"Content-Length: %d\r\n\r\n" % len(body) + body)
             deadline = time.monotonic() + TIMEOUT
             while getattr(llm, "last_result", None) is None and time.monotonic() < deadline:
