@@ -281,7 +281,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not raw:
                 raise RequestError(400, "a JSON body is required")
             body = _parse_json(raw)
-            kwargs = request_arguments(path, body, self.server.max_prompt_chars, self.server.llm.n_ctx)
+            kwargs = request_arguments(path, body, self.server.max_prompt_chars, self.server.n_ctx)
             options = body.get("stream_options")
             self.include_usage = bool(kwargs.get("stream") and isinstance(options, dict)
                                       and options.get("include_usage"))
@@ -555,6 +555,7 @@ def make_server(llm, host: str = "127.0.0.1", port: int = 8080, model_name=None,
         cors_origins = (cors_origins,)
     server = _Server((host, port), max_connections)
     server.llm = llm
+    server.n_ctx = int(llm.n_ctx)   # fixed with the context: read once, not beside a running request
     server.lock = threading.Lock()
     server.model_name = model_name or Path(llm.model_path).name
     server.verbose = verbose
