@@ -84,6 +84,7 @@ def run_serve(args) -> int:
     try:
         server = make_server(llm, args.host, args.port, args.alias, args.verbose, args.api_key, **limits)
         host, port = server.server_address[:2]
+        host = f"[{host}]" if ":" in host else host   # an IPv6 address in a URL
         print(f"pykv: serving {server.model_name} at http://{host}:{port}/v1 (policy {args.policy}; "
               "Ctrl-C stops)", file=sys.stderr, flush=True)
         try:

@@ -435,6 +435,8 @@ class _Server(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(max_connections)
         self.max_connections = max_connections
         self.refused = _Refused()
+        if ":" in address[0]:   # an IPv6 address such as ::1 or ::
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address):

@@ -13,6 +13,7 @@ and `@@repeat N:TEXT@@` is TEXT N times."""
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import os
@@ -297,6 +298,30 @@ def test_max_tokens_above_the_context_is_cut_to_it():
 ])
 def test_host_check(bound, host, allowed):
     assert HostCheck(bound).allows(host) is allowed
+
+
+def test_ipv6_loopback(start, tiny_model):
+    """Bound to ::1 the server listens on IPv6 and checks Host as on 127.0.0.1."""
+    with Llama(str(tiny_model()), n_ctx=32) as llm:
+        try:
+            server = make_server(llm, "::1", 0)
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            port = server.server_address[1]
+            for host, want in ((f"[::1]:{port}", 200), ("evil.example", 403)):
+                conn = http.client.HTTPConnection("::1", port, timeout=TIMEOUT)
+                conn.putrequest("GET", "/health", skip_host=True)
+                conn.putheader("Host", host)
+                conn.endheaders()
+                assert conn.getresponse().status == want, host
+                conn.close()
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(TIMEOUT)
 
 
 def test_make_server_refuses_limits_that_are_no_limits(tiny_model):
