@@ -146,7 +146,8 @@ pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra
     int64_t need = (int64_t)l->n + extra;
     if (need <= l->cap) return PYKV_OK;
     if (need > c->max_entries)
-        return pykv_error(PYKV_ERR_CONTEXT_FULL, "KV cache list full: %lld entries needed, %d allowed",
+        return pykv_error(PYKV_ERR_CONTEXT_FULL, "a KV cache list is full: %lld entries needed, room for %d "
+                          "(n_ctx and one prefill chunk); give a smaller budget or a larger n_ctx",
                           (long long)need, c->max_entries);
     // Grow by an eighth (amortised O(1) appends) so the slack stays small next to a budget.
     int64_t cap = l->cap + l->cap / 8;

@@ -102,6 +102,8 @@ int32_t policy_budget(const struct policy_config *cfg, int32_t n_prompt) {
     } else {
         b = share_of(cfg->default_frac, n_prompt);
         if (b < cfg->default_min) b = cfg->default_min;
+        // a prompt longer than the cache: the default leaves half of it for what follows
+        if (cfg->cap > 0 && n_prompt > cfg->cap && b > cfg->cap / 2) b = cfg->cap / 2;
     }
     if (cfg->cap > 0 && b > cfg->cap) {
         if (n_prompt > cfg->cap)

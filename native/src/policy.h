@@ -144,7 +144,8 @@ struct policy_ops {
 
 // The budget in entries per (layer, KV head) for a prompt of n_prompt tokens: cfg->budget;
 // or ceil(cfg->budget_frac * n_prompt), raised to cfg->floor (with one warning); or, with
-// neither given, the policy's default: ceil(default_frac * n_prompt), at least default_min.
+// neither given, the policy's default: ceil(default_frac * n_prompt), at least default_min,
+// and at most half of cfg->cap for a prompt longer than the cache (room to generate).
 // Never above cfg->cap (n_ctx; a warning when a prompt longer than that meets it), at least 1.
 int32_t policy_budget(const struct policy_config *cfg, int32_t n_prompt);
 

@@ -114,6 +114,17 @@ def test_decoding_after_a_long_prompt_stops_when_a_list_is_full(tiny_model):
         assert largest_list(llm) == N_CTX
 
 
+def test_the_default_budget_leaves_half_of_n_ctx_to_generate(tiny_model):
+    """No budget, a prompt longer than n_ctx: max(256, a quarter of 1024) = 256 entries, at
+    most half of n_ctx = 128; decoding then fills the other half."""
+    with Llama(str(tiny_model(MODEL)), n_ctx=N_CTX, n_batch=N_BATCH, policy="take") as llm:
+        llm.eval(prompt(4 * N_CTX))
+        assert {n for layer in llm.kv_stats()["entries_per_head"] for n in layer} == {N_CTX // 2}
+        llm.reset()
+        res = llm.generate(prompt(4 * N_CTX), max_tokens=500, temperature=0.0, ignore_eos=True)
+        assert len(res.tokens) == N_CTX // 2 + 1
+
+
 def test_a_fixed_budget_policy_decodes_past_n_ctx(tiny_model):
     with Llama(str(tiny_model(MODEL)), n_ctx=N_CTX, n_batch=N_BATCH, policy="streamingllm", budget=BUDGET,
                evict_every_chunk=True) as llm:
