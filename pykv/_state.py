@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Union
 
+import numpy as np
+
 from . import errors
 from ._ffi import check, ffi, lib
 
@@ -53,8 +55,21 @@ def load_state(llm, state: LlamaState) -> None:
     if n_past[0] != len(state.input_ids):
         raise errors.InvalidArgumentError(f"the state holds {len(state.input_ids)} token ids for "
                                           f"{n_past[0]} evaluated tokens")
+    input_ids = _checked_token_ids(state.input_ids, llm.n_vocab)
     check(lib.pykv_state_load(ctx, ffi.from_buffer(data), len(data)))
-    llm.input_ids = [int(t) for t in state.input_ids]
+    llm.input_ids = input_ids
+
+
+def _checked_token_ids(ids, n_vocab: int) -> List[int]:
+    """A state's token ids as ints, each a token of the vocabulary (InvalidArgumentError else):
+    they go to the sampler and the prefix match of later generations."""
+    out = []
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab:
+            raise errors.InvalidArgumentError(f"the state's token id {t!r} at index {i} is not a token of the "
+                                              f"vocabulary (0..{n_vocab - 1})")
+        out.append(int(t))
+    return out
 
 
 def model_fingerprint(model_path) -> str:

@@ -5,10 +5,19 @@ A model without a template gets ChatML, llama.cpp's fallback.
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from typing import List, Optional, Sequence
 
 from . import errors
+
+# What one rendering of a template may do, as the sandbox bounds what it may reach: loop
+# iterations and calls (macros, filters called as functions, range) together, seconds, and
+# characters of output (far more than any context holds). A template beyond them is refused
+# with InvalidArgumentError instead of running for minutes.
+MAX_TEMPLATE_STEPS = 1_000_000
+MAX_TEMPLATE_SECONDS = 10.0
+MAX_TEMPLATE_CHARS = 16 << 20
 
 CHATML = ("{% for message in messages %}"
           "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -47,12 +56,71 @@ def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=F
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
 
 
-def _environment():
-    from jinja2.ext import loopcontrols
+class _Budget:
+    """The work one rendering has done: each loop iteration and call is a step."""
+
+    def __init__(self):
+        self.steps = 0
+        self.deadline = time.monotonic() + MAX_TEMPLATE_SECONDS
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_TEMPLATE_STEPS:
+            raise errors.InvalidArgumentError(f"the chat template does too much work: more than {MAX_TEMPLATE_STEPS} "
+                                              "loop iterations and calls")
+        if time.monotonic() > self.deadline:
+            raise errors.InvalidArgumentError(f"the chat template ran for more than {MAX_TEMPLATE_SECONDS:g} seconds")
+
+    def counted(self, iterable):
+        """The items of a template's for loop, each a step."""
+        for item in iterable:
+            self.step()
+            yield item
+
+
+_COUNTED = "__pykv_counted"   # the global that every for loop of a template iterates through
+
+
+def _bounded_environment_class():
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        """The sandbox with a budget (a fresh one per rendering: see _environment): calls
+        and for loops take steps, and '*' may not build a string or list longer than the
+        output may be."""
+        intercepted_binops = frozenset(["*"])
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja2's signature
+            __self.budget.step()
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                seq, n = (left, right) if isinstance(right, int) else (right, left)
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_TEMPLATE_CHARS:
+                    raise errors.InvalidArgumentError(f"the chat template builds a value longer than "
+                                                      f"{MAX_TEMPLATE_CHARS} with '*'")
+            return super().call_binop(context, operator, left, right)
+
+        def _parse(self, source, name, filename):
+            """The template's tree with every for loop iterating through the budget."""
+            from jinja2 import nodes
+            tree = super()._parse(source, name, filename)
+            for loop in tree.find_all(nodes.For):
+                loop.iter = nodes.Call(nodes.Name(_COUNTED, "load", lineno=loop.lineno), [loop.iter], [], None, None,
+                                       lineno=loop.lineno)
+            return tree
+
+    return BoundedEnvironment
+
+
+def _environment():
+    from jinja2.ext import loopcontrols
+
     # trim_blocks/lstrip_blocks as transformers renders: templates are written for them
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = _bounded_environment_class()(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.budget = _Budget()
+    env.globals[_COUNTED] = env.budget.counted
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -85,15 +153,22 @@ def resolve_template(template: str) -> str:
 def render(template: Optional[str], messages, *, bos_token: str = "", eos_token: str = "",
            add_generation_prompt: bool = True, **extra) -> str:
     """The prompt text for messages: template (CHATML when None) rendered in a Jinja2 sandbox.
-    A template that fails to parse, reaches outside the sandbox or raises gives
+    A template that fails to parse, reaches outside the sandbox, raises or does more work
+    than MAX_TEMPLATE_STEPS, MAX_TEMPLATE_SECONDS and MAX_TEMPLATE_CHARS allow gives
     InvalidArgumentError."""
     import jinja2
 
     messages = check_messages(messages)
     try:
         compiled = _environment().from_string(template if template is not None else CHATML)
-        return compiled.render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                               add_generation_prompt=add_generation_prompt, **extra)
+        pieces, n_chars = [], 0
+        for piece in compiled.generate(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                                       add_generation_prompt=add_generation_prompt, **extra):
+            n_chars += len(piece)
+            if n_chars > MAX_TEMPLATE_CHARS:
+                raise errors.InvalidArgumentError(f"the chat template writes more than {MAX_TEMPLATE_CHARS} characters")
+            pieces.append(piece)
+        return "".join(pieces)
     except errors.PykvError:
         raise
     except jinja2.TemplateError as exc:

@@ -18,6 +18,7 @@ import numpy as np
 from . import _llama_cpp_options, errors
 from ._ffi import call_string, check, ffi, lib, new_params
 from ._in_use import InUse, hold_each_step, using_context, using_model
+from . import _mapped_file
 from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logprob
 from ._textstream import TextStream
 from .chat import resolve_template
@@ -182,6 +183,8 @@ class Llama:
         out = ffi.new("pykv_model **")
         check(lib.pykv_model_load(self.model_path.encode(), mparams, out))
         self._model = out[0]
+        # a mapped file cut short later would crash an evaluation (SIGBUS): eval() checks it
+        self._mapped_file = _mapped_file.identity(self.model_path) if use_mmap else None
         self._info = self._read_info()
         self.n_vocab = Count(self._info["n_vocab"])
         self.input_ids: List[int] = []   # the tokens evaluated in the context, in order
@@ -441,11 +444,13 @@ class Llama:
         chunk of a prefill; returning False stops the call at the next chunk boundary, as
         cancel() does (GenerationCancelled). Python runs between the chunks either way, so
         Ctrl-C (KeyboardInterrupt), or an exception from progress, stops a long prefill there
-        too and is raised once the call has stopped; the chunks done stay evaluated."""
+        too and is raised once the call has stopped; the chunks done stay evaluated.
+        A model file truncated since it was loaded (mapped) gives ModelLoadError (pykv._mapped_file)."""
         tokens = list(tokens)
         ctx = self._need_ctx()
         if not tokens:
             return
+        _mapped_file.check(self._mapped_file)
         arr = ffi.new("pykv_token[]", tokens)
         before = lib.pykv_n_past(ctx)
         raised: List[BaseException] = []
@@ -473,7 +478,7 @@ class Llama:
             text = take(ctx)
             if text == ffi.NULL:
                 return
-            warnings.warn(ffi.string(text).decode(errors="replace"), RuntimeWarning, stacklevel=3)
+            warnings.warn(ffi.string(text).decode(errors="replace"), RuntimeWarning, stacklevel=4)
 
     @property
     def cache_bounded(self) -> bool:
@@ -804,8 +809,8 @@ class Llama:
         if len(tokens) > self.n_ctx and not self.cache_bounded:
             raise errors.ContextOverflowError(
                 f"the prompt has {len(tokens)} tokens, more than the context size n_ctx={self.n_ctx} (policy "
-                f"'{self.kv_stats()['policy']}' keeps the whole prompt until its end; 'take', or evict_every_chunk=True with "
-                "another evicting policy, reads longer prompts)")
+                f"'{self.kv_stats()['policy']}' keeps the whole prompt until its end; 'take', or another "
+                "evicting policy with evict_every_chunk=True (--evict-every-chunk), reads longer prompts)")
         return tokens
 
     @using_context("generating")

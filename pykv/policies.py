@@ -83,7 +83,16 @@ def parse_budget(budget):
 
 def policy_args(policy_kwargs: Optional[dict]) -> Tuple[str, object]:
     """("k=v,k=v" for the C context, TAKE's probe) from policy_kwargs: the probe is not a C
-    argument but a token sequence Llama sets with set_probe."""
+    argument but a token sequence Llama sets with set_probe. A name or value holding ',' or
+    '=' is refused (InvalidArgumentError): the C side would read it as more arguments."""
     kwargs = dict(policy_kwargs or {})
     probe = kwargs.pop("probe", None)
+    for key, value in kwargs.items():
+        if not isinstance(key, str) or not key:
+            raise errors.InvalidArgumentError(f"policy_kwargs names must be non-empty strings, got {key!r}")
+        for what, text in (("name", key), ("value", str(value))):
+            if "," in text or "=" in text:
+                raise errors.InvalidArgumentError(
+                    f"policy_kwargs {what} {text!r} (of {key!r}) contains ',' or '=', which separate policy "
+                    "arguments: give each argument its own key")
     return ",".join(f"{k}={v}" for k, v in kwargs.items()), probe

@@ -200,11 +200,16 @@ static pykv_status place_tensors(struct gguf_file *f, size_t data_start) {
         if (t->ne[0] % tt->block_size != 0)
             return pykv_error(PYKV_ERR_FORMAT, "tensor '%s': row length %lld is not a multiple of the %s block size %d",
                               t->name, (long long)t->ne[0], tt->name, tt->block_size);
-        uint64_t rows = (uint64_t)t->ne[1] * (uint64_t)t->ne[2] * (uint64_t)t->ne[3];
-        uint64_t row_bytes = (uint64_t)type_row_bytes(t->type, t->ne[0]);
-        if (rows != 0 && row_bytes > UINT64_MAX / rows)
-            return pykv_error(PYKV_ERR_FORMAT, "tensor '%s' is impossibly large", t->name);
-        t->n_bytes = row_bytes * rows;
+        // each dimension is at most 2^40 (parse_tensor_info), but their product may wrap
+        uint64_t size = (uint64_t)type_row_bytes(t->type, t->ne[0]);
+        for (int d = 1; d < GGUF_MAX_DIMS; d++) {
+            if (size > UINT64_MAX / (uint64_t)t->ne[d])
+                return pykv_error(PYKV_ERR_FORMAT, "tensor '%s' of shape [%lld, %lld, %lld, %lld] is impossibly "
+                                  "large: its size overflows 64 bits", t->name, (long long)t->ne[0],
+                                  (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3]);
+            size *= (uint64_t)t->ne[d];
+        }
+        t->n_bytes = size;
         if (t->offset % f->alignment != 0)
             return pykv_error(PYKV_ERR_FORMAT, "tensor '%s' offset %llu is not aligned to %u", t->name,
                               (unsigned long long)t->offset, f->alignment);

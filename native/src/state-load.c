@@ -97,17 +97,39 @@ static const char *formats_text(int32_t code, char *buf, size_t size) {
     return buf;
 }
 
+// A list's n positions: each below n_past and none twice (`seen`: n_past bits, all clear, and
+// left clear). A policy that keeps every entry holds every position in order, 0 .. n_past - 1
+// (pykv_truncate cuts lists at their tails); an evicting one may hold its entries in any order
+// (EMS puts a newer token in a slot it freed).
+static pykv_status check_positions(struct state_reader *r, int32_t n, int all_in_order, int32_t n_past,
+                                   uint8_t *seen) {
+    if (all_in_order && n != n_past) return corrupt("a list of a policy that keeps every token lacks some");
+    const uint8_t *first = r->at;
+    pykv_status st = PYKV_OK;
+    int32_t pos;
+    for (int32_t j = 0; j < n && st == PYKV_OK; j++) {
+        if (!state_take_i32(r, &pos)) return corrupt("its positions are cut short");
+        if (pos < 0 || pos >= n_past) st = corrupt("a position is out of range");
+        else if (all_in_order) st = pos == j ? PYKV_OK : corrupt("a list's positions are out of order");
+        else if (seen[pos >> 3] & (1u << (pos & 7))) st = corrupt("a position appears twice in one list");
+        else seen[pos >> 3] |= (uint8_t)(1u << (pos & 7));
+    }
+    for (const uint8_t *p = first; !all_in_order && p < r->at; p += sizeof(int32_t)) {   // clear what was set
+        memcpy(&pos, p, sizeof(pos));
+        if (pos >= 0 && pos < n_past) seen[pos >> 3] = 0;   // whole bytes: only this list set their bits
+    }
+    return st;
+}
+
 // One list's bytes: its length, positions and finite keys and values, and merged entries'
 // counts and norms (counts at least 1, norms finite and not negative). Skips over them.
-static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, int32_t n_past, int32_t *n_out) {
+static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, int32_t n_past, uint8_t *seen,
+                              int32_t *n_out) {
     const struct kv_cache *c = &ctx->cache;
     int32_t n = -1, merged = -1;
     if (!state_take_i32(r, &n) || n < 0 || n > n_past) return corrupt("a list length is out of range");
     if (!state_take_i32(r, &merged) || (merged != 0 && merged != 1)) return corrupt("a list's merged flag is bad");
-    for (int32_t j = 0; j < n; j++) {
-        int32_t pos;
-        if (!state_take_i32(r, &pos) || pos < 0 || pos >= n_past) return corrupt("a position is out of range");
-    }
+    PYKV_TRY(check_positions(r, n, ctx->policy->ops->keeps_every_entry, n_past, seen));
     const uint8_t *keys = r->at;
     const size_t k_bytes = (size_t)n * kv_cache_key_bytes(c), v_bytes = (size_t)n * kv_cache_value_bytes(c);
     if (!state_take(r, NULL, k_bytes + v_bytes)) return corrupt("its keys and values are cut short");
@@ -182,7 +204,13 @@ static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, 
     PYKV_TRY(check_identity(ctx, &r));
     out->body = r;
     if (has_logits && !state_take(&r, NULL, (size_t)want[3] * sizeof(float))) return corrupt("its logits are cut short");
-    for (int i = 0; i < c->n_layer * c->n_head_kv; i++) PYKV_TRY(check_list(ctx, &r, n_past, &list_n[i]));
+    uint8_t *seen = calloc((size_t)n_past / 8 + 1, 1);
+    if (!seen) return pykv_error(PYKV_ERR_NOMEM, "out of memory checking a state");
+    pykv_status st = PYKV_OK;
+    for (int i = 0; i < c->n_layer * c->n_head_kv && st == PYKV_OK; i++)
+        st = check_list(ctx, &r, n_past, seen, &list_n[i]);
+    free(seen);
+    PYKV_TRY(st);
     return check_policy(ctx, &r, list_n, &out->policy);
 }
 

@@ -124,6 +124,30 @@ static void test_bad_headers(const char *path) {
     CHECK(f == NULL);
 }
 
+// A tensor whose dimensions are each allowed but whose size does not fit in 64 bits: the
+// product of [32, 2^32, 2^32] wraps to 0, which must not pass for an empty tensor.
+static void test_overflowing_shape(const char *path) {
+    const uint64_t shapes[][3] = { { 32, 1ull << 32, 1ull << 32 }, { 1ull << 40, 1ull << 30, 1 },
+                                   { 32, 1ull << 40, 1ull << 30 } };
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        struct buf b = { .n = 0 };
+        put_u32(&b, 0x46554747u);
+        put_u32(&b, 3);
+        put_u64(&b, 1);   // tensors
+        put_u64(&b, 0);   // kvs
+        put_str(&b, "big"); put_u32(&b, 3);
+        for (int d = 0; d < 3; d++) put_u64(&b, shapes[s][d]);
+        put_u32(&b, PYKV_TYPE_F32); put_u64(&b, 0);
+        while (b.n % 32) b.data[b.n++] = 0;
+        for (int i = 0; i < 128; i++) b.data[b.n++] = 0;
+        write_file(path, b.data, b.n);
+        struct gguf_file *f = NULL;
+        CHECK(gguf_open(path, 1, &f) == PYKV_ERR_FORMAT && strstr(pykv_last_error(), "overflows"));
+        CHECK(f == NULL);
+        gguf_close(f);
+    }
+}
+
 // Flip random bytes: the reader may accept or reject, but must never crash or over-read
 // (ASan checks the latter).
 static void test_random_corruption(const char *path) {
@@ -151,6 +175,7 @@ int main(void) {
     test_valid(path);
     test_truncations(path);
     test_bad_headers(path);
+    test_overflowing_shape(path);
     test_random_corruption(path);
     unlink(path);
     return check_report("test_gguf");
