@@ -30,6 +30,8 @@ struct stack {
 struct stack_set {
     struct stack *s;
     int32_t n, cap;
+    int32_t *index;      // hash table of the stacks: s's index or -1; at most half full
+    int32_t  cap_index;  // 0 or a power of two
 };
 
 // Token t's text decoded: code points cps[off[t] .. off[t+1]), then possibly the first bytes of
@@ -60,18 +62,46 @@ struct pykv_grammar {
 static void set_free(struct stack_set *S) {
     for (int32_t i = 0; i < S->n; i++) free(S->s[i].pos);
     free(S->s);
+    free(S->index);
     memset(S, 0, sizeof(*S));
 }
 
-static int set_has(const struct stack_set *S, const int32_t *pos, int32_t n) {
-    for (int32_t i = 0; i < S->n; i++) {
-        if (S->s[i].n == n && (n == 0 || memcmp(S->s[i].pos, pos, (size_t)n * sizeof(*pos)) == 0)) return 1;
-    }
-    return 0;
+static uint32_t stack_hash(const int32_t *pos, int32_t n) {   // FNV-1a over the positions
+    uint32_t h = 2166136261u ^ (uint32_t)n;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)pos[i]) * 16777619u;
+    return h;
 }
 
+// The slot of stack pos[0..n) in S's table: where it is, or the empty slot it would take.
+static int32_t set_slot(const struct stack_set *S, const int32_t *pos, int32_t n) {
+    uint32_t mask = (uint32_t)S->cap_index - 1;
+    for (uint32_t i = stack_hash(pos, n) & mask;; i = (i + 1) & mask) {
+        int32_t k = S->index[i];
+        if (k < 0 || (S->s[k].n == n && (n == 0 || memcmp(S->s[k].pos, pos, (size_t)n * sizeof(*pos)) == 0)))
+            return (int32_t)i;
+    }
+}
+
+// Room in the table for one more stack (rebuilt at twice the size when it would pass half full).
+static pykv_status set_reserve(struct stack_set *S) {
+    if (2 * (S->n + 1) <= S->cap_index) return PYKV_OK;
+    int32_t cap = S->cap_index ? 2 * S->cap_index : 16;
+    int32_t *index = malloc((size_t)cap * sizeof(*index));
+    if (!index) return pykv_error(PYKV_ERR_NOMEM, "grammar: out of memory");
+    free(S->index);
+    S->index = index;
+    S->cap_index = cap;
+    for (int32_t i = 0; i < cap; i++) S->index[i] = -1;
+    for (int32_t k = 0; k < S->n; k++) S->index[set_slot(S, S->s[k].pos, S->s[k].n)] = k;
+    return PYKV_OK;
+}
+
+// Add stack pos[0..n) to S unless it is there already (found through the hash table, so
+// building a set of many stacks costs linear time, not quadratic).
 static pykv_status set_add(struct stack_set *S, const int32_t *pos, int32_t n) {
-    if (set_has(S, pos, n)) return PYKV_OK;
+    PYKV_TRY(set_reserve(S));
+    int32_t slot = set_slot(S, pos, n);
+    if (S->index[slot] >= 0) return PYKV_OK;
     if (S->n == GRAMMAR_MAX_STACKS) {
         return pykv_error(PYKV_ERR_INVALID_ARG, "grammar: more than %d ways to continue at once "
                           "(the grammar is too ambiguous)", GRAMMAR_MAX_STACKS);
@@ -80,6 +110,7 @@ static pykv_status set_add(struct stack_set *S, const int32_t *pos, int32_t n) {
     int32_t *copy = malloc((size_t)(n ? n : 1) * sizeof(*copy));
     if (!copy) return pykv_error(PYKV_ERR_NOMEM, "grammar: out of memory");
     if (n) memcpy(copy, pos, (size_t)n * sizeof(*pos));
+    S->index[slot] = S->n;
     S->s[S->n++] = (struct stack){ n, copy };
     return PYKV_OK;
 }
