@@ -29,6 +29,8 @@ _UNSUPPORTED = ("pattern", "patternProperties", "allOf", "not", "if", "then", "e
 _NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _MAX_REPEAT = 4096   # the C parser's bound on {m,n}
+_MAX_DEPTH = 64      # schemas inside schemas (properties, items, anyOf, $ref...): far past real ones,
+                     # far inside Python's recursion limit (each level is a few frames)
 
 
 def literal(json_text: str) -> str:
@@ -51,13 +53,16 @@ class _Converter:
         self.top = schema
         self.rules: Dict[str, str] = _generic_rules()   # any JSON value, and the pieces of one
         self.refs: Dict[str, str] = {}
+        self.suffix: Dict[str, int] = {}   # per name, the last numbered variant tried
+        self.depth = 0                     # schemas being visited, one inside the next
 
     def add(self, name: str, body: str) -> str:
         name = re.sub(r"[^A-Za-z0-9-]+", "-", name).strip("-") or "rule"
-        unique, i = name, 1
+        unique, i = name, self.suffix.get(name, 1)   # numbering goes on where it stopped: linear in the rules
         while unique in self.rules:
             i += 1
             unique = f"{name}-{i}"
+        self.suffix[name] = i
         self.rules[unique] = body
         return unique
 
@@ -77,7 +82,19 @@ class _Converter:
         return name
 
     def visit(self, schema, name: str) -> str:
-        """A GBNF expression for the values schema allows (named rules added for the parts)."""
+        """A GBNF expression for the values schema allows (named rules added for the parts);
+        refused past _MAX_DEPTH schemas inside one another (a RecursionError otherwise)."""
+        if self.depth == _MAX_DEPTH:
+            where = name if len(name) <= 80 else name[:40] + "..." + name[-37:]
+            raise errors.InvalidArgumentError(
+                f"JSON schema: {where}: schemas nested more than {_MAX_DEPTH} levels deep")
+        self.depth += 1
+        try:
+            return self.visit_schema(schema, name)
+        finally:
+            self.depth -= 1
+
+    def visit_schema(self, schema, name: str) -> str:
         if schema is True or schema == {}:
             return "value"
         if not isinstance(schema, dict):
@@ -102,8 +119,15 @@ class _Converter:
         kind = schema.get("type")
         if kind is None:
             kind = "object" if "properties" in schema else "array" if "items" in schema else None
-        if isinstance(kind, list):
-            return self.alternatives([dict(schema, type=k) for k in kind], name)
+        if isinstance(kind, list):   # each type once: repeats would multiply the work at every level
+            kinds, seen = [], set()
+            for k in kind:
+                if not isinstance(k, str):
+                    kinds.append(k)   # refused as an unknown type
+                elif k not in seen:
+                    seen.add(k)
+                    kinds.append(k)
+            return self.alternatives([dict(schema, type=k) for k in kinds], name)
         if kind is None:
             return "value"
         if kind not in _TYPES:
@@ -177,26 +201,36 @@ class _Converter:
                     self.add(f"{name}-{key}", self.visit(sub, f"{name}-{key}")), key in required)
                    for key, sub in props.items()]
         # rest(i, first): members i.. in order, the optional ones may be missing; commas only
-        # between members present. One rule per (i, first), so the size stays linear.
+        # between members present. One rule per (i, first), so the size stays linear. Made from
+        # the last member back, so a rule's successors exist before it (no recursion over the
+        # properties): rest(k, True) is needed up to the first required member k, rest(i, False)
+        # from 1 on.
         rest_names: Dict[tuple, str] = {}
 
         def rest(i: int, first: bool) -> str:
-            if i == len(members):
-                return ""
-            if (i, first) not in rest_names:
-                member, needed = members[i]
-                lead = "" if first else '"," ws '
-                if needed:
-                    body = f"{lead}{member} {rest(i + 1, False)}"
-                elif first:
-                    alone = rest(i + 1, True)   # this member left out: the next one is first
-                    body = f"{member} {rest(i + 1, False)}" + (f" | {alone}" if alone else "")
-                    body = body if alone else f"( {body} )?"
-                else:
-                    body = f"( {lead}{member} )? {rest(i + 1, False)}"
-                rest_names[(i, first)] = self.add(f"{name}-rest-{i}{'-first' if first else ''}", body)
-            return rest_names[(i, first)]
+            return rest_names[(i, first)] if i < len(members) else ""
 
+        def make_rest(i: int, first: bool) -> None:
+            member, needed = members[i]
+            lead = "" if first else '"," ws '
+            if needed:
+                body = f"{lead}{member} {rest(i + 1, False)}"
+            elif first:
+                alone = rest(i + 1, True)   # this member left out: the next one is first
+                body = f"{member} {rest(i + 1, False)}" + (f" | {alone}" if alone else "")
+                body = body if alone else f"( {body} )?"
+            else:
+                body = f"( {lead}{member} )? {rest(i + 1, False)}"
+            rest_names[(i, first)] = self.add(f"{name}-rest-{i}{'-first' if first else ''}", body)
+
+        if members:
+            k = next((i for i, (_, needed) in enumerate(members) if needed), len(members) - 1)
+            for i in range(len(members) - 1, k, -1):
+                make_rest(i, False)
+            make_rest(k, True)
+            for i in range(k - 1, -1, -1):
+                make_rest(i + 1, False)
+                make_rest(i, True)
         return f'"{{" ws {rest(0, True)} "}}" ws'
 
     def array(self, schema, name: str) -> str:
@@ -236,6 +270,9 @@ class _Converter:
 def schema_to_gbnf(schema) -> str:
     """GBNF text whose root matches the JSON texts schema allows (see the module's notes)."""
     conv = _Converter(schema)
-    root = conv.visit(schema, "root")
+    try:
+        root = conv.visit(schema, "root")
+    except RecursionError:   # past the depth bound: an enum or const value nested too deep for json.dumps
+        raise errors.InvalidArgumentError("JSON schema: a value nested too deep to write out") from None
     conv.rules = {"root": root, **{k: v for k, v in conv.rules.items() if k != "root"}}
     return "".join(f"{name} ::= {body}\n" for name, body in conv.rules.items())

@@ -71,6 +71,8 @@ class LlamaGrammar:
                 json_schema = json.loads(json_schema)
             except json.JSONDecodeError as e:
                 raise errors.InvalidArgumentError(f"the JSON schema is not JSON: {e}") from None
+            except RecursionError:
+                raise errors.InvalidArgumentError("the JSON schema nests too deep to read") from None
         return cls(schema_to_gbnf(json_schema))
 
     def __repr__(self) -> str:
