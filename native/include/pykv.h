@@ -413,6 +413,8 @@ PYKV_API pykv_status pykv_sampler_set_grammar(pykv_sampler *smpl, pykv_grammar *
 
 /* Parse GBNF text (rules `name ::= ...`; root: the start rule, "root" when NULL) for the
    model's vocabulary. Errors give the line and column, an undefined or left-recursive rule.
+   Groups nest at most 256 deep and a {m,n} count is at most 4096 (PYKV_ERR_INVALID_ARG past
+   either); parsing is linear in the grammar's size and recurses only per open group.
    model NULL only checks the text: allowed and accept then refuse. */
 PYKV_API pykv_status pykv_grammar_init(const pykv_model *model, const char *text, const char *root,
                                        pykv_grammar **out);
