@@ -1006,7 +1006,10 @@ class Llama:
                     break   # the cache is full (nothing was evaluated): finish_reason stays "length"
         except (KeyboardInterrupt, errors.GenerationCancelled, GeneratorExit):
             finish_reason = "cancelled"
-            self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs, prompt_logprobs)
+            # not when the collector closes a stream abandoned while the Llama was closed or
+            # busy in another thread (pykv._in_use.hold_each_step): the context is not ours
+            if self._in_use.holds_context():
+                self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs, prompt_logprobs)
             raise
         tail = text.flush()
         if tail or (logprobs is not None and unsent < len(generated)) or unsent_prompt is not None:
@@ -1014,14 +1017,10 @@ class Llama:
         self._finish(text, generated, prompt_tokens, cached, finish_reason, logprobs, prompt_logprobs)
 
     def _finish(self, text, generated, prompt_tokens, cached, finish_reason, logprobs=None, prompt_logprobs=None):
-        try:
-            timings, kv_stats = self.timings(), self.kv_stats()
-        except errors.InvalidArgumentError:   # an abandoned stream closed after close() or from another thread
-            timings, kv_stats = {}, {}
         self._save_to_cache(finish_reason)
         self.last_result = GenerationResult(text=text.text, tokens=list(generated), finish_reason=finish_reason,
                                             prompt_tokens=len(prompt_tokens), cached_tokens=cached,
-                                            timings=timings, kv_stats=kv_stats,
+                                            timings=self.timings(), kv_stats=self.kv_stats(),
                                             logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
     # ---- llama-cpp-python compatible completion ----

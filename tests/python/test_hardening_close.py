@@ -241,3 +241,44 @@ def test_close_waits_for_a_running_generate_in_process(tiny_model):
     with pytest.raises(InvalidArgumentError, match="closed"):
         llm.generate([1, 2], max_tokens=2)
     llm.close()   # twice is fine
+
+
+ABANDONED_STREAMS = """
+import gc, sys, threading
+from pykv import Llama
+
+llm = Llama(sys.argv[1], n_ctx=128, n_threads=1)
+stream = llm.generate([1, 2, 3], max_tokens=50, ignore_eos=True, stream=True)
+next(stream)
+llm.close()
+del stream   # closed with the Llama: nothing runs on the freed context, nothing is reported
+gc.collect()
+
+llm = Llama(sys.argv[1], n_ctx=128, n_threads=1)
+stream = llm.generate([1, 2, 3], max_tokens=50, ignore_eos=True, stream=True)
+next(stream)
+entered, release = threading.Event(), threading.Event()
+
+def hold(ids, logits):
+    entered.set()
+    release.wait(30)
+    return logits
+
+other = threading.Thread(target=lambda: llm.generate([4, 5], max_tokens=2, logits_processor=hold))
+other.start()
+entered.wait(30)
+del stream   # the other thread holds the context: the abandoned stream leaves it alone
+gc.collect()
+release.set()
+other.join()
+print(llm.last_result.finish_reason, len(llm.last_result.tokens))
+"""
+
+
+def test_abandoned_streams_leave_the_context_alone(tiny_model):
+    """A stream dropped after close(), or while another thread generates, is closed without
+    touching the context (its result is not recorded) and without an error report."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(ABANDONED_STREAMS), str(tiny_model())],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
+    assert r.stdout.split() == ["length", "2"]
