@@ -282,3 +282,44 @@ def test_abandoned_streams_leave_the_context_alone(tiny_model):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
     assert r.stdout.split() == ["length", "2"]
+
+
+def test_c_calls_from_another_thread_during_a_decode_are_refused(tiny_model):
+    """pykv_decode and pykv_reset from a second thread while a decode runs (here paused in its
+    progress callback) are refused with a message naming the other thread, not the callback."""
+    from pykv._ffi import ffi, lib, new_params
+
+    mparams = new_params("struct pykv_model_params", lib.pykv_model_default_params)
+    model = ffi.new("pykv_model **")
+    assert lib.pykv_model_load(str(tiny_model()).encode(), mparams, model) == lib.PYKV_OK
+    cparams = new_params("struct pykv_context_params", lib.pykv_context_default_params)
+    cparams.n_ctx, cparams.n_ubatch, cparams.n_threads = 128, 16, 1
+    ctx = ffi.new("pykv_context **")
+    assert lib.pykv_context_init(model[0], cparams, ctx) == lib.PYKV_OK
+    entered, release = threading.Event(), threading.Event()
+
+    @ffi.callback("pykv_progress_callback")
+    def on_chunk(done, total, user):
+        entered.set()
+        release.wait(30)
+        return 1
+
+    lib.pykv_set_progress_callback(ctx[0], on_chunk, ffi.NULL)
+    tokens = ffi.new("pykv_token[]", list(range(1, 41)))
+    result = []
+    thread = threading.Thread(target=lambda: result.append(lib.pykv_decode(ctx[0], tokens, 40)))
+    thread.start()
+    try:
+        assert entered.wait(30)
+        assert lib.pykv_decode(ctx[0], tokens, 1) == lib.PYKV_ERR_INVALID_ARG
+        message = ffi.string(lib.pykv_last_error()).decode()
+        assert "another thread is running pykv_decode" in message, message
+        lib.pykv_reset(ctx[0])
+        assert "another thread is running pykv_decode" in ffi.string(lib.pykv_last_error()).decode()
+    finally:
+        release.set()
+        thread.join(30)
+    assert result == [lib.PYKV_OK] and lib.pykv_n_past(ctx[0]) == 40   # the first call was not disturbed
+    lib.pykv_set_progress_callback(ctx[0], ffi.NULL, ffi.NULL)
+    lib.pykv_context_free(ctx[0])
+    lib.pykv_model_free(model[0])
