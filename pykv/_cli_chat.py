@@ -129,7 +129,7 @@ def converse(args, llm, sampling, document=None) -> int:
 def _reply(llm, messages, sampling):
     """Stream the assistant's reply to stdout; Ctrl-C ends it early. Returns the result."""
     prompt = llm.chat_prompt(messages)
-    if len(prompt) >= llm.n_ctx:
+    if len(prompt) >= llm.n_ctx and not llm.cache_bounded:   # take / evict_every_chunk read past n_ctx
         raise ContextOverflowError(f"the conversation has {len(prompt)} tokens and leaves no room for a reply "
                                    f"in n_ctx={llm.n_ctx}")
     progress = PromptProgress.for_stderr()   # a long turn (a pasted document) shows its progress

@@ -60,6 +60,14 @@ def test_a_turn_too_long_for_the_context_is_an_error_and_the_session_goes_on(smo
     assert r.stdout == api_replies(smollm2_path, ["Hi"])[0] + "\n"   # the long turn is not kept
 
 
+def test_a_turn_longer_than_the_context_goes_through_a_bounded_cache(smollm2_path):
+    # take compresses while it reads, so n_ctx bounds the cache, not the turn
+    r = chat(smollm2_path, "The cat sat on the mat. " * 120 + "\n", "--policy", "take", "--budget", "128")
+    assert r.returncode == 0, r.stderr
+    assert not [line for line in r.stderr.splitlines() if line.startswith("pykv: error:")]
+    assert r.stdout.strip()
+
+
 def test_bad_sampling_flag_before_loading(smollm2_path):
     r = chat(smollm2_path, "Hi\n", "--top-p", "0")
     assert r.returncode == 1 and r.stdout == ""
