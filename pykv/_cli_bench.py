@@ -42,6 +42,9 @@ def add_bench_parser(sub):
     p.add_argument("--policy", default="full", help="policies (default full)")
     p.add_argument("--budget", default="", help="budgets for evicting policies (entries or N%%); "
                    "separate several with commas")
+    p.add_argument("--evict-every-chunk", action="store_true",
+                   help="evicting policies cut the cache back to the budget after every prefill chunk "
+                        "(as generate's flag); rows show the policy as POLICY+chunk")
     p.add_argument("--cache-type", default="",
                    help="KV cache types, keys and values alike: f16 (default), f32, q8_0")
     p.add_argument("-ctk", "--cache-type-k", default="",
@@ -111,8 +114,10 @@ def run_bench(args, model_path: str) -> int:
                 for n_batch in batches:
                     for depth in depths:
                         n_ctx = depth + max([n for _, n in tests] or [1]) + 16
+                        every_chunk = args.evict_every_chunk and policy != "full"
                         with Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
-                                   policy=policy, budget=budget, kv_type=kv_type, kv_type_v=kv_type_v) as llm:
+                                   policy=policy, budget=budget, kv_type=kv_type, kv_type_v=kv_type_v,
+                                   evict_every_chunk=every_chunk) as llm:
                             if not args.no_warmup:
                                 llm.eval(_tokens(min(16, n_ctx - 1), llm.n_vocab, 99))
                             for kind, size in tests:
@@ -126,12 +131,12 @@ def run_bench(args, model_path: str) -> int:
                                 kv = llm.kv_stats()
                                 rows.append({
                                     "test": f"{kind}{size}" + (f" @ d{depth}" if depth else ""),
-                                    "policy": policy, "budget": budget, "type_k": kv_type, "type_v": kv_type_v,
+                                    "policy": policy + ("+chunk" if every_chunk else ""), "budget": budget, "type_k": kv_type, "type_v": kv_type_v,
                                     "threads": llm.n_threads,
                                     "n_batch": n_batch, "t_s": statistics.mean(speeds),
                                     "t_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
                                     "t_s_median": statistics.median(speeds),
-                                    "kv_MiB": kv["bytes"] / 2**20, "evicted": kv["evicted"],
+                                    "kv_MiB": kv["bytes"] / 2**20, "kv_peak_MiB": kv["peak_bytes"] / 2**20, "evicted": kv["evicted"],
                                     "peak_RSS_MiB": _peak_rss_mib(), "samples": speeds,
                                 })
     _print(rows, args.output)

@@ -36,6 +36,23 @@ def test_bench_rows_cover_the_product(tiny_model):
     assert full["evicted"] == 0 and full["kv_MiB"] > tg["kv_MiB"]
 
 
+def test_bench_evict_every_chunk_bounds_the_peak(tiny_model):
+    """--evict-every-chunk cuts the cache after each 32-token chunk of a 256-token prompt, so
+    its peak holds about the budget plus one chunk per list, where the end-of-prompt schedule
+    holds the whole prompt first."""
+    model = str(tiny_model("llama_q8_0_h8kv2"))
+    args = (model, "-p", "256", "-n", "", "-r", "1", "-b", "32", "--policy", "full,snapkv", "--budget", "40",
+            "-o", "json", "--no-warmup")
+    plain, chunked = bench(*args), bench(*args, "--evict-every-chunk")
+    assert plain.returncode == 0 and chunked.returncode == 0, plain.stderr + chunked.stderr
+    end = {r["policy"]: r for r in json.loads(plain.stdout)}
+    every = {r["policy"]: r for r in json.loads(chunked.stdout)}
+    assert set(every) == {"full", "snapkv+chunk"}
+    # a list grows by an eighth at a time: (budget + chunk) * 1.125 of 256 rows at most
+    assert every["snapkv+chunk"]["kv_peak_MiB"] <= (40 + 32) * 1.125 / 256 * end["full"]["kv_peak_MiB"]
+    assert end["snapkv"]["kv_peak_MiB"] >= 0.9 * end["full"]["kv_peak_MiB"]
+
+
 def test_bench_cache_types(tiny_model):
     """-ctk and -ctv sweep the keys' and the values' cache types like llama-bench's, every
     pair; --cache-type sweeps the two together. An entry's bytes are its key's and its
