@@ -139,8 +139,9 @@ def test_reuse_needs_a_matching_prefix_and_the_full_policy(smollm2_path):
         again = llm.generate(prompt, max_tokens=8, **GREEDY)
         assert again.cached_tokens == a.prompt_tokens - 1   # the last is evaluated for its logits
         assert again.tokens == a.tokens
-        # one token left to evaluate: a decode step in the timings, as llama.cpp counts it
-        assert again.timings["prompt_n"] == 0 and again.timings["predicted_n"] == 8
+        # one token left to evaluate: the prompt's, as llama.cpp's server counts the tokens it
+        # processed; the eight generated tokens take seven decode steps after it
+        assert again.timings["prompt_n"] == 1 and again.timings["predicted_n"] == 7
         other = llm.generate("The capital of Spain is", max_tokens=8, **GREEDY)
         n_common = next(i for i, (x, y) in enumerate(zip(llm.tokenize(prompt), llm.tokenize("The capital of Spain")))
                         if x != y)
