@@ -278,9 +278,13 @@ pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
     return PYKV_OK;
 }
 
-// Positions stay below this however long the sequence (RoPE angles in float lose their
-// precision far beyond any training context).
-#define MAX_POSITION (1 << 24)
+int32_t context_list_limit(const pykv_context *ctx) {
+    return ctx->policy->ops->evicts_every_step ? ctx->n_ctx + 1 : ctx->n_ctx;
+}
+
+int32_t context_position_limit(const pykv_context *ctx) {
+    return ctx->cache_bounded ? MAX_POSITION : ctx->n_ctx;
+}
 
 // A cache-bounded context: a prefill is cut back to the budget after every chunk, so any
 // length goes through; a decode step needs room in its lists (n_ctx entries, or one more
@@ -293,8 +297,7 @@ static pykv_status check_cache_room(const pykv_context *ctx, int32_t n) {
     int32_t most = 0;
     for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++)
         if (ctx->cache.lists[i].n > most) most = ctx->cache.lists[i].n;
-    const int32_t limit = ctx->policy->ops->evicts_every_step ? ctx->n_ctx + 1 : ctx->n_ctx;
-    if (most + n > limit)
+    if (most + n > context_list_limit(ctx))
         return pykv_error(PYKV_ERR_CONTEXT_FULL, "the KV cache is full: a list holds %d entries, n_ctx=%d (policy '%s' "
                           "lets decoding grow the cache)", most, ctx->n_ctx, ctx->policy->ops->name);
     return PYKV_OK;

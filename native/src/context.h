@@ -41,6 +41,10 @@ struct scratch {
 #define DECODE_SEGMENT 256
 #define DECODE_MAX_SEGMENTS 16
 
+// Positions stay below this however long the sequence (RoPE angles in float lose their
+// precision far beyond any training context).
+#define MAX_POSITION (1 << 24)
+
 struct pykv_context {
     pykv_model        *model;
     int32_t            n_ctx;
@@ -89,3 +93,11 @@ pykv_status context_refuse_busy(const pykv_context *ctx, const char *what);
 // The last n_probe of the T tokens are probe tokens (see policy.h): processed, scored by
 // the policy, then dropped from the cache; n_past does not count them.
 pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, int n_probe, int want_logits);
+
+// The most entries one list may hold: n_ctx, one more while a policy that evicts at every
+// decode step has not yet dropped the step's entry.
+int32_t context_list_limit(const pykv_context *ctx);
+
+// The most tokens a context may have seen: n_ctx, or MAX_POSITION when n_ctx bounds only the
+// cache (pykv_cache_bounded).
+int32_t context_position_limit(const pykv_context *ctx);

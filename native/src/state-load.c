@@ -127,7 +127,8 @@ static pykv_status check_list(const pykv_context *ctx, struct state_reader *r, i
                               int32_t *n_out) {
     const struct kv_cache *c = &ctx->cache;
     int32_t n = -1, merged = -1;
-    if (!state_take_i32(r, &n) || n < 0 || n > n_past) return corrupt("a list length is out of range");
+    if (!state_take_i32(r, &n) || n < 0 || n > n_past || n > context_list_limit(ctx))
+        return corrupt("a list length is out of range");
     if (!state_take_i32(r, &merged) || (merged != 0 && merged != 1)) return corrupt("a list's merged flag is bad");
     PYKV_TRY(check_positions(r, n, ctx->policy->ops->keeps_every_entry, n_past, seen));
     const uint8_t *keys = r->at;
@@ -196,9 +197,9 @@ static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, 
     if (n_past < 0 || (has_logits != 0 && has_logits != 1) || (has_logits && n_past == 0) ||
         (single != 0 && single != 1))
         return corrupt("its token count or a flag is out of range");
-    if (n_past > ctx->n_ctx)
-        return pykv_error(PYKV_ERR_CONTEXT_FULL, "pykv_state_load: the state holds %d tokens, more than n_ctx=%d",
-                          n_past, ctx->n_ctx);
+    if (n_past > context_position_limit(ctx))   // a cache-bounded context reads past n_ctx
+        return pykv_error(PYKV_ERR_CONTEXT_FULL, "pykv_state_load: the state holds %d tokens, more than %s=%d",
+                          n_past, ctx->cache_bounded ? "the last position" : "n_ctx", context_position_limit(ctx));
     if (!state_take(&r, counters, 2 * sizeof(*counters)) || counters[0] < 0 || counters[1] < 0)
         return corrupt("its cache counters are bad");
     PYKV_TRY(check_identity(ctx, &r));

@@ -181,3 +181,25 @@ def test_smollm2_reads_6k_tokens_with_a_1k_context(smollm2_path):
         res = llm.generate(tokens, max_tokens=8, temperature=0.0)
         assert llm.n_past == 6007 and len(res.tokens) == 8
         assert largest_list(llm) <= 1024
+
+
+@pytest.mark.parametrize("policy", ["take", "snapkv"])
+def test_a_state_saved_after_a_long_prompt_loads_and_continues(tiny_model, policy):
+    """A state holding more tokens than n_ctx (its lists within n_ctx) loads into a context of
+    the same settings and continues as the saved one does; a context that keeps whole prompts
+    refuses it with ContextOverflowError."""
+    settings = dict(n_ctx=N_CTX, n_batch=N_BATCH, policy=policy, budget=BUDGET, evict_every_chunk=policy != "take")
+    with Llama(str(tiny_model(MODEL)), **settings) as saved:
+        saved.eval(prompt(3 * N_CTX))
+        state = saved.save_state()
+        saved.eval(prompt(5, seed=9))
+        expected = saved.logits()
+    with Llama(str(tiny_model(MODEL)), **settings) as restored:
+        restored.load_state(state)
+        assert restored.n_past == 3 * N_CTX
+        restored.eval(prompt(5, seed=9))
+        np.testing.assert_array_equal(restored.logits(), expected)
+    with Llama(str(tiny_model(MODEL)), n_ctx=N_CTX, n_batch=N_BATCH, policy=policy, budget=BUDGET) as small:
+        if not small.cache_bounded:
+            with pytest.raises(ContextOverflowError, match="more than n_ctx"):
+                small.load_state(state)
