@@ -68,6 +68,15 @@ LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stackt
     "$PYTHON" -m pytest -q -p no:cacheprovider -m "not model" tests/python/test_state.py tests/python/test_state_policies.py tests/python/test_prefix_reuse.py tests/python/test_outputs.py tests/python/test_perplexity.py \
     tests/python/test_grammar.py tests/python/test_json_schema.py tests/python/test_tools.py \
     tests/python/test_processors.py tests/python/test_kv_mixed.py
+# The adversarial corpus (grammars, schemas, HTTP requests), closing a busy context from another
+# thread, damaged loader inputs and prompt caches, prompts longer than n_ctx, the
+# llama-cpp-python keywords that reach the C context (RoPE overrides).
+LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    PYKV_LIBRARY="$PWD/$ASAN_BUILD/libpykv.so" \
+    "$PYTHON" -m pytest -q -p no:cacheprovider -m "not model" tests/python/test_hardening_grammar.py \
+    tests/python/test_hardening_server.py tests/python/test_hardening_close.py tests/python/test_hardening_loaders.py \
+    tests/python/test_hardening_prompt_cache.py tests/python/test_argument_types.py tests/python/test_long_prompt.py \
+    tests/python/test_llama_cpp_keywords.py
 
 echo "==> fetching the SmolLM2 model (once; cached afterwards)"
 "$PYTHON" -m pykv pull smollm2
