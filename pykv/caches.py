@@ -35,7 +35,8 @@ def _key(tokens) -> Key:
         raise errors.InvalidArgumentError(f"a cache key is a sequence of token ids, got {tokens!r}") from None
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -73,7 +74,7 @@ class BaseLlamaCache:
     def _find_longest_prefix_key(self, key: Sequence[int], model: Optional[str] = None) -> Optional[Key]:
         best, best_n = None, 0
         for k in self._keys(model):
-            n = _common_prefix(k, key)
+            n = common_prefix(k, key)
             if n > best_n:
                 best, best_n = k, n
         return best

@@ -21,6 +21,7 @@ from ._in_use import InUse, hold_each_step, using_context, using_model
 from . import _mapped_file
 from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logprob
 from ._textstream import TextStream
+from .caches import common_prefix
 from .chat import resolve_template
 from .grammar import LlamaGrammar, as_grammar, bind as bind_grammar, response_format_grammar
 from .policies import parse_budget, policy_args
@@ -762,15 +763,7 @@ class Llama:
             return
         if state is None:
             return
-
-        def shared(tokens):
-            n = 0
-            for a, b in zip(tokens, prompt_tokens):
-                if a != b:
-                    break
-                n += 1
-            return n
-        if shared(state.input_ids) > shared(self.input_ids):
+        if common_prefix(state.input_ids, prompt_tokens) > common_prefix(self.input_ids, prompt_tokens):
             try:
                 self.load_state(state)
             except errors.PykvError:   # saved by a context of another KV type or policy
@@ -883,11 +876,7 @@ class Llama:
         if (self.input_ids == tokens and lib.pykv_get_logits(self._ctx) != ffi.NULL
                 and lib.pykv_is_single_run(self._ctx)):
             return len(tokens)
-        keep = 0
-        for held, wanted in zip(self.input_ids, tokens[:-1]):
-            if held != wanted:
-                break
-            keep += 1
+        keep = common_prefix(self.input_ids, tokens[:-1])
         if keep:
             try:
                 self.truncate(keep)
