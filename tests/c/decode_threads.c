@@ -6,6 +6,7 @@
 //   decode_threads MODEL.gguf
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "pykv.h"
 
@@ -24,7 +25,7 @@ static int run_policy(pykv_model *model, const char *policy, int32_t n_vocab) {
     cp.n_threads = 2;
     cp.n_ubatch = 64;
     cp.policy = policy;
-    cp.budget = 48;
+    cp.budget = strcmp(policy, "full") == 0 ? 0 : 48;   // a budget with full is an error
     pykv_context *ctx = NULL;
     if (pykv_context_init(model, &cp, &ctx) != PYKV_OK) return fail(policy, "context");
     pykv_token prompt[N_PROMPT];
