@@ -21,12 +21,26 @@ def _package_dirs():
     return [Path(p) for p in getattr(package, "__path__", [_PACKAGE_DIR])]
 
 
-def _find_library(env=None, package_dirs=None, source_root=None):
+def _installed_lib_dir():
+    """The lib/ folder of the pykv distribution pip installed (None: none is installed)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+    except ImportError:   # pragma: no cover - Python < 3.8
+        return None
+    try:
+        return Path(distribution("pykv").locate_file("pykv/lib"))
+    except (PackageNotFoundError, TypeError, ValueError):
+        return None
+
+
+def _find_library(env=None, package_dirs=None, source_root=None, installed_dir=None):
     """The library to load: $PYKV_LIBRARY when set (it overrides everything, so a test run
     can point at its own build), else the one installed with this package (its lib/
-    folder), else, in a source checkout that was never installed, the CMake build in
-    build/. Nothing else on sys.path is searched: an older copy of pykv there must not be
-    loaded in place of this one."""
+    folder). Imported from a source checkout (tests run from the repository after
+    `pip install .`), then the library of the installed pykv distribution, else the CMake
+    build in build/. No other folder on sys.path is searched: an older copy of pykv there
+    must not be loaded in place of this one (and the ABI check below refuses a library
+    that does not match the header)."""
     env = os.environ.get("PYKV_LIBRARY") if env is None else env
     if env:
         path = Path(env)
@@ -37,7 +51,8 @@ def _find_library(env=None, package_dirs=None, source_root=None):
     source_root = _PACKAGE_DIR.parent if source_root is None else Path(source_root)
     directories = [Path(d) / "lib" for d in package_dirs]
     if (source_root / "native" / "include" / "pykv.h").is_file():   # a source checkout
-        directories.append(source_root / "build")
+        installed_dir = _installed_lib_dir() if installed_dir is None else installed_dir
+        directories += [installed_dir, source_root / "build"] if installed_dir else [source_root / "build"]
     for directory in directories:
         for name in _LIB_NAMES:
             if (directory / name).is_file():

@@ -1,6 +1,6 @@
 """Which libpykv the binding loads (pykv._ffi._find_library): $PYKV_LIBRARY over everything,
-then the library installed with the package, then, in a source checkout only, build/; never
-another pykv found on sys.path."""
+then the library installed with the package, then, in a source checkout only, the installed
+pykv distribution's library and build/; never another pykv found on sys.path."""
 import os
 import subprocess
 import sys
@@ -50,11 +50,30 @@ def test_packaged_library_comes_before_a_source_build(tmp_path):
 def test_build_folder_only_serves_a_source_checkout(tmp_path):
     root = _checkout(tmp_path / "src")
     built = _lib(root / "build")
-    assert _ffi._find_library("", [root / "pykv"], root) == built
+    none_installed = tmp_path / "nothing-installed"
+    assert _ffi._find_library("", [root / "pykv"], root, none_installed) == built
     other = tmp_path / "unpacked"          # a package that is not a source checkout
     _lib(other / "build")
     with pytest.raises(ImportError, match="not found"):
-        _ffi._find_library("", [other / "pykv"], other)
+        _ffi._find_library("", [other / "pykv"], other, none_installed)
+
+
+def test_a_source_checkout_loads_the_installed_distribution_first(tmp_path):
+    """Tests run from the repository after `pip install .`: `import pykv` is the source
+    folder, which holds no library; the installed pykv's is loaded, before a build/."""
+    root = _checkout(tmp_path / "src")
+    _lib(root / "build")
+    installed = _lib(tmp_path / "site" / "pykv" / "lib")
+    assert _ffi._find_library("", [root / "pykv"], root, installed.parent) == installed
+
+
+def test_running_from_the_repository_after_install_imports(tmp_path):
+    """The suite's own situation: python run in the repository's root, no PYKV_LIBRARY."""
+    env = {k: v for k, v in os.environ.items() if k != "PYKV_LIBRARY"}
+    out = subprocess.run([sys.executable, "-c", "import pykv, pykv._ffi as f; print(pykv.__file__); print(f.LIBRARY_PATH)"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.splitlines()[1]).is_file()
 
 
 def test_a_stale_pykv_on_sys_path_is_not_loaded(tmp_path):
