@@ -366,7 +366,7 @@ static TGT float vdot_q6_K(const void *row, const float *x, int64_t n) {
     return sum4(a0, a1, a2, a3);
 }
 
-const struct quant_kernels quant_avx2_kernels = {
+const struct quant_kernels WEIGHT_TABLE(quant_avx2_kernels) = {
     .vec_dot = {
         [PYKV_TYPE_F32]  = vdot_f32,
         [PYKV_TYPE_F16]  = vdot_f16,

@@ -155,3 +155,4 @@ struct quant_kernels {
 
 extern const struct quant_kernels quant_scalar_kernels;   // quant-scalar.c
 extern const struct quant_kernels quant_avx2_kernels;     // quant-avx2.c (x86 only)
+extern const struct quant_kernels quant_avx2_kernels_t0;  // the same, T0 prefetch (quant-avx2-t0.c)

@@ -306,7 +306,7 @@ static AVX2_TGT float q8dot_iq4_xs(const void *row, const block_q8_act *x, int64
     return hsum_ps(_mm256_add_ps(acc0, acc1));
 }
 
-const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES] = {
+const vec_dot_q8_fn WEIGHT_TABLE(q8_avx2_dots)[Q8_N_TYPES] = {
     [PYKV_TYPE_Q4_0] = q8dot_q4_0,
     [PYKV_TYPE_Q4_1] = q8dot_q4_1,
     [PYKV_TYPE_Q5_0] = q8dot_q5_0,
@@ -321,6 +321,7 @@ const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES] = {
     [PYKV_TYPE_IQ4_XS] = q8dot_iq4_xs,
 };
 
+#ifndef WEIGHT_PREFETCH_T0   // reads no weights: compiled once
 static inline AVX2_TGT __m256i round_i32(__m256 v, __m256 id) {
     return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
@@ -367,4 +368,5 @@ AVX2_TGT void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t 
         side.sum16[2 * i + 1] = (int16_t)half1;
     }
 }
+#endif
 #endif

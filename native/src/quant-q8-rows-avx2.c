@@ -64,7 +64,7 @@ Q8_DOT4(q8dot4_q5_1, block_q5_1, Q5_ISUM, block_f16_dm, 1.0f)
 Q8_DOT4(q8dot4_q8_0, block_q8_0, Q8_ISUM, block_f16_dd, 0.0f)
 Q8_DOT4(q8dot4_iq4_nl, block_iq4_nl, IQ4_ISUM, block_f16_dd, 0.0f)
 
-const vec_dot4_q8_fn q8_avx2_dots4[Q8_N_TYPES] = {
+const vec_dot4_q8_fn WEIGHT_TABLE(q8_avx2_dots4)[Q8_N_TYPES] = {
     [PYKV_TYPE_Q4_0] = q8dot4_q4_0,
     [PYKV_TYPE_Q4_1] = q8dot4_q4_1,
     [PYKV_TYPE_Q5_0] = q8dot4_q5_0,

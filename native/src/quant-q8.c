@@ -264,7 +264,7 @@ vec_dot_q8_fn vec_dot_q8_scalar_for(int32_t type) {
 vec_dot_q8_fn vec_dot_q8_for(int32_t type) {
     if (type < 0 || type >= Q8_N_TYPES) return NULL;
 #if defined(__x86_64__) || defined(__i386__)
-    if (have_avx2() && q8_avx2_dots[type]) return q8_avx2_dots[type];
+    if (have_avx2() && q8_avx2_dots[type]) return (cpu_weight_prefetch_t0() ? q8_avx2_dots_t0 : q8_avx2_dots)[type];
 #endif
     return q8_scalar_dots[type];
 }
@@ -272,7 +272,7 @@ vec_dot_q8_fn vec_dot_q8_for(int32_t type) {
 vec_dot4_q8_fn vec_dot4_q8_for(int32_t type) {
     if (type < 0 || type >= Q8_N_TYPES) return NULL;
 #if defined(__x86_64__) || defined(__i386__)
-    if (have_avx2()) return q8_avx2_dots4[type];
+    if (have_avx2()) return (cpu_weight_prefetch_t0() ? q8_avx2_dots4_t0 : q8_avx2_dots4)[type];
 #endif
     return NULL;
 }

@@ -65,9 +65,12 @@ vec_dot_q8_fn vec_dot_q8_scalar_for(int32_t type);   // the scalar reference of 
 typedef void (*vec_dot4_q8_fn)(const void *rows, int64_t row_bytes, const block_q8_act *x, int64_t n, float *out);
 vec_dot4_q8_fn vec_dot4_q8_for(int32_t type);
 
-// Kernel tables (quant-q8.c, quant-q8-avx2.c, quant-q8-rows-avx2.c), indexed by pykv_type.
+// Kernel tables (quant-q8.c, quant-q8-avx2.c, quant-q8-rows-avx2.c), indexed by pykv_type;
+// the _t0 tables prefetch weights with the T0 hint (simd-avx2.h).
 #define Q8_N_TYPES 24
 extern const vec_dot_q8_fn q8_scalar_dots[Q8_N_TYPES];
 extern const vec_dot_q8_fn q8_avx2_dots[Q8_N_TYPES];
+extern const vec_dot_q8_fn q8_avx2_dots_t0[Q8_N_TYPES];
 extern const vec_dot4_q8_fn q8_avx2_dots4[Q8_N_TYPES];
+extern const vec_dot4_q8_fn q8_avx2_dots4_t0[Q8_N_TYPES];
 void quantize_row_q8_act_avx2(const float *x, block_q8_act *y, int64_t n);

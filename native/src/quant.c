@@ -86,8 +86,9 @@ __attribute__((constructor)) static void dispatch_init(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (cpu_has_avx2()) {
-        active = &quant_avx2_kernels;
-        active_name = "avx2 fma f16c";
+        const int t0 = cpu_weight_prefetch_t0();
+        active = t0 ? &quant_avx2_kernels_t0 : &quant_avx2_kernels;
+        active_name = t0 ? "avx2 fma f16c prefetch-t0" : "avx2 fma f16c";
     }
 #endif
 }

@@ -30,5 +30,6 @@ vec_dot_fn  vec_dot_scalar_for(int32_t type);
 float dot_f32(const float *a, const float *b, int64_t n);
 void  axpy_f32(float *y, float a, const float *x, int64_t n);   // y += a * x
 
-// "avx2 fma f16c" or "scalar": what the run-time dispatch selected.
+// "avx2 fma f16c" (followed by " prefetch-t0" where the weights are prefetched with the T0
+// hint, see simd-avx2.h) or "scalar": what the run-time dispatch selected.
 const char *quant_simd_name(void);

@@ -79,13 +79,30 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void
 // leaves the kernels waiting on loads, so the kernels ask for the bytes several rows ahead
 // (each thread reads its rows in one sequential run); 8 KiB is far enough for the memory's
 // latency on wide and narrow rows alike without running past what the caches hold.
-// Prefetching past the end of the matrix is harmless: a prefetch never faults. The hint is
-// non-temporal: the bytes are used once, and a decode step streams every weight, so with the
-// plain hint they push the KV lists and the policies' per-entry state out of cache before
-// the next step comes back to them (this matters at depth; on CPUs that treat the hints
-// alike it costs nothing).
+// Prefetching past the end of the matrix is harmless: a prefetch never faults.
+//
+// The hint depends on the CPU's vendor. On AMD it is non-temporal: the bytes are used once,
+// and a decode step streams every weight, so with the plain hint they push the KV lists and
+// the policies' per-entry state out of cache before the next step comes back to them (this
+// matters at depth). On Intel a non-temporal prefetch fills the first-level cache only and
+// leaves the line out of the others: the stream then runs at a fraction of the memory's
+// rate, and weights that the last-level cache could hold from one step to the next are read
+// from memory again. Intel takes the plain hint (T0). Each kernel file that prefetches
+// weights is therefore compiled twice: as itself with the non-temporal hint, and through a
+// "-t0" twin that defines WEIGHT_PREFETCH_T0 first, whose kernel tables carry a _t0 suffix
+// (WEIGHT_TABLE); the dispatch (quant.c, quant-q8.c) picks one set with
+// cpu_weight_prefetch_t0().
 #define Q8_PREFETCH 8192
+#ifdef WEIGHT_PREFETCH_T0
+#define WEIGHT_PREFETCH_HINT _MM_HINT_T0
+#define WEIGHT_TABLE(name) name##_t0
+#else
 #define WEIGHT_PREFETCH_HINT _MM_HINT_NTA
+#define WEIGHT_TABLE(name) name
+#endif
+
+// Whether this CPU takes the kernels that prefetch weights with the T0 hint (see above).
+static inline int cpu_weight_prefetch_t0(void) { return __builtin_cpu_is("intel"); }
 
 // A K-quant super-block spans two to four cache lines: ask for each of them (one prefetch per
 // super-block leaves the kernel waiting on the lines it did not ask for).
