@@ -6,7 +6,7 @@ the grammar, and ends generation only where the text is a complete match.
     llm.generate("Is the sky blue? ", grammar=grammar)
     llm.create_chat_completion(messages, response_format={"type": "json_object"})
 
-The matcher is C (native/src/grammar.c); this module parses up front (so a bad grammar is
+The matcher is C (native/src/sample/grammar.c); this module parses up front (so a bad grammar is
 refused where it is written) and binds a grammar to a model's vocabulary for one generation."""
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quant.h"
-#include "types.h"
+#include "cpu/quant.h"
+#include "model/types.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static inline uint32_t next_u32(void) {

@@ -2,9 +2,9 @@
 // tokens written out one by one: member i of a merged entry has key norm_i * unit_key and
 // the entry's value. Also: compaction and single drops move member lists with their
 // entries and the byte count follows every allocation.
-#include "attention.h"
+#include "cpu/attention.h"
 #include "check.h"
-#include "kv-cache.h"
+#include "kv/kv-cache.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -6,9 +6,9 @@
 //    infinite value that only the last token sees;
 //  * decode split into segments (attention_group_partial + attention_merge) for every way of
 //    cutting a list.
-#include "attention.h"
+#include "cpu/attention.h"
 #include "check.h"
-#include "kv-cache.h"
+#include "kv/kv-cache.h"
 
 #include <math.h>
 #include <stdlib.h>

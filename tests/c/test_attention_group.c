@@ -3,9 +3,9 @@
 // tile sizes 1-4, head sizes on and off the SIMD path, and
 // lists from 1 entry up (odd counts reach the pairwise tail), keys and values stored as
 // floats, halves or Q8_0 blocks (the reference then reads the same rounded values).
-#include "attention.h"
+#include "cpu/attention.h"
 #include "check.h"
-#include "kv-cache.h"
+#include "kv/kv-cache.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "ops.h"
+#include "cpu/ops.h"
 
 static uint64_t rng = 0x13198A2E03707344ull;
 static double uniform(double lo, double hi) {

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "policies/ems.h"
+#include "kv/policies/ems/ems.h"
 
 enum { NMAX = 300, GMAX = 5 };
 

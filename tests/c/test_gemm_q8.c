@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "gemm-q8.h"
-#include "quant-blocks.h"
+#include "cpu/gemm-q8.h"
+#include "cpu/quant-blocks.h"
 #include "random-rows.h"
 
 static const int32_t packed_types[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1,

@@ -1,7 +1,7 @@
 // test_gguf.c - the GGUF reader on a file built byte by byte here: values, tensor placement,
 // and every truncation and many random corruptions failing cleanly (run under ASan/UBSan).
 #include "check.h"
-#include "gguf.h"
+#include "model/gguf.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 // tokens, acceptance, characters split across tokens, completion, and refusals that change
 // nothing. (Python checks the matcher against a regular-expression reference on real vocabularies.)
 #include "check.h"
-#include "grammar.h"
+#include "sample/grammar.h"
 #include "pykv.h"
 
 #include <pthread.h>

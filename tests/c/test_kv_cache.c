@@ -3,8 +3,8 @@
 // cutting every list back to a prefix of positions; Q8_0 storage against a quantizer
 // written out here (scale max|x| / 127 as a half, values rounded to nearest even).
 #include "check.h"
-#include "kv-cache.h"
-#include "quant.h"
+#include "kv/kv-cache.h"
+#include "cpu/quant.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "gemm-q8.h"
-#include "ops.h"
-#include "quant-q8.h"
+#include "cpu/gemm-q8.h"
+#include "cpu/ops.h"
+#include "cpu/quant-q8.h"
 #include "random-rows.h"
 
 enum { ROWS = 37 };

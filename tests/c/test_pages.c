@@ -4,7 +4,7 @@
 // in here with its mapped path forced on, so the sanitized build tests it too (the library
 // itself uses plain malloc under AddressSanitizer).
 #define PAGES_MAPPED 1
-#include "../../native/src/pages.c"
+#include "core/pages.c"
 
 #include "check.h"
 

@@ -8,14 +8,14 @@
 #include <string.h>
 
 #include "check.h"
-#include "quant-blocks.h"
-#include "quant-q8.h"
+#include "cpu/quant-blocks.h"
+#include "cpu/quant-q8.h"
 #include "random-rows.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 
-#include "simd-avx2.h"
+#include "cpu/simd-avx2.h"
 
 static const int32_t q8_types[] = { PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1, PYKV_TYPE_Q5_0, PYKV_TYPE_Q5_1, PYKV_TYPE_Q8_0,
                                     PYKV_TYPE_Q2_K, PYKV_TYPE_Q3_K, PYKV_TYPE_Q4_K, PYKV_TYPE_Q5_K, PYKV_TYPE_Q6_K,

@@ -13,9 +13,9 @@
 
 #include "check.h"
 #include "random-rows.h"
-#include "error.h"
-#include "quant-blocks.h"
-#include "types.h"
+#include "core/error.h"
+#include "cpu/quant-blocks.h"
+#include "model/types.h"
 
 static const int32_t all_types[] = {
     PYKV_TYPE_F32, PYKV_TYPE_F16, PYKV_TYPE_BF16, PYKV_TYPE_Q8_0, PYKV_TYPE_Q4_0, PYKV_TYPE_Q4_1,

@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "quant-blocks.h"
-#include "quant-q8.h"
+#include "cpu/quant-blocks.h"
+#include "cpu/quant-q8.h"
 #include "random-rows.h"
 
 static void random_activations(float *x, int64_t n) {

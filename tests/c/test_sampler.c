@@ -2,7 +2,7 @@
 // frequency and presence penalties, logit bias, filters and seeded reproducibility. (Distributions are checked in Python.)
 #include "check.h"
 #include "pykv.h"
-#include "sampler.h"
+#include "sample/sampler.h"
 
 #include <stdlib.h>
 #include <string.h>

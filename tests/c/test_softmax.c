@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "ops.h"
+#include "cpu/ops.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static double uniform(double lo, double hi) {

@@ -1,6 +1,6 @@
 // test_threadpool.c - every thread runs each task once, over many short back-to-back runs.
 #include "check.h"
-#include "threadpool.h"
+#include "core/threadpool.h"
 
 #include <stdatomic.h>
 

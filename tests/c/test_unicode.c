@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "unicode.h"
+#include "vocab/unicode.h"
 
 static uint32_t dec(const char *s, size_t len, int *n) { return unicode_decode(s, len, n); }
 

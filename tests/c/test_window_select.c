@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "policies/window-scores.h"
+#include "kv/policies/common/window-scores.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static int next_int(int n) {

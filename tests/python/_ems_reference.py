@@ -1,6 +1,6 @@
 """Independent NumPy (float64) reimplementation of EMS (docs/policies.md#ems) for the tests.
 
-Restates the choices documented in native/src/policies/ems.c and its ems-*.c files:
+Restates the choices documented in native/src/kv/policies/ems/:
 
 * s_Glo: full causal softmax column sums over every prompt query; s_Loc: column sums over
   the last W queries (causal); both GQA means over the query heads of a KV head.

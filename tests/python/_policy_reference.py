@@ -4,7 +4,7 @@ Wraps ``_reference`` (never edits it): ``capture_qk`` runs the same textbook for
 and returns every layer's post-RoPE queries and keys of the prompt. The selection
 functions restate the rules of docs/policies.md (the observation window, streamingllm,
 snapkv, pyramidkv, adakv) and the choices documented in the headers of
-native/src/policies/*.c:
+native/src/kv/policies/:
 
 * window attention: the last W queries over all N keys, causal inside the window, softmax;
   candidate score = column mean over the W rows (j < N - W);

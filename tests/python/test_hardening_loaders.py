@@ -51,7 +51,7 @@ def test_tensor_whose_size_overflows_is_refused(tmp_path, dims):
 
 def _first_list(data: bytes):
     """(offset of the first list's positions, their count, the merged flag) in a saved state
-    (layout: native/src/state.h)."""
+    (layout: native/src/kv/state.h)."""
     head = np.frombuffer(data[12:44], dtype=np.int32)
     off = 44 + 16
     off += 4 + int(np.frombuffer(data[off:off + 4], dtype=np.int32)[0])   # the policy identity

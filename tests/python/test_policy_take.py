@@ -5,7 +5,7 @@ between chunks and later chunks attend over the pruned cache: the same chunk sch
 pykv's context (n_ubatch less the probe, the last chunk holding at least probe_len tokens),
 the probe appended at the positions right after each chunk but the last, one ragged list
 per (layer, KV head) with causal-by-position attention. Its policy step restates the choices
-in the header of native/src/policies/take.c: EMA of the un-rotated probe queries (rows
+in the header of native/src/kv/policies/take/take.c: EMA of the un-rotated probe queries (rows
 aligned at the end), re-rotation to the current probe positions, softmax over the entries
 without the probe (causal by position in the last chunk, whose real tail is the probe),
 mean over the probe rows, GQA mean, avg pooling (zeros counted), top-k with ties to the

@@ -119,7 +119,7 @@ def test_damaged_bytes_are_refused(tiny_model):
 
 
 def _first_key_offset(data: bytes) -> int:
-    """Where the first list's first key starts in a saved state (layout: native/src/state.h)."""
+    """Where the first list's first key starts in a saved state (layout: native/src/kv/state.h)."""
     head = np.frombuffer(data[12:44], dtype=np.int32)   # after the magic and the byte order
     off = 44 + 16                                        # the header, then the two cache counters
     off += 4 + int(np.frombuffer(data[off:off + 4], dtype=np.int32)[0])   # the policy identity

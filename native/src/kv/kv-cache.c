@@ -1,0 +1,367 @@
+// kv-cache.c - per-(layer, KV head) entry lists with real allocation accounting.
+#include "kv/kv-cache.h"
+#include "core/error.h"
+#include "core/pages.h"
+#include "cpu/quant-blocks.h"
+#include "cpu/quant.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_MIN_CAP 16
+#define KV_DECODE_DROP 2   // evictions this small are decode steps (see kv_list_retain)
+
+// Bytes per allocated entry: key, value, position, and the merge bookkeeping if enabled.
+static int64_t entry_bytes(const struct kv_cache *c, const struct kv_list *l) {
+    int64_t b = (int64_t)(kv_cache_key_bytes(c) + kv_cache_value_bytes(c)) + (int64_t)sizeof(int32_t);
+    if (l->n_members) b += (int64_t)2 * sizeof(int32_t);
+    return b;
+}
+
+static void account(struct kv_cache *c, int64_t delta) {
+    const int64_t now = atomic_fetch_add_explicit(&c->bytes, delta, memory_order_relaxed) + delta;
+    int64_t peak = atomic_load_explicit(&c->peak_bytes, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak_explicit(&c->peak_bytes, &peak, now, memory_order_relaxed,
+                                                                memory_order_relaxed)) {}
+}
+
+static void pool_free(struct kv_cache *c, struct kv_list *l) {
+    account(c, -(int64_t)l->pool_cap * (int64_t)sizeof(float));
+    free(l->member_pool);
+    l->member_pool = NULL;
+    l->pool_used = l->pool_cap = l->pool_live = 0;
+}
+
+// Entry j becomes a single token again; its norms leave a gap in the pool (the pool goes
+// when nothing in it is used any more).
+static void free_members(struct kv_cache *c, struct kv_list *l, int32_t j) {
+    if (!l->n_members || l->n_members[j] <= 1) return;
+    l->pool_live -= l->n_members[j];
+    l->n_members[j] = 1;
+    if (l->pool_live == 0) pool_free(c, l);
+}
+
+// A new pool of cap floats (at least the live ones) holding the merged entries' norms
+// without gaps, in entry order.
+static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t cap) {
+    float *pool = malloc((size_t)(cap > 0 ? cap : 1) * sizeof(float));
+    if (!pool) return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+    int32_t used = 0;
+    for (int32_t j = 0; j < l->n; j++) {
+        if (l->n_members[j] <= 1) continue;
+        memcpy(pool + used, l->member_pool + l->member_at[j], (size_t)l->n_members[j] * sizeof(float));
+        l->member_at[j] = used;
+        used += l->n_members[j];
+    }
+    free(l->member_pool);
+    account(c, (int64_t)(cap - l->pool_cap) * (int64_t)sizeof(float));
+    l->member_pool = pool;
+    l->pool_used = used;
+    l->pool_cap = cap;
+    return PYKV_OK;
+}
+
+static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
+    if (cap == l->cap) return PYKV_OK;
+    if (cap == 0) {
+        if (l->member_pool) pool_free(c, l);
+        pages_free(l->k); pages_free(l->v); pages_free(l->pos);
+        free(l->n_members); free(l->member_at);
+        l->k = l->v = NULL;
+        l->pos = NULL;
+        account(c, -(int64_t)l->cap * entry_bytes(c, l));
+        l->n_members = NULL;
+        l->member_at = NULL;
+        l->cap = 0;
+        return PYKV_OK;
+    }
+    void *k = pages_realloc(l->k, (size_t)cap * kv_cache_key_bytes(c));
+    if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
+    l->k = k;
+    void *v = pages_realloc(l->v, (size_t)cap * kv_cache_value_bytes(c));
+    if (!v) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
+    l->v = v;
+    int32_t *pos = pages_realloc(l->pos, (size_t)cap * sizeof(int32_t));
+    if (!pos) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
+    l->pos = pos;
+    if (l->n_members) {
+        int32_t *nm = realloc(l->n_members, (size_t)cap * sizeof(int32_t));
+        if (!nm) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache");
+        l->n_members = nm;
+        int32_t *at = realloc(l->member_at, (size_t)cap * sizeof(int32_t));
+        if (!at) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache");
+        l->member_at = at;
+    }
+    account(c, (int64_t)(cap - l->cap) * entry_bytes(c, l));
+    l->cap = cap;
+    return PYKV_OK;
+}
+
+pykv_status kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries,
+                          int fmt_k, int fmt_v) {
+    memset(c, 0, sizeof(*c));
+    for (int i = 0; i < 2; i++) {
+        const int fmt = i ? fmt_v : fmt_k;
+        if (fmt < 0 || fmt >= KV_N_FORMATS) return pykv_error(PYKV_ERR_INVALID_ARG, "unknown KV cache format %d", fmt);
+        if (fmt == KV_Q8_0 && head_dim % KV_Q8_BLOCK != 0)
+            return pykv_error(PYKV_ERR_INVALID_ARG, "a q8_0 KV cache needs a head size that is a multiple of %d; "
+                              "this model's is %d (q8_0 was asked for the %s)", KV_Q8_BLOCK, head_dim, i ? "values" : "keys");
+    }
+    c->fmt_k = fmt_k;
+    c->fmt_v = fmt_v;
+    c->n_layer = n_layer;
+    c->n_head_kv = n_head_kv;
+    c->head_dim = head_dim;
+    c->max_entries = max_entries;
+    c->lists = calloc((size_t)n_layer * n_head_kv, sizeof(struct kv_list));
+    if (!c->lists) return pykv_error(PYKV_ERR_NOMEM, "out of memory creating the KV cache");
+    for (int i = 0; i < n_layer * n_head_kv; i++) {
+        c->lists[i].fmt_k = fmt_k;
+        c->lists[i].fmt_v = fmt_v;
+    }
+    return PYKV_OK;
+}
+
+void kv_cache_clear(struct kv_cache *c) {
+    for (int i = 0; i < c->n_layer * c->n_head_kv; i++) {
+        list_resize(c, &c->lists[i], 0);
+        c->lists[i].n = 0;
+    }
+    c->bytes = 0;
+    c->peak_bytes = 0;
+    c->evicted = 0;
+    c->merged = 0;
+}
+
+void kv_cache_free(struct kv_cache *c) {
+    if (!c->lists) return;
+    kv_cache_clear(c);
+    free(c->lists);
+    c->lists = NULL;
+}
+
+pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra) {
+    int64_t need = (int64_t)l->n + extra;
+    if (need <= l->cap) return PYKV_OK;
+    if (need > c->max_entries)
+        return pykv_error(PYKV_ERR_CONTEXT_FULL, "a KV cache list is full: %lld entries needed, room for %d "
+                          "(n_ctx and one prefill chunk); give a smaller budget or a larger n_ctx",
+                          (long long)need, c->max_entries);
+    // Grow by an eighth (amortised O(1) appends) so the slack stays small next to a budget.
+    int64_t cap = l->cap + l->cap / 8;
+    if (cap < need) cap = need;
+    if (cap < KV_MIN_CAP) cap = KV_MIN_CAP;
+    if (cap > c->max_entries) cap = c->max_entries;
+    return list_resize(c, l, (int32_t)cap);
+}
+
+// d floats as Q8_0 blocks, as llama.cpp quantizes its cache: scale max|x| / 127 (stored
+// as a half), each value x * (1 / scale) rounded to the nearest int8, ties to even (as
+// the activation quantizer and the SIMD rounding do).
+static void quantize_row_q8_0(const float *x, block_q8_0 *y, int32_t d) {
+    for (int32_t b = 0; b < d / QK8_0; b++, x += QK8_0) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        y[b].d = fp32_to_fp16(scale);
+        for (int i = 0; i < QK8_0; i++) {
+            const float q = nearbyintf(x[i] * inv);
+            y[b].qs[i] = (int8_t)(q >= -127.0f && q <= 127.0f ? q : 0.0f);   // NaN (an inf in the block): 0
+        }
+    }
+}
+_Static_assert(KV_Q8_BLOCK == QK8_0 && KV_Q8_BLOCK_BYTES == sizeof(block_q8_0), "the cache's Q8_0 is GGUF's");
+
+static void store_row(void *dst, int fmt, const float *x, int32_t d) {
+    if (fmt == KV_F16) fp32_to_fp16_row(x, dst, d);
+    else if (fmt == KV_Q8_0) quantize_row_q8_0(x, dst, d);
+    else memcpy(dst, x, (size_t)d * sizeof(float));
+}
+
+void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v, int32_t d) {
+    store_row((void *)kv_key_row(l, j, d), l->fmt_k, k, d);
+    store_row((void *)kv_value_row(l, j, d), l->fmt_v, v, d);
+}
+
+static const float *row_f32(const void *src, int fmt, int32_t d, float *tmp) {
+    if (fmt == KV_F32) return src;
+    if (fmt == KV_F16) fp16_to_fp32_row(src, tmp, d);
+    else dequant_row(kv_format_type(fmt), src, tmp, d);
+    return tmp;
+}
+
+const float *kv_key_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) {
+    return row_f32(kv_key_row(l, j, d), l->fmt_k, d, tmp);
+}
+const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) {
+    return row_f32(kv_value_row(l, j, d), l->fmt_v, d, tmp);
+}
+
+float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d) {
+    const void *k = kv_key_row(l, j, d);
+    if (l->fmt_k == KV_F32) return dot_f32(q, k, d);
+    return vec_dot_for(kv_format_type(l->fmt_k))(k, q, d);
+}
+
+void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos) {
+    kv_list_set_kv(l, l->n, k, v, c->head_dim);
+    l->pos[l->n] = pos;
+    if (l->n_members) l->n_members[l->n] = 1;
+    l->n++;
+}
+
+pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l) {
+    if (l->n_members) return PYKV_OK;
+    int32_t cap = l->cap ? l->cap : 1;
+    l->n_members = malloc((size_t)cap * sizeof(int32_t));
+    l->member_at = calloc((size_t)cap, sizeof(int32_t));
+    if (!l->n_members || !l->member_at) {
+        free(l->n_members); free(l->member_at);
+        l->n_members = NULL;
+        l->member_at = NULL;
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+    }
+    for (int32_t j = 0; j < cap; j++) l->n_members[j] = 1;
+    account(c, (int64_t)l->cap * (int64_t)(2 * sizeof(int32_t)));
+    return PYKV_OK;
+}
+
+pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j, const float *norms, int32_t n) {
+    if (!l->n_members || j < 0 || j >= l->n || n < 1)
+        return pykv_error(PYKV_ERR_INTERNAL, "kv_list_set_members: bad entry %d or count %d", j, n);
+    int32_t before = l->n_members[j];
+    free_members(c, l, j);
+    if (n > 1) {
+        // appended; when full, the pool is rebuilt without its gaps at twice what is live
+        if (l->pool_used + (int64_t)n > l->pool_cap) PYKV_TRY(pool_rebuild(c, l, 2 * (l->pool_live + n)));
+        float *copy = l->member_pool + l->pool_used;
+        memcpy(copy, norms, (size_t)n * sizeof(float));
+        // ascending, so attention finds a merged entry's largest logit at either end; an
+        // insertion sort, as a merge appends a few norms to an already sorted list
+        for (int32_t a = 1; a < n; a++) {
+            const float x = copy[a];
+            int32_t b = a;
+            for (; b > 0 && copy[b - 1] > x; b--) copy[b] = copy[b - 1];
+            copy[b] = x;
+        }
+        l->member_at[j] = l->pool_used;
+        l->n_members[j] = n;
+        l->pool_used += n;
+        l->pool_live += n;
+    }
+    if (n > before) c->merged += n - before;
+    return PYKV_OK;
+}
+
+// The list now holds n_keep entries: count the rest as evicted and give their memory back
+// now, as the bytes reported are the bytes held. A decode step that drops an entry or two
+// keeps the room (at most one growth step of an eighth), so a fixed-budget policy reuses it
+// on the next token instead of shrinking and regrowing every list on every step.
+static pykv_status shrink_after_drop(struct kv_cache *c, struct kv_list *l, int32_t n_keep) {
+    const int32_t dropped = l->n - n_keep;
+    c->evicted += dropped;
+    l->n = n_keep;
+    const int32_t cap = n_keep > KV_MIN_CAP ? n_keep : KV_MIN_CAP;
+    if (dropped <= KV_DECODE_DROP && l->cap - n_keep <= n_keep / 8 + KV_DECODE_DROP) return PYKV_OK;
+    return cap < l->cap ? list_resize(c, l, cap) : PYKV_OK;
+}
+
+void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j, int32_t tail) {
+    char *b = base;
+    const int32_t h = n - tail > j + 1 ? n - tail : j + 1;   // rows [h, n) move down by one
+    if (h - 1 > j) memcpy(b + (size_t)j * row_bytes, b + (size_t)(h - 1) * row_bytes, row_bytes);
+    memmove(b + (size_t)(h - 1) * row_bytes, b + (size_t)h * row_bytes, (size_t)(n - h) * row_bytes);
+}
+
+// keep ascends, so keep[x] - x never decreases, and a run of consecutive rows is a stretch of
+// x where it stays the same: its end is found by galloping then bisecting rather than row by
+// row (a decode step's eviction keeps all but one row: two runs, found in a few dozen probes).
+static int32_t run_end(const int32_t *keep, int32_t n_keep, int32_t j) {
+    const int32_t off = keep[j] - j;
+    int32_t lo = j, step = 1;   // keep[lo] - lo == off
+    while (lo + step < n_keep && keep[lo + step] - (lo + step) == off) {
+        lo += step;
+        step *= 2;
+    }
+    int32_t hi = lo + step < n_keep ? lo + step : n_keep;   // the first row past the run is below hi
+    while (hi - lo > 1) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (keep[mid] - mid == off) lo = mid;
+        else hi = mid;
+    }
+    return lo + 1;
+}
+
+void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t n_keep) {
+    for (int32_t j = 0; j < n_keep;) {
+        const int32_t i = keep[j], end = run_end(keep, n_keep, j);
+        if (i != j) memmove((char *)base + (size_t)j * row_bytes, (char *)base + (size_t)i * row_bytes, (size_t)(end - j) * row_bytes);
+        j = end;
+    }
+}
+
+pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
+    for (int32_t j = 0; j < n_keep; j++)   // checked first, so that a bad list changes nothing
+        if (keep[j] < j || keep[j] >= l->n || (j > 0 && keep[j] <= keep[j - 1]))
+            return pykv_error(PYKV_ERR_INTERNAL, "kv_list_retain: keep indices must be ascending and in range");
+    if (l->n_members) {   // the dropped entries' members go first
+        for (int32_t j = 0, d = 0; d < l->n; d++) {
+            if (j < n_keep && keep[j] == d) j++;
+            else free_members(c, l, d);
+        }
+    }
+    kv_compact_rows(l->k, kv_cache_key_bytes(c), keep, n_keep);
+    kv_compact_rows(l->v, kv_cache_value_bytes(c), keep, n_keep);
+    kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
+    if (l->n_members) {
+        kv_compact_rows(l->n_members, sizeof(int32_t), keep, n_keep);
+        kv_compact_rows(l->member_at, sizeof(int32_t), keep, n_keep);
+        for (int32_t d = n_keep; d < l->n; d++) l->n_members[d] = 1;   // stale copies of moved entries
+    }
+    PYKV_TRY(shrink_after_drop(c, l, n_keep));
+    // a compaction (end of a prefill) gives the pool's gaps and spare room back too
+    return l->member_pool && l->pool_cap > l->pool_live ? pool_rebuild(c, l, l->pool_live) : PYKV_OK;
+}
+
+pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
+    if (j < 0 || j >= l->n || tail < 0) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
+    free_members(c, l, j);
+    kv_drop_row(l->k, kv_cache_key_bytes(c), l->n, j, tail);
+    kv_drop_row(l->v, kv_cache_value_bytes(c), l->n, j, tail);
+    kv_drop_row(l->pos, sizeof(int32_t), l->n, j, tail);
+    if (l->n_members) {
+        kv_drop_row(l->n_members, sizeof(int32_t), l->n, j, tail);
+        kv_drop_row(l->member_at, sizeof(int32_t), l->n, j, tail);
+        l->n_members[l->n - 1] = 1;   // a stale copy of the moved last entry
+    }
+    return shrink_after_drop(c, l, l->n - 1);
+}
+
+void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n) {
+    for (int32_t j = n; j < l->n; j++) free_members(c, l, j);
+    if (n < l->n) l->n = n;
+}
+
+pykv_status kv_cache_keep_prefix(struct kv_cache *c, int32_t n_pos) {
+    const int n_lists = c->n_layer * c->n_head_kv;
+    for (int i = 0; i < n_lists; i++) {   // the cut itself cannot fail: every list is cut first
+        struct kv_list *l = &c->lists[i];
+        int32_t n = l->n;
+        while (n > 0 && l->pos[n - 1] >= n_pos) n--;
+        kv_list_truncate(c, l, n);
+    }
+    for (int i = 0; i < n_lists; i++) {   // then the room of a long cut goes back, so kv stats show what the prefix holds
+        struct kv_list *l = &c->lists[i];
+        const int32_t cap = l->n > KV_MIN_CAP ? l->n + l->n / 8 : KV_MIN_CAP;
+        if (l->cap > cap) PYKV_TRY(list_resize(c, l, cap));
+    }
+    return PYKV_OK;
+}
+
+int64_t kv_cache_entries(const struct kv_cache *c) {
+    int64_t total = 0;
+    for (int i = 0; i < c->n_layer * c->n_head_kv; i++) total += c->lists[i].n;
+    return total;
+}

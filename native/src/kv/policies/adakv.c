@@ -1,0 +1,159 @@
+// adakv.c - Ada-KV / Ada-SnapKV (docs/policies.md#adakv): SnapKV scores, but the heads of a
+// layer share its budget: a joint top-k over all heads' candidates sets each head's count,
+// blended with the uniform share by the safeguard alpha.
+//
+// Per layer, with B' = B - W and K = Hkv B' selectable entries:
+//   c_h  = how many of the layer's joint top K (ties -> lower head, then lower position)
+//          belong to head h;
+//   x_h  = (1 - alpha) c_h + alpha B'       (FFY0/AdaKV code form, alpha = 0.2 default)
+//   b_h  = floor(x_h), then the K - sum floor(x_h) leftover units go one each to the heads
+//          with the largest fractional parts (ties -> lower head): largest remainder, so
+//          sum b_h = K exactly;
+//   b_h is capped at the head's candidates n_h; the excess goes to heads with room, lowest
+//   head first (only on later prefill calls, when lists have different lengths);
+//   head h keeps its own top b_h candidates plus the window.
+// Choices: alpha in [0, 1] (argument alpha; 1 = uniform = SnapKV); the kvpress
+// "protect" safeguard is not offered. If all heads together have <= K candidates nothing
+// is evicted. Scoring, defaults, schedule (end of a prefill call only, decode grows), ties and later prefill
+// calls are as SnapKV.
+#include "kv/policies/common/window-scores.h"
+#include "kv/policies/common/policy-args.h"
+#include "core/error.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const struct policy_ops policy_adakv;
+
+#define ADAKV_KEYS "window, pool (max|avg), kernel, gqa (mean|max), alpha"
+
+struct adakv {
+    struct kv_policy base;
+    struct ws_opts   o;
+    double           alpha;
+};
+
+static pykv_status adakv_arg(void *self, const char *key, const char *value, int *handled) {
+    struct adakv *p = self;
+    *handled = strcmp(key, "alpha") == 0;
+    return *handled ? policy_arg_double("adakv", key, value, 0.0, 1.0, &p->alpha) : PYKV_OK;
+}
+
+static pykv_status adakv_init(const struct policy_config *cfg, struct kv_policy **out) {
+    struct adakv *p = calloc(1, sizeof(*p));
+    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+    p->alpha = 0.2;
+    pykv_status st = ws_opts_parse("adakv", ADAKV_KEYS, cfg, &p->o, adakv_arg, p);
+    if (st != PYKV_OK) {
+        free(p);
+        return st;
+    }
+    p->base.ops = &policy_adakv;
+    *out = &p->base;
+    return PYKV_OK;
+}
+
+static void adakv_free(struct kv_policy *p) { free(p); }
+
+// Per-head budgets b[h] from the joint counts c[h] (sum K), capped by n_cand[h].
+static double safeguard(int64_t c, int64_t Bs, double alpha) {
+    return (1.0 - alpha) * (double)c + alpha * (double)Bs;
+}
+
+static void adakv_head_budgets(int hkv, const int64_t *c, const int32_t *n_cand, int64_t Bs, double alpha, int64_t *b) {
+    int64_t left = (int64_t)hkv * Bs;
+    for (int h = 0; h < hkv; h++) {
+        b[h] = (int64_t)floor(safeguard(c[h], Bs, alpha));
+        left -= b[h];
+    }
+    while (left > 0) {   // largest remainder: one unit per pass to the largest fraction left
+        int best = -1;
+        double best_f = -1.0;
+        for (int h = 0; h < hkv; h++) {
+            double x = safeguard(c[h], Bs, alpha), f = x - floor(x);
+            if (b[h] == (int64_t)floor(x) && f > best_f) { best = h; best_f = f; }
+        }
+        if (best < 0) break;
+        b[best]++;
+        left--;
+    }
+    int64_t excess = 0;
+    for (int h = 0; h < hkv; h++)
+        if (b[h] > n_cand[h]) { excess += b[h] - n_cand[h]; b[h] = n_cand[h]; }
+    for (int h = 0; h < hkv && excess > 0; h++) {
+        int64_t room = n_cand[h] - b[h];
+        int64_t add = room < excess ? room : excess;
+        b[h] += add;
+        excess -= add;
+    }
+}
+
+static pykv_status adakv_layer(const struct policy_event *ev, const struct ws_stats *st, const float *s,
+                               int64_t Bs, double alpha) {
+    const int hkv = st->n_head_kv;
+    const int64_t K = (int64_t)hkv * Bs;
+    int64_t *idx = malloc((size_t)(K > 0 ? K : 1) * sizeof(int64_t));
+    int64_t *c = calloc((size_t)hkv, sizeof(int64_t)), *b = calloc((size_t)hkv, sizeof(int64_t));
+    pykv_status rc = PYKV_OK;
+    if (!idx || !c || !b) {
+        rc = pykv_error(PYKV_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    int64_t n = 0;
+    rc = ws_select_top(s, st->total, K, idx, &n);   // flat index = offset_kv[h] + j
+    if (rc != PYKV_OK) goto done;
+    for (int64_t i = 0, h = 0; i < n; i++) {
+        while (h + 1 < hkv && idx[i] >= st->offset_kv[h + 1]) h++;
+        c[h]++;
+    }
+    adakv_head_budgets(hkv, c, st->n_cand, Bs, alpha, b);
+    for (int h = 0; h < hkv && rc == PYKV_OK; h++)
+        rc = ws_keep_top(ev, h, s + st->offset_kv[h], st->n_cand[h], b[h]);
+done:
+    free(idx); free(c); free(b);
+    return rc;
+}
+
+static pykv_status adakv_after_layer(struct kv_policy *base, const struct policy_event *ev) {
+    struct adakv *p = (struct adakv *)base;
+    if (!ws_is_prefill_end(ev)) return PYKV_OK;
+    const int32_t B = ws_budget(&base->cfg, ev);
+    PYKV_TRY(ws_check_budget("adakv", B, p->o.window));
+    if (ev->n_past <= B) return PYKV_OK;
+    struct ws_window w = ws_window_of(ev, p->o.window);
+    const int64_t Bs = (int64_t)B - w.protect;
+    int64_t total = 0;
+    for (int g = 0; g < ev->hp->n_head_kv; g++) {
+        int32_t n = kv_cache_list(ev->cache, ev->layer, g)->n - w.protect;
+        total += n > 0 ? n : 0;
+    }
+    if (total <= (int64_t)ev->hp->n_head_kv * Bs) return PYKV_OK;
+
+    struct ws_stats st;
+    float *s = NULL;
+    PYKV_TRY(ws_layer_scores(ev, &p->o, w, &st, &s));
+    pykv_status rc = adakv_layer(ev, &st, s, Bs, p->alpha);
+    free(s);
+    ws_stats_free(&st);
+    return rc;
+}
+
+static int32_t adakv_last_chunk_min(const struct kv_policy *base) { return ((const struct adakv *)base)->o.window; }
+
+const struct policy_ops policy_adakv = {
+    .name = "adakv",
+    .description = "Ada-KV (Ada-SnapKV): SnapKV scores with head-wise budgets from a joint top-k over each layer",
+    .init = adakv_init,
+    .free = adakv_free,
+    .after_layer = adakv_after_layer,
+    .last_chunk_min = adakv_last_chunk_min,
+    .min_budget = ws_min_budget,
+    .options = "window=32, pool=max, kernel=7, gqa=mean, alpha=0.2, evict_every_chunk=0",
+    .choose = "as snapkv, letting the heads of a layer share the budget unevenly; among the closest to the "
+              "full cache",
+    .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
+    .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
+    .budget_floor = POLICY_BUDGET_FLOOR,
+};

@@ -1,0 +1,101 @@
+// window-scores.h - shared machinery of the observation-window policies (SnapKV family).
+//
+// docs/policies.md#the-observation-window: the last W queries of a prefill call attend (fp32 softmax, causal
+// inside the window) over every entry of their KV head's list; the per-query-head column
+// mean (and optionally the unbiased variance) over those rows scores each candidate (the
+// entries before the window). Then GQA reduce, pooling along the token axis, top-k
+// selection (ties -> lower index) and the ascending keep list = chosen candidates + window.
+#pragma once
+#include <stdint.h>
+#include "kv/policy.h"
+
+enum ws_pool { WS_POOL_MAX = 0, WS_POOL_AVG = 1 };   // order of the "max|avg" choice
+enum ws_gqa  { WS_GQA_MEAN = 0, WS_GQA_MAX = 1 };    // order of the "mean|max" choice
+
+// Scoring options shared by the window policies (parsed from window/pool/kernel/gqa).
+struct ws_opts {
+    int32_t      window;   // W: protected tail of every list, and the scoring queries
+    enum ws_pool pool;
+    int32_t      kernel;   // odd pooling kernel size; 1 = no pooling
+    enum ws_gqa  gqa;
+};
+
+// The window of one prefill call: `protect` entries at the end of every list are never
+// evicted (min(W, n_prompt)); `rows` of them (min(protect, T), the last rows of ev->q)
+// score the candidates. rows < protect only when n_ubatch < W.
+struct ws_window {
+    int32_t protect;
+    int32_t rows;
+};
+struct ws_window ws_window_of(const struct policy_event *ev, int32_t W);
+
+// The window attention of query head hq at chunk row t over the entries of its list that
+// the query can see (causal, the first l->n - (T - 1 - t)): their probabilities in p, fp32,
+// computed by attention_weights (the forward pass's kernels).
+void ws_softmax_row(const struct policy_event *ev, const struct kv_list *l, int hq, int t, float *p);
+
+// True in after_layer of the last chunk of a prefill call.
+int ws_is_prefill_end(const struct policy_event *ev);
+
+// Per-query-head column statistics of one layer. KV head g has n_cand[g] candidates; its
+// block of G = n_head / n_head_kv rows (query heads g*G .. g*G+G-1) starts at offset[g]:
+// row r of the block is mean + offset[g] + r * n_cand[g].
+struct ws_stats {
+    int32_t  n_head_kv, group;
+    int32_t *n_cand;
+    int64_t *offset;
+    int64_t  total;      // sum of n_cand
+    int64_t *offset_kv;  // start of KV head g in a per-KV-head array of `total` scores
+    float   *mean;
+    float   *var;      // NULL unless asked for (unbiased, 0 when rows == 1)
+};
+pykv_status ws_stats_compute(const struct policy_event *ev, struct ws_window w, int want_var, struct ws_stats *out);
+void        ws_stats_free(struct ws_stats *s);
+
+// Reduce `group` rows of n values, row r at rows + r * stride, to one (mean or max); fixed
+// order.
+void ws_gqa_reduce(const float *rows, int64_t stride, int32_t group, int32_t n, enum ws_gqa mode, float *out);
+
+// PyTorch-style 1-D pooling, stride 1, padding kernel/2 (kernel odd): avg counts the
+// out-of-range zeros, max ignores them.
+void ws_pool1d(const float *x, int32_t n, int32_t kernel, enum ws_pool type, float *out);
+
+// The default SnapKV score of every KV head of the layer: mean -> GQA reduce -> pool,
+// written to scores (st->total floats, KV head g at st->offset_kv[g]).
+pykv_status ws_layer_scores(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                            struct ws_stats *st, float **scores);
+
+// The k largest of s[0..n) (ties -> lower index), k clamped to [0, n), as ascending
+// indices in idx (room for k). Returns the count.
+pykv_status ws_select_top(const float *s, int64_t n, int64_t k, int64_t *idx, int64_t *n_out);
+
+// Keep the chosen candidates (ascending indices < n_cand) and the window (entries from
+// n_cand on) of list (ev->layer, g); frees the dropped entries.
+pykv_status ws_keep(const struct policy_event *ev, int32_t g, const int64_t *chosen, int64_t n_chosen,
+                    int32_t n_cand);
+
+// Score the layer (ws_layer_scores) and keep the top b candidates of every KV head plus
+// the window: SnapKV's step, with the budget per head given.
+pykv_status ws_layer_keep_top(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w, int64_t b);
+
+// Keep the top b candidates of scores (n_cand of them) plus the window of list g.
+pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *scores, int32_t n_cand, int64_t b);
+
+// Option parsing: defaults (W=32, max, 7, mean) and the shared keys window, pool, kernel,
+// gqa. ws_opts_arg returns 1 in *handled when the key was one of them.
+void        ws_opts_default(struct ws_opts *o);
+pykv_status ws_opts_arg(const char *policy, struct ws_opts *o, const char *key, const char *value, int *handled);
+// Apply cfg->window (the window= constructor argument, -1 = default) and check the
+// options; the budget check (B > W) happens with ws_check_budget once B is known.
+pykv_status ws_opts_finish(const char *policy, struct ws_opts *o, const struct policy_config *cfg);
+pykv_status ws_check_budget(const char *policy, int32_t B, int32_t W);
+// Defaults + the shared keys + the policy's own keys (extra, may be NULL) + finish.
+// `accepted` lists every key for the unknown-key message.
+typedef pykv_status (*ws_extra_arg)(void *self, const char *key, const char *value, int *handled);
+pykv_status ws_opts_parse(const char *policy, const char *accepted, const struct policy_config *cfg,
+                          struct ws_opts *o, ws_extra_arg extra, void *self);
+// The budget B for the current call (policy_budget): cfg->budget, or a share of the sequence
+// as it stands at the end of the call.
+int32_t     ws_budget(const struct policy_config *cfg, const struct policy_event *ev);
+// The least budget of a window policy: its window (last_chunk_min) and one entry more.
+int32_t     ws_min_budget(const struct kv_policy *p);

@@ -1,0 +1,152 @@
+// window-select.c - GQA reduction, pooling, top-k selection and compaction for the window
+// policies (docs/policies.md#the-observation-window).
+#include "kv/policies/common/window-scores.h"
+#include "core/error.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ws_gqa_reduce(const float *rows, int64_t stride, int32_t group, int32_t n, enum ws_gqa mode, float *out) {
+    memcpy(out, rows, (size_t)n * sizeof(float));
+    for (int32_t r = 1; r < group; r++) {
+        const float *x = rows + (size_t)r * (size_t)stride;
+        if (mode == WS_GQA_MAX)
+            for (int32_t j = 0; j < n; j++) out[j] = x[j] > out[j] ? x[j] : out[j];
+        else
+            for (int32_t j = 0; j < n; j++) out[j] += x[j];
+    }
+    if (mode == WS_GQA_MEAN && group > 1)
+        for (int32_t j = 0; j < n; j++) out[j] /= (float)group;
+}
+
+void ws_pool1d(const float *x, int32_t n, int32_t kernel, enum ws_pool type, float *out) {
+    const int32_t r = kernel / 2;
+    for (int32_t j = 0; j < n; j++) {
+        const int32_t a = j - r < 0 ? 0 : j - r, b = j + r >= n ? n - 1 : j + r;
+        if (type == WS_POOL_MAX) {
+            float m = x[a];
+            for (int32_t t = a + 1; t <= b; t++) m = x[t] > m ? x[t] : m;
+            out[j] = m;
+        } else {
+            float s = 0.0f;   // out-of-range terms are zeros, still counted in the divisor
+            for (int32_t t = a; t <= b; t++) s += x[t];
+            out[j] = s / (float)kernel;
+        }
+    }
+}
+
+struct ranked { float s; int64_t i; };
+
+static int by_score_desc(const void *pa, const void *pb) {
+    const struct ranked *a = pa, *b = pb;
+    if (a->s != b->s) return a->s > b->s ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);   // ties -> lower index first
+}
+
+// Ranks below every score: NaN counts as -inf, and among equal scores the higher index is
+// the lower rank (the sort's tie rule, so both paths choose the same entries).
+static int ranks_below(float a, int64_t ia, float b, int64_t ib) {
+    if (isnan(a)) a = -INFINITY;
+    if (isnan(b)) b = -INFINITY;
+    return a < b || (a == b && ia > ib);
+}
+
+// The lowest-ranked of s[0..n) other than the n_taken indices in taken.
+static int64_t lowest_ranked(const float *s, int64_t n, const int64_t *taken, int64_t n_taken) {
+    int64_t lo = -1;
+    for (int64_t j = 0; j < n; j++) {
+        int is_taken = 0;
+        for (int64_t e = 0; e < n_taken; e++) is_taken |= taken[e] == j;
+        if (!is_taken && (lo < 0 || ranks_below(s[j], j, s[lo], lo))) lo = j;
+    }
+    return lo;
+}
+
+// A decode step drops one or two entries of a list: a few linear scans instead of a sort.
+static pykv_status drop_lowest(const float *s, int64_t n, int64_t n_drop, int64_t *idx) {
+    int64_t drop[4];
+    for (int64_t d = 0; d < n_drop; d++) drop[d] = lowest_ranked(s, n, drop, d);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        int dropped = 0;
+        for (int64_t e = 0; e < n_drop; e++) dropped |= drop[e] == j;
+        if (!dropped) idx[m++] = j;
+    }
+    return PYKV_OK;
+}
+
+pykv_status ws_select_top(const float *s, int64_t n, int64_t k, int64_t *idx, int64_t *n_out) {
+    if (k > n) k = n;
+    if (k < 0) k = 0;
+    *n_out = k;
+    if (k == 0) return PYKV_OK;
+    if (k == n) {
+        for (int64_t j = 0; j < n; j++) idx[j] = j;
+        return PYKV_OK;
+    }
+    if (n - k <= 4) return drop_lowest(s, n, n - k, idx);
+    struct ranked *r = malloc((size_t)n * sizeof(*r));
+    unsigned char *mark = calloc((size_t)n, 1);
+    if (!r || !mark) {
+        free(r); free(mark);
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory selecting %lld of %lld entries", (long long)k, (long long)n);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        r[j].s = isnan(s[j]) ? -INFINITY : s[j];
+        r[j].i = j;
+    }
+    qsort(r, (size_t)n, sizeof(*r), by_score_desc);
+    for (int64_t j = 0; j < k; j++) mark[r[j].i] = 1;
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++) if (mark[j]) idx[m++] = j;   // ascending
+    free(r);
+    free(mark);
+    return PYKV_OK;
+}
+
+pykv_status ws_keep(const struct policy_event *ev, int32_t g, const int64_t *chosen, int64_t n_chosen,
+                    int32_t n_cand) {
+    struct kv_cache *c = ev->cache;
+    struct kv_list *l = kv_cache_list(c, ev->layer, g);
+    if (n_chosen >= n_cand) return PYKV_OK;   // everything kept
+    int32_t n_keep = (int32_t)n_chosen + (l->n - n_cand);
+    int32_t *keep = malloc((size_t)(n_keep ? n_keep : 1) * sizeof(int32_t));
+    if (!keep) return pykv_error(PYKV_ERR_NOMEM, "out of memory compacting the KV cache");
+    int32_t m = 0;
+    for (int64_t j = 0; j < n_chosen; j++) keep[m++] = (int32_t)chosen[j];
+    for (int32_t j = n_cand; j < l->n; j++) keep[m++] = j;
+    pykv_status st = kv_list_retain(c, l, keep, n_keep);
+    free(keep);
+    return st;
+}
+
+pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *scores, int32_t n_cand, int64_t b) {
+    if (b >= n_cand) return PYKV_OK;
+    struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
+    if (b == n_cand - 1 && b > 0 && !l->n_members) {
+        // a decode step's eviction: the one lowest-ranked candidate leaves, the rest keep their
+        // order (the same entries and order as the general path, without its index lists)
+        const int32_t lo = (int32_t)lowest_ranked(scores, n_cand, NULL, 0);
+        return kv_list_drop(ev->cache, l, lo, l->n - lo - 1);
+    }
+    int64_t *idx = malloc((size_t)(b > 0 ? b : 1) * sizeof(int64_t));
+    if (!idx) return pykv_error(PYKV_ERR_NOMEM, "out of memory selecting KV entries");
+    int64_t n = 0;
+    pykv_status st = ws_select_top(scores, n_cand, b, idx, &n);
+    if (st == PYKV_OK) st = ws_keep(ev, g, idx, n, n_cand);
+    free(idx);
+    return st;
+}
+
+pykv_status ws_layer_keep_top(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w, int64_t b) {
+    struct ws_stats st;
+    float *s = NULL;
+    PYKV_TRY(ws_layer_scores(ev, o, w, &st, &s));
+    pykv_status rc = PYKV_OK;
+    for (int g = 0; g < st.n_head_kv && rc == PYKV_OK; g++)
+        rc = ws_keep_top(ev, g, s + st.offset_kv[g], st.n_cand[g], b);
+    free(s);
+    ws_stats_free(&st);
+    return rc;
+}

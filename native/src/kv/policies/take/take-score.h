@@ -1,0 +1,47 @@
+// take-score.h - TAKE's probe machinery (docs/policies.md#take): the EMA of the probe queries
+// across prefill chunks in pre-RoPE space, and the probe's attention scores over a layer's
+// lists.
+//
+// Choices:
+//  * [ours] the EMA runs on pre-RoPE queries: each chunk's probe rows are
+//    un-rotated with their own positions, mixed Qa = alpha*Qa_prev + (1-alpha)*Q_now, and
+//    the result is rotated to the current probe positions before scoring. Rows are aligned
+//    at the end: when the row count changes (a short last chunk, an explicit probe longer
+//    or shorter than the last chunk's tail) row r of the new set pairs with row
+//    r + (rows_prev - rows) of the old one; rows without a partner start from Q_now.
+//  * Scoring: row r of the probe sits at position pos0 + r and attends (fp32 softmax,
+//    scale 1/sqrt(d)) over the first n_cols entries of its KV head's list, causal by
+//    position (entries with pos > pos0 + r are masked; this matters only in the last chunk,
+//    whose probe is the prompt's real tail). The softmax runs over those columns only, so
+//    appended probe keys are excluded from the normaliser, as in the paper's eq. 9.
+//  * Score = mean over the probe rows, then the mean over the query heads of the KV head
+//    (GQA mean, [ours]), then avg pooling along the list (PyTorch
+//    semantics: zeros outside, still counted). avg pooling and the GQA mean are linear, so
+//    this order equals pool-then-reduce up to float rounding.
+//  * Each query head is one task of the thread pool writing only its own row, so the
+//    result does not depend on the number of threads.
+#pragma once
+#include <stdint.h>
+#include "kv/policy.h"
+
+// Rotate `rows` rows of (n_head, head_dim) queries, row r at position pos0 + r, by
+// sign * position (sign -1 undoes RoPE, +1 applies it); only the first n_rot dims turn.
+void take_rotate(float *q, int32_t rows, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos0,
+                 int sign, const float *inv_freq);
+
+// EMA state of one layer: `rows` pre-RoPE probe rows (rows * n_head * head_dim floats).
+struct take_ema {
+    float  *q;
+    int32_t rows;
+    int32_t cap_rows;
+};
+
+// Mix the post-RoPE probe rows `now` (rows at positions pos0..) into e and write the
+// mixed rows, rotated to those positions, to out (rows * n_head * head_dim floats).
+pykv_status take_ema_update(struct take_ema *e, const float *now, int32_t rows, int32_t pos0, double alpha,
+                            const struct policy_event *ev, float *out);
+
+// Scores of one layer: for KV head g, n_cols[g] values at scores + offset[g] (offset is
+// the running sum of n_cols). qa: (rows, n_head, head_dim) post-RoPE probe at pos0...
+pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
+                              const int32_t *n_cols, const int64_t *offset, int32_t kernel, float *scores);

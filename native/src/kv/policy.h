@@ -1,0 +1,181 @@
+// policy.h - the KV eviction policy interface and registry.
+//
+// A policy is a vtable plus its own state. The context calls its hooks at fixed points of
+// the forward pass; each policy declares which hooks it needs (docs/architecture.md#policy-hooks):
+//   after_layer   - a layer has appended its K/V and attended (cascading policies; also decode
+//                   steps for policies that evict per layer); the pool is idle, free to use
+//   after_chunk   - every layer of a prefill chunk is done (chunked policies such as TAKE)
+//   after_prefill - the last chunk of a multi-token pykv_decode() is done (SnapKV-style)
+//   after_decode  - a single-token step is done (H2O, decode-time eviction)
+//   decode_list   - a decode step: one list has attended (per-list eviction, overlapped with
+//                   the attention of the layer's other lists)
+// A NULL hook is never called. Policies see the cache and the context's configuration.
+#pragma once
+#include <stdint.h>
+#include "kv/kv-cache.h"
+#include "pykv.h"
+#include "kv/state-io.h"
+
+// Warnings a context gives once each (pykv_take_warning hands them to the caller; they are
+// logged too): a share budget raised to the policy's floor, a budget cut to n_ctx, positions
+// past the model's training context.
+enum policy_notice_kind { NOTICE_BUDGET_FLOOR = 0, NOTICE_BUDGET_CAP = 1, NOTICE_TRAIN_CTX = 2, NOTICE_KINDS = 3 };
+
+struct policy_notices {
+    unsigned said;                        // bit per kind already given
+    int32_t  n, taken;                    // messages kept, messages handed out
+    char     text[NOTICE_KINDS][320];
+};
+
+// Record (and log) a warning of this kind unless the context already gave one.
+void policy_notice(struct policy_notices *ns, enum policy_notice_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+struct policy_config {
+    int32_t     budget;        // entries per (layer, KV head) on average; 0 = from budget_frac
+    float       budget_frac;   // fraction of the prompt; with budget 0 too, the policy's default
+    int32_t     window;        // -1 = the policy's default
+    int32_t     sink;          // -1 = the policy's default
+    const char *args;          // "k=v,k=v" or NULL
+    // Set by the context once the policy is made (policy_budget reads them):
+    const char *name;          // the policy's name, for messages
+    float       default_frac;  // the descriptor's default budget: this share of the prompt,
+    int32_t     default_min;   //   at least this many entries
+    int32_t     floor;         // a share budget is raised to at least this many entries
+    int32_t     cap;           // no budget above this many entries (n_ctx); 0 = none
+    struct policy_notices *notices;   // the context's, or NULL
+};
+
+struct hparams;
+struct threadpool;
+
+struct policy_event {
+    struct kv_cache      *cache;
+    const struct hparams *hp;
+    struct threadpool    *pool;          // for parallel scoring (threadpool_run)
+    int32_t               layer;         // after_layer and decode_list only; -1 otherwise
+    int32_t               n_past;        // tokens in the sequence, this chunk included
+    int32_t               n_prompt;      // tokens of the current pykv_decode() call (1 = decode step)
+    int32_t               n_past_end;    // tokens in the sequence once the current call is done
+    int32_t               is_last_chunk; // this chunk ends the current pykv_decode() call, or the policy
+                                         // is to compress after every chunk (evict_every_chunk)
+    int32_t               is_first_chunk; // this chunk starts the current pykv_decode() call
+    // after_layer only: this chunk's queries, post-RoPE, (T, n_head, head_dim); the chunk's
+    // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
+    const float          *q;
+    int32_t               T;
+    // after_layer and decode_list, for policies with wants_attention_sums (one-token chunks
+    // only with wants_decode_attention_sums; NULL otherwise): the attention each entry of the
+    // layer's lists received from this chunk's queries, per query head: row h (stride
+    // attn_colsum_stride) holds one value per entry of KV head h / (n_head / n_head_kv).
+    const float          *attn_colsum;
+    int32_t               attn_colsum_stride;
+    // Probe tokens (policies with probe_len, e.g. TAKE): the last n_probe of the chunk's T
+    // tokens are the task probe, at the positions right after the chunk. Their queries are
+    // the last n_probe rows of q; their K/V are the last n_probe entries of every list of the
+    // layer: a policy must leave them there, and the forward pass drops them after
+    // after_layer. n_past counts the chunk's real tokens only.
+    int32_t               n_probe;
+    const float          *rope_inv_freq;   // (n_rot / 2): undo or redo RoPE on queries
+};
+
+struct kv_policy;
+
+struct policy_ops {
+    const char *name;
+    const char *description;
+    pykv_status (*init)(const struct policy_config *cfg, struct kv_policy **out);
+    void        (*free)(struct kv_policy *p);
+    pykv_status (*after_layer)(struct kv_policy *p, const struct policy_event *ev);
+    pykv_status (*after_chunk)(struct kv_policy *p, const struct policy_event *ev);
+    pykv_status (*after_prefill)(struct kv_policy *p, const struct policy_event *ev);
+    pykv_status (*after_decode)(struct kv_policy *p, const struct policy_event *ev);
+    // Decode steps only (one-token calls; a one-token chunk of a longer prompt is not one):
+    // list g of ev->layer has attended (new entry appended, its attention sums final). Runs
+    // on a pool thread inside the attention's task while other threads attend the layer's
+    // other lists, so calls for different g may run at the same time and must not use the
+    // pool. A policy that sets it gets after_layer on decode steps before the layer's
+    // attention instead of after it (per-layer bookkeeping).
+    pykv_status (*decode_list)(struct kv_policy *p, const struct policy_event *ev, int32_t g);
+    // Tokens the last prefill chunk must hold (the observation window), or NULL for none:
+    // the context shortens the chunk before it so the window's queries arrive together.
+    int32_t     (*last_chunk_min)(const struct kv_policy *p);
+    // Probe tokens to append to every chunk but the last of a prefill of n_tokens (0: none).
+    // They are the context's probe (pykv_set_probe) or else the call's last tokens.
+    int32_t     (*probe_len)(const struct kv_policy *p, int32_t n_tokens);
+    // The cache was cleared (pykv_reset): forget per-entry state. NULL if there is none.
+    void        (*reset)(struct kv_policy *p);
+    // Saved states (pykv_state_save / load) of a policy that keeps state of its own between
+    // calls (scores per entry, a budget fixed by the last prefill); NULL for none.
+    // state_write puts it through w, which may only count. state_read takes back what
+    // state_write put, for a cache whose list i will hold list_n[i] entries (the cache's
+    // order): with apply = 0 it checks every value and changes nothing; with apply = 1, on
+    // bytes it has passed, it replaces the policy's state (failing only for memory).
+    void        (*state_write)(const struct kv_policy *p, const struct kv_cache *c, struct state_writer *w);
+    pykv_status (*state_read)(struct kv_policy *p, const struct kv_cache *c, const int32_t *list_n,
+                              struct state_reader *r, int apply);
+    // Nonzero: the forward pass sums each entry's attention for after_layer (costs a pass
+    // over the weights it already computes, and splits attention by head).
+    int           wants_attention_sums;
+    // Nonzero: the same sums on decode steps only, for decode_list (a decode step's attention
+    // writes them as it goes, no extra pass); multi-token chunks then get attn_colsum NULL.
+    int           wants_decode_attention_sums;
+    // Nonzero: the policy never evicts and keeps no per-entry state, so the cache can be cut
+    // back to any prefix of the tokens (pykv_truncate) and equal a fresh run over it.
+    int           keeps_every_entry;
+    // What users see (pykv_policy_get_info, `pykv info --policies`), and the budget rules:
+    const char   *options;        // the policy arguments and their defaults, "key=default, ..."
+    const char   *choose;         // one line on when to choose it
+    // The budget when none is given: default_budget_frac of the prompt, at least
+    // default_budget_min entries (so short prompts keep everything).
+    float         default_budget_frac;
+    int32_t       default_budget_min;
+    // A share budget (budget_frac) never goes below this many entries; min_budget (NULL: 1)
+    // gives the least the policy works with under its options (its window, its sinks),
+    // which raises the floor when larger.
+    int32_t       budget_floor;
+    int32_t     (*min_budget)(const struct kv_policy *p);
+    // Nonzero: evicts after every prefill chunk by itself (TAKE), so a prompt longer than
+    // n_ctx goes through: n_ctx bounds the cache, not the prompt.
+    int           evicts_while_reading;
+    // Nonzero: every decode step evicts back to the budget (the cache does not grow).
+    int           evicts_every_step;
+};
+
+// The budget in entries per (layer, KV head) for a prompt of n_prompt tokens: cfg->budget;
+// or ceil(cfg->budget_frac * n_prompt), raised to cfg->floor (with one warning); or, with
+// neither given, the policy's default: ceil(default_frac * n_prompt), at least default_min,
+// and at most half of cfg->cap for a prompt longer than the cache (room to generate).
+// Never above cfg->cap (n_ctx; a warning when a prompt longer than that meets it), at least 1.
+int32_t policy_budget(const struct policy_config *cfg, int32_t n_prompt);
+
+// Nonzero when cfg gives no budget (the policy's default applies).
+static inline int policy_budget_is_default(const struct policy_config *cfg) {
+    return cfg->budget <= 0 && !(cfg->budget_frac > 0.0f);
+}
+
+// The least budget the policy works with under its options (floor of share budgets).
+int32_t policy_floor(const struct kv_policy *p);
+
+// The budget rules the evicting policies share (their descriptors name them): with no budget
+// given, a quarter of the prompt, at least 256 entries per (layer, KV head), so prompts of up
+// to 256 tokens keep everything; a share budget never below 64 entries (or the policy's own
+// least, when larger), below which every policy loses most of what the prompt said.
+#define POLICY_DEFAULT_BUDGET_FRAC 0.25f
+#define POLICY_DEFAULT_BUDGET_MIN  256
+#define POLICY_BUDGET_FLOOR        64
+
+// Every policy state starts with its ops and configuration.
+struct kv_policy {
+    const struct policy_ops *ops;
+    struct policy_config     cfg;
+};
+
+// The arguments every evicting policy takes, parsed out of args: evict_every_chunk=0|1 (cut
+// the cache back to the budget after every prefill chunk). *rest (malloc'd, NULL when args
+// is NULL) holds the policy's own arguments.
+pykv_status policy_split_args(const char *policy, const char *args, char **rest, int *every_chunk);
+
+// The registry; NULL when name is unknown (pykv_last_error lists the names).
+const struct policy_ops *policy_find(const char *name);
+const struct policy_ops *policy_registry_get(int i);
