@@ -37,7 +37,7 @@ struct scratch {
 };
 
 // A decode step splits each list into segments of at least DECODE_SEGMENT entries, at most
-// DECODE_MAX_SEGMENTS of them (forward.c).
+// DECODE_MAX_SEGMENTS of them (attention-schedule.c).
 #define DECODE_SEGMENT 256
 #define DECODE_MAX_SEGMENTS 16
 
