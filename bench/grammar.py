@@ -73,7 +73,7 @@ def main():
         Path("/proc/self/autogroup").write_text("-20")
     except OSError:
         pass
-    from pykv._json_schema import schema_to_gbnf
+    from pykv.grammar.json_schema import schema_to_gbnf
     from pykv.grammar import JSON_GBNF
     tmp = Path(tempfile.mkdtemp())
     texts = {"none": "", "json": JSON_GBNF, "schema": schema_to_gbnf(SCHEMA)}

@@ -1,4 +1,5 @@
 """pykv: a llama.cpp-style GGUF inference runtime with KV-cache eviction policies."""
+from . import _checkout
 from ._ffi import ffi, lib
 from .errors import (BackendError, ContextOverflowError, InvalidArgumentError, ModelLoadError,
                      PykvError)
@@ -11,6 +12,8 @@ from .policies import list_policies
 from .processors import LogitsProcessorList, StoppingCriteriaList
 
 __version__ = "0.1.0"
+
+_checkout.install_converter_finder()
 
 
 def system_info() -> str:

@@ -1,6 +1,6 @@
 """``python -m pykv ...`` runs the pykv command."""
 import sys
 
-from .cli import main
+from .cli.main import main
 
 sys.exit(main())

@@ -40,7 +40,7 @@ _WARNED = {
                            "model's own) and handles tools itself; the handler is not used"),
     "tokenizer": (None, "pykv tokenizes with the GGUF's own vocabulary; the tokenizer is not used"),
     "draft_model": (None, "pykv has no speculative decoding; the output is the same without it"),
-    "spm_infill": (False, "pykv writes infill prompts prefix first (pykv._fim)"),
+    "spm_infill": (False, "pykv writes infill prompts prefix first (pykv.server.fim)"),
     "yarn_ext_factor": (-1.0, "pykv does not implement YaRN"),
     "yarn_attn_factor": (1.0, "pykv does not implement YaRN"),
     "yarn_beta_fast": (32.0, "pykv does not implement YaRN"),

@@ -23,7 +23,7 @@ from ._sampling import TokenLogprob, check_n_logprobs, make_sampler, token_logpr
 from ._textstream import TextStream
 from .caches import common_prefix
 from .chat import resolve_template
-from .grammar import LlamaGrammar, as_grammar, bind as bind_grammar, response_format_grammar
+from .grammar.gbnf import LlamaGrammar, as_grammar, bind as bind_grammar, response_format_grammar
 from .policies import parse_budget, policy_args
 from .processors import LogitsProcessorList, StoppingCriteriaList, as_callback, processed_logits
 
@@ -1033,17 +1033,17 @@ class Llama:
         (the first one's null, as OpenAI's): the whole prompt is then evaluated afresh.
         grammar, logits_processor and stopping_criteria work as in generate(). suffix fills in
         the middle: the completion is what goes between prompt and suffix (the model needs FIM
-        tokens; see pykv._fim). prompt_progress works as in generate(). llama-cpp-python's
+        tokens; see pykv.server.fim). prompt_progress works as in generate(). llama-cpp-python's
         model names the model in the result ("model"); tfs_z (tail-free sampling) is not
         implemented: other than 1.0 (off) it warns. The repeat, frequency and presence
         penalties look at the last last_n_tokens_size tokens (Llama's keyword, default 64)."""
         from ._arguments import check_argument_types
         check_argument_types("create_completion", locals())
-        from ._openai import completion
+        from .server.openai import completion
         if suffix is not None:
             if echo:
                 raise errors.InvalidArgumentError("echo and suffix cannot go together")
-            from ._fim import infill_prompt
+            from .server.fim import infill_prompt
             prompt = infill_prompt(self, prompt, suffix)
         _check_tfs_z(tfs_z)
         return _named(model, completion(
@@ -1058,8 +1058,8 @@ class Llama:
     def chat_prompt(self, messages, add_generation_prompt: bool = True, tools=None) -> List[int]:
         """Token ids of messages rendered with the model's chat template (ChatML without one).
         tools (OpenAI's form) go to a template that reads them, or else are described in the
-        system message (pykv._tools)."""
-        from ._tools import check_tools, prepare_messages, template_reads_tools
+        system message (pykv.server.tools)."""
+        from .server.tools import check_tools, prepare_messages, template_reads_tools
         from .chat import check_messages, render
         tools = check_tools(tools, None)
         template_tools = template_reads_tools(self.chat_template)
@@ -1103,13 +1103,13 @@ class Llama:
         "function": {"name": ...}}) let the model call functions: a call comes back in the
         message's "tool_calls" with finish_reason "tool_calls". "required" and a named function
         bind the reply to a call whose arguments follow the function's parameters schema. The
-        older functions and function_call are taken too. See pykv._tools. logits_processor,
+        older functions and function_call are taken too. See pykv.server.tools. logits_processor,
         stopping_criteria and prompt_progress work as in generate(); model and tfs_z and the
         penalties' window as in create_completion()."""
         from ._arguments import check_argument_types
         check_argument_types("create_chat_completion", locals())
-        from ._openai import chat_completion
-        from ._tools import check_tools, choose
+        from .server.openai import chat_completion
+        from .server.tools import check_tools, choose
         if top_logprobs is not None and not logprobs:
             raise errors.InvalidArgumentError("top_logprobs needs logprobs=True")
         if response_format is not None:
@@ -1121,7 +1121,7 @@ class Llama:
         if tool_mode == "call":
             if grammar is not None:
                 raise errors.InvalidArgumentError("a required tool call cannot take a grammar or response_format too")
-            from ._tools import call_grammar
+            from .server.tools import call_grammar
             grammar = call_grammar(callable_tools)
         prompt = self.chat_prompt(messages, tools=checked)
         _check_tfs_z(tfs_z)

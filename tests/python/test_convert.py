@@ -322,7 +322,7 @@ def test_mistral_sentencepiece_matches_sentencepiece_and_transformers(mistral_mo
     ({"type": "Metaspace", "replacement": "\u2581"}, None),
 ])
 def test_pre_tokenizer_is_recognised_or_named(pre_tokenizer, name):
-    from pykv._convert_vocab import _pre_tokenizer
+    from convert.vocab import _pre_tokenizer
     if name is None:
         with pytest.raises(ConvertError, match="--pre"):
             _pre_tokenizer({"pre_tokenizer": pre_tokenizer})

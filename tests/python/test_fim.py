@@ -12,7 +12,7 @@ import _vocab_fixtures as vf
 from _compare import EXACT
 from _tiny_models import BOS_ID
 from pykv import InvalidArgumentError, Llama
-from pykv._fim import infill_prompt
+from pykv.server.fim import infill_prompt
 
 MARKERS = (40, 41, 42)   # three ordinary tiny-vocabulary tokens, named as the FIM markers
 

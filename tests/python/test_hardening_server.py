@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from pykv import Llama
-from pykv._request_fields import RequestError, request_arguments
+from pykv.server.request_fields import RequestError, request_arguments
 from pykv.server import HostCheck, make_server
 
 ROOT = Path(__file__).resolve().parents[2]

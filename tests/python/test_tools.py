@@ -14,7 +14,7 @@ import pytest
 from _compare import EXACT
 from _tiny_models import grammar_takes
 from pykv import InvalidArgumentError, Llama
-from pykv._tools import CallStream, call_grammar, check_tools, choose, parse_calls
+from pykv.server.tools import CallStream, call_grammar, check_tools, choose, parse_calls
 from pykv.grammar import bind
 
 

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import EXIT_OK, UsageError, model_path_arg
+from .main import EXIT_OK, UsageError, model_path_arg
 
 
 def add_perplexity_parser(sub, add_model_flags):
@@ -37,9 +37,9 @@ def add_perplexity_parser(sub, add_model_flags):
 
 
 def run_perplexity(args) -> int:
-    from ._cli_generate import load_model, parse_policy_args
-    from .errors import InvalidArgumentError
-    from .perplexity import perplexity
+    from .generate import load_model, parse_policy_args
+    from ..errors import InvalidArgumentError
+    from ..perplexity import perplexity
 
     if args.ctx_size < 4:
         raise UsageError(f"-c/--ctx-size is the chunk size here and must be at least 4, got {args.ctx_size}")
@@ -82,7 +82,7 @@ def run_perplexity(args) -> int:
     else:
         print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_err:.5f}")
     if args.kv_stats or args.verbose:
-        from ._cli_generate import print_kv_stats
+        from .generate import print_kv_stats
         print_kv_stats(result.kv_stats)
     print(f"pykv: {result.n_scored} tokens scored in {seconds:.2f} s ({seconds / len(result.chunks):.2f} s per chunk)",
           file=sys.stderr)

@@ -23,7 +23,7 @@ def _ints(text: str, flag: str) -> list:
     try:
         return [int(x) for x in str(text).split(",") if x != ""]
     except ValueError:
-        from .cli import UsageError
+        from .main import UsageError
         raise UsageError(f"{flag} takes integers separated by commas, got {text!r}") from None
 
 
@@ -87,13 +87,13 @@ def _one_run(llm, kind: str, size: int, depth: int, seed: int) -> float:
 
 
 def run_bench(args, model_path: str) -> int:
-    from .llama import Llama
+    from ..llama import Llama
     prompts, gens = _ints(args.n_prompt, "-p"), _ints(args.n_gen, "-n")
     depths, batches = _ints(args.n_depth, "-d"), _ints(args.batch_size, "-b")
     threads = _ints(args.threads, "-t") if args.threads else [None]
     policies = [p for p in args.policy.split(",") if p]
     budgets = [b for b in args.budget.split(",") if b] or [None]
-    from .cli import KV_CACHE_TYPES, UsageError
+    from .main import KV_CACHE_TYPES, UsageError
     def types(flag, text):
         names = [c.lower() for c in text.split(",") if c]
         if any(c not in KV_CACHE_TYPES for c in names):

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from .cli import EXIT_OK, UsageError, model_path_arg
+from .main import EXIT_OK, UsageError, model_path_arg
 
 
 def add_embed_parser(sub, add_model_flags):
@@ -33,7 +33,7 @@ def add_embed_parser(sub, add_model_flags):
 
 
 def _texts(args) -> list:
-    from ._cli_generate import model_prompt, read_prompt
+    from .generate import model_prompt, read_prompt
     separator = args.embd_separator.replace("\\n", "\n").replace("\\t", "\t")   # as typed in a shell
     text = read_prompt(args)
     texts = [t for t in (text.split(separator) if separator else [text]) if t.strip()]
@@ -48,7 +48,7 @@ def _short(vector) -> str:
 
 
 def _print_readable(texts, vectors) -> None:
-    from ._embedding import normalized
+    from .._embedding import normalized
     for i, vec in enumerate(vectors):
         if vec.ndim == 2:   # no pooling: one line per token
             for j, row in enumerate(vec):
@@ -64,8 +64,8 @@ def _print_readable(texts, vectors) -> None:
 
 
 def run_embed(args) -> int:
-    from ._cli_generate import load_model, parse_policy_args
-    from ._embedding import normalized
+    from .generate import load_model, parse_policy_args
+    from .._embedding import normalized
 
     texts = _texts(args)
     if args.embd_normalize < -1:

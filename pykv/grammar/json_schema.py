@@ -18,9 +18,9 @@ import math
 import re
 from typing import Dict, List
 
-from . import errors
-from ._integer_range import integer_range
-from .grammar import JSON_GBNF
+from .. import errors
+from .integer_range import integer_range
+from .gbnf import JSON_GBNF
 
 _UNSUPPORTED = ("pattern", "patternProperties", "allOf", "not", "if", "then", "else", "dependentSchemas",
                 "dependentRequired", "multipleOf",

@@ -30,8 +30,8 @@ import re
 from functools import lru_cache
 from typing import List, Optional, Tuple
 
-from . import errors
-from .grammar import LlamaGrammar
+from .. import errors
+from ..grammar.gbnf import LlamaGrammar
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 

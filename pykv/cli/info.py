@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli import EXIT_OK, resolve_model_arg
+from .main import EXIT_OK, resolve_model_arg
 
 MAX_VALUE_CHARS = 100
 CTX_SIZES = (512, 2048, 4096, 8192, 32768)
@@ -56,7 +56,7 @@ def _print_system() -> None:
 
 def _policy_lines(info: dict) -> list:
     """What `pykv info --policies` says of one policy, after its name and description."""
-    from .policies import default_budget_text
+    from ..policies import default_budget_text
     if not info["evicts"]:
         return [f"choose: {info['choose']}"]
     reading = ("yes: it evicts after every prefill chunk, so -c bounds the cache, not the prompt"
@@ -70,7 +70,7 @@ def _policy_lines(info: dict) -> list:
 
 
 def _print_policies() -> None:
-    from .policies import policy_info
+    from ..policies import policy_info
     rows = policy_info()
     width = max((len(r["name"]) for r in rows), default=4)
     print("policies (--policy NAME; options go through --policy-arg K=V):")
@@ -82,7 +82,7 @@ def _print_policies() -> None:
 
 def load_info(path) -> dict:
     """Everything `pykv info` shows, read through the pykv.Llama API."""
-    from . import Llama
+    from .. import Llama
     llm = Llama(str(path), vocab_only=True)
     try:
         info = dict(llm.model_info)
@@ -145,7 +145,7 @@ def print_info(d: dict, out=sys.stdout) -> None:
 
 
 def run_info(args) -> int:
-    from .pull import default_model_path, pull
+    from ..pull import default_model_path, pull
 
     if args.system:
         _print_system()

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import EXIT_INTERRUPTED, EXIT_OK, UsageError, model_path_arg
+from .main import EXIT_INTERRUPTED, EXIT_OK, UsageError, model_path_arg
 
 
 def read_prompt(args) -> str:
@@ -63,7 +63,7 @@ def check_model_flags(args) -> None:
             raise UsageError(f"{flag} must be >= 0, got {value}")
     if args.n_predict < -1:
         raise UsageError(f"-n/--n-predict must be -1 (until the end), 0 (the prompt only) or more, got {args.n_predict}")
-    from ._sampling import make_sampler   # its range checks, before the model is loaded
+    from .._sampling import make_sampler   # its range checks, before the model is loaded
     make_sampler(**sampler_kwargs(args))
 
 
@@ -80,7 +80,7 @@ def parse_logit_bias(items) -> dict:
 
 def grammar_arg(args):
     """The LlamaGrammar of --grammar, --grammar-file, --json-schema or --json-schema-file; None."""
-    from .grammar import LlamaGrammar
+    from ..grammar.gbnf import LlamaGrammar
     if args.grammar is not None:
         return LlamaGrammar.from_string(args.grammar)
     if args.grammar_file is not None:
@@ -132,7 +132,7 @@ def cache_types_arg(args):
 def load_model(args, path, **extra):
     """A Llama from the shared model, context, policy and chat template flags (extra: more
     Llama arguments)."""
-    from . import Llama
+    from .. import Llama
     kv_type, kv_type_v = cache_types_arg(args)
     return Llama(str(path), chat_template=chat_template_arg(args), n_ctx=args.ctx_size, n_threads=args.threads,
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
@@ -306,8 +306,8 @@ def _prefill_only(llm, prompt, progress=None):
 def _load_prompt_cache(llm, cache_path, model_path) -> None:
     """Start from the saved prompt (generate() then keeps its longest common prefix with this
     one); a cache that cannot be used is reported and left for the run to overwrite."""
-    from ._state import read_state_file
-    from .errors import PykvError
+    from .._state import read_state_file
+    from ..errors import PykvError
     if not Path(cache_path).exists():
         return
     try:
@@ -319,7 +319,7 @@ def _load_prompt_cache(llm, cache_path, model_path) -> None:
 def _save_prompt_cache(llm, cache_path, model_path) -> None:
     """The evaluated prompt, logits included, into the cache file (before any generation, as
     llama.cpp does): the same prompt next time evaluates nothing and continues identically."""
-    from ._state import write_state_file
+    from .._state import write_state_file
     write_state_file(cache_path, llm.save_state(), model_path)
 
 

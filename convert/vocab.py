@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Dict, Optional
 
-from .errors import ConvertError
+from pykv.errors import ConvertError
 
 
 def _pre_tokenizer(tok: dict) -> str:

@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Tuple
 
 import numpy as np
 
-from .errors import ConvertError
+from pykv.errors import ConvertError
 
 # dtypes that can be read (BF16 is widened to float32 by a shift)
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Optional, Union
 
-from . import errors
-from ._ffi import check, ffi, lib
+from .. import errors
+from .._ffi import check, ffi, lib
 
 # Any JSON object (llama-cpp-python's response_format={"type": "json_object"}): the JSON
 # grammar of RFC 8259 with whitespace between tokens bounded to one space, or one newline and
@@ -64,8 +64,8 @@ class LlamaGrammar:
     @classmethod
     def from_json_schema(cls, json_schema: Union[str, dict], verbose: bool = True) -> "LlamaGrammar":
         """JSON text that validates against json_schema (a dict or its JSON text); see
-        pykv._json_schema for what of JSON Schema is followed."""
-        from ._json_schema import schema_to_gbnf
+        pykv.grammar.json_schema for what of JSON Schema is followed."""
+        from .json_schema import schema_to_gbnf
         if isinstance(json_schema, str):
             try:
                 json_schema = json.loads(json_schema)

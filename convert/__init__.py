@@ -15,9 +15,9 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from ._convert_vocab import add_vocab
-from ._safetensors import read_safetensors, safetensors_files
-from .errors import ConvertError
+from .vocab import add_vocab
+from .safetensors import read_safetensors, safetensors_files
+from pykv.errors import ConvertError
 
 __all__ = ["convert", "ConvertError", "ARCHITECTURES", "OUT_TYPES", "FILE_TYPES"]
 

@@ -1,11 +1,11 @@
-"""``pykv serve``: the OpenAI-compatible HTTP server (pykv/server.py) on one model."""
+"""``pykv serve``: the OpenAI-compatible HTTP server (pykv/server/http.py) on one model."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .cli import EXIT_OK, UsageError, add_chat_template_flags, model_path_arg
+from .main import EXIT_OK, UsageError, add_chat_template_flags, model_path_arg
 
 
 def add_serve_parser(sub, add_model_flags):
@@ -72,8 +72,8 @@ def _limits(args) -> dict:
 
 
 def run_serve(args) -> int:
-    from ._cli_generate import load_model, parse_policy_args
-    from .server import make_server
+    from .generate import load_model, parse_policy_args
+    from ..server.http import make_server
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")

@@ -11,7 +11,7 @@ unknown fields are ignored, as OpenAI clients send some pykv does not use ("user
 "grammar" (GBNF, both completion endpoints), "response_format" (chat) and llama-server's
 "json_schema" (completions) constrain the output; "tools" and "tool_choice" (chat) let the
 model call functions, as OpenAI's API does. Every field is checked before any work
-(pykv._request_fields): a bad one is a 400 naming it, with OpenAI's {"error": {...}} body. A
+(request_fields.py): a bad one is a 400 naming it, with OpenAI's {"error": {...}} body. A
 client that goes away mid-stream cancels its generation, and one that goes away while its
 prompt is evaluated stops that at the next chunk (a long prompt would otherwise hold the
 server for its whole length). With an API key, every endpoint but /health wants
@@ -40,9 +40,9 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from . import errors
-from ._openai import _usage
-from ._request_fields import FIELDS, MAX_DEPTH, RequestError, nesting_depth_exceeds, request_arguments
+from .. import errors
+from .openai import _usage
+from .request_fields import FIELDS, MAX_DEPTH, RequestError, nesting_depth_exceeds, request_arguments
 
 __all__ = ["make_server", "serve", "RequestError", "FIELDS"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-from . import errors
+from .. import errors
 
 _KEYS = {"prefix": ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"),
          "suffix": ("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"),

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import sys
 
-from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, model_path_arg
-from ._cli_generate import (PromptProgress, _write, check_model_flags, load_model, print_kv_stats, read_flag_file,
+from .main import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, model_path_arg
+from .generate import (PromptProgress, _write, check_model_flags, load_model, print_kv_stats, read_flag_file,
                             sampling_kwargs)
-from .errors import ContextOverflowError, PykvError
+from ..errors import ContextOverflowError, PykvError
 
 COMMANDS = "/reset starts over, /exit ends"
 

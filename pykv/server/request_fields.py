@@ -1,4 +1,4 @@
-"""The server's request bodies (pykv/server.py) checked field by field before any work: each
+"""The server's request bodies (pykv/server/http.py) checked field by field before any work: each
 field has a type and a range, and one that is wrong is a 400 naming it, so that no request
 reaches the model with a value it would answer with a 500 (an integer too large for C, a list
 where a dict belongs) or that would run away (max_tokens -5, a 50 MB prompt)."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from .grammar import LlamaGrammar
+from ..grammar.gbnf import LlamaGrammar
 
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
              "presence_penalty", "logit_bias", "seed", "stop", "stream", "mirostat_mode", "mirostat_tau",

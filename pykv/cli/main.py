@@ -3,8 +3,9 @@
 
 Exit codes: 0 ok, 1 usage error, 2 model or IO error, 3 runtime error, 130 interrupted.
 Errors print one line ``pykv: error: <message>`` on stderr (``-v`` adds the traceback).
-The subcommands live in _cli_generate.py, _cli_chat.py, _cli_perplexity.py, _cli_embed.py,
-_cli_serve.py, _cli_info.py, _cli_bench.py and here (pull); this file builds the parser and turns exceptions into exit codes.
+The subcommands live in generate.py, chat.py, perplexity.py, embed.py, serve.py, info.py and
+bench.py beside this file, pull and convert here; this file builds the parser and turns
+exceptions into exit codes.
 """
 
 from __future__ import annotations
@@ -214,16 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_generate(sub)
     _add_chat(sub)
-    from ._cli_perplexity import add_perplexity_parser
+    from .perplexity import add_perplexity_parser
     add_perplexity_parser(sub, _add_model_flags)
-    from ._cli_embed import add_embed_parser
+    from .embed import add_embed_parser
     add_embed_parser(sub, _add_model_flags)
-    from ._cli_serve import add_serve_parser
+    from .serve import add_serve_parser
     add_serve_parser(sub, _add_model_flags)
     _add_info(sub)
     _add_pull(sub)
     _add_convert(sub)
-    from ._cli_bench import add_bench_parser
+    from .bench import add_bench_parser
     add_bench_parser(sub)
     return parser
 
@@ -238,45 +239,45 @@ def resolve_model_arg(args) -> str | None:
 def model_path_arg(args):
     """The model file MODEL or -m names (a name or hf:// address fetched on first use); the
     default model (smollm2) when neither is given."""
-    from .pull import default_model_path, pull
+    from ..pull import default_model_path, pull
     model = resolve_model_arg(args)
     return pull(model) if model else default_model_path()
 
 
 def _run_pull(args) -> int:
-    from .pull import pull
+    from ..pull import pull
     print(pull(args.name, quiet=args.quiet))
     return EXIT_OK
 
 
 def _dispatch(args) -> int:
     if args.run == "generate":
-        from ._cli_generate import run_generate
+        from .generate import run_generate
         return run_generate(args)
     if args.run == "convert":
-        from .convert import convert
+        from ..convert import convert   # the repository's convert/, shipped as pykv/convert
         model_dir = Path(args.model_dir)
         out = args.outfile or model_dir / f"{model_dir.resolve().name}-{args.outtype.upper()}.gguf"
         print(convert(model_dir, out, args.outtype, args.pre, progress=None if args.quiet else sys.stderr))
         return EXIT_OK
     if args.run == "chat":
-        from ._cli_chat import run_chat
+        from .chat import run_chat
         return run_chat(args)
     if args.run == "serve":
-        from ._cli_serve import run_serve
+        from .serve import run_serve
         return run_serve(args)
     if args.run == "embed":
-        from ._cli_embed import run_embed
+        from .embed import run_embed
         return run_embed(args)
     if args.run == "perplexity":
-        from ._cli_perplexity import run_perplexity
+        from .perplexity import run_perplexity
         return run_perplexity(args)
     if args.run == "info":
-        from ._cli_info import run_info
+        from .info import run_info
         return run_info(args)
     if args.run == "bench":
-        from ._cli_bench import run_bench
-        from .llama import _resolve_model_path
+        from .bench import run_bench
+        from ..llama import _resolve_model_path
         return run_bench(args, _resolve_model_path(resolve_model_arg(args) or "smollm2"))
     return _run_pull(args)
 
@@ -284,10 +285,10 @@ def _dispatch(args) -> int:
 def _exit_code_for(exc: BaseException) -> int:
     """Map an exception to the documented exit code."""
     try:
-        from . import errors
+        from .. import errors
     except Exception:  # noqa: BLE001 - the package itself failed to import
         errors = None
-    from .pull import PullError
+    from ..pull import PullError
 
     if isinstance(exc, UsageError):
         return EXIT_USAGE

@@ -6,8 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from ._sampling import TokenLogprob
-from ._tools import CallStream, bound_call, new_call_id, parse_calls
+from .._sampling import TokenLogprob
+from .tools import CallStream, bound_call, new_call_id, parse_calls
 
 
 def _usage(result) -> dict:
@@ -145,7 +145,7 @@ def chat_completion(llm, prompt_tokens, stream: bool, tools=None, tool_mode: str
     "assistant", "content"}, "finish_reason", "logprobs"}], "usage"}; streamed as "delta"
     chunks, the first carrying the role and the last the finish reason. With tool_mode "call"
     (the reply is grammar-bound to one call) or "auto", calls come back as "tool_calls"
-    (pykv._tools); legacy (the request used "functions") adds the older "function_call"."""
+    (pykv.server.tools); legacy (the request used "functions") adds the older "function_call"."""
     env = _Envelope(llm, "chatcmpl", "chat.completion.chunk" if stream else "chat.completion")
     pieces = _Pieces(llm)
     if stream:
@@ -174,7 +174,7 @@ def chat_completion(llm, prompt_tokens, stream: bool, tools=None, tool_mode: str
 
 def _calls_in(text: str, finish: str, tools, tool_mode: str):
     """[(name, arguments text)] of the reply's calls; None when it is text."""
-    if tool_mode == "call":   # a call cut short comes back as text (pykv._tools)
+    if tool_mode == "call":   # a call cut short comes back as text (pykv.server.tools)
         call = bound_call(text, finish)
         return [call] if call is not None else None
     if tool_mode == "auto" and finish == "stop":
