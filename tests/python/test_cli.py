@@ -110,8 +110,11 @@ def test_unknown_model_name_exit_2():
 def test_info_system_and_policies():
     r = run_cli("info", "--system", "--policies")
     assert r.returncode == 0, r.stderr
-    assert "policies:" in r.stdout and "full" in r.stdout
     assert r.stdout.strip().splitlines()[0]  # system info is not empty
+    from pykv import list_policies
+    listed = [line.split()[0] for line in r.stdout.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    assert listed == list_policies()   # every policy of the registry, in its order
+    assert r.stdout.count("budget: default") == len(listed) - 1   # each evicting policy's default budget
 
 
 # ---------------------------------------------------------------- the real model
