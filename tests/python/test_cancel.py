@@ -150,7 +150,7 @@ def test_cancelled_decode_steps_leave_no_trace(smollm2_path, policy):
     completed (layer-by-layer policies: a decode-time eviction is never half applied) or
     left the cache as it was; the lists stay consistent either way."""
     rng = np.random.default_rng(3)
-    with _open(smollm2_path, policy, budget=48) as llm:
+    with _open(smollm2_path, policy, budget=None if policy == "full" else 48) as llm:
         llm.eval(PROMPT[:160])
         t0 = time.perf_counter()
         llm.eval([PROMPT[160]])

@@ -67,8 +67,10 @@ def test_logprobs_zero_alternatives_and_off(llm):
     res = llm.generate(PROMPT, max_tokens=4, temperature=0.0, logprobs=0)
     assert [e.top for e in res.logprobs] == [[]] * 4
     assert llm.generate(PROMPT, max_tokens=4, temperature=0.0).logprobs is None
-    for bad in (-1, 1.5, True):
-        with pytest.raises(InvalidArgumentError, match="logprobs"):
+    with pytest.raises(InvalidArgumentError, match="logprobs"):
+        llm.generate(PROMPT, max_tokens=1, logprobs=-1)
+    for bad in (1.5, True):   # not an integer: a TypeError naming the argument
+        with pytest.raises(TypeError, match="'logprobs' must be an integer"):
             llm.generate(PROMPT, max_tokens=1, logprobs=bad)
 
 
