@@ -81,7 +81,7 @@ static pykv_status alloc_scratch(pykv_context *ctx) {
     b->rope_inv_freq = alloc_floats((size_t)hp->n_rot / 2, &failed);
     b->rope_cs = alloc_floats(T * (size_t)hp->n_rot, &failed);
     b->colsum_stride = (size_t)ctx->cache.max_entries;
-    if (ctx->policy->ops->wants_attention_sums || ctx->policy->ops->wants_decode_attention_sums)
+    if (policy_needs_sums(ctx->policy->ops))
         b->attn_colsum = alloc_floats((size_t)hp->n_head * b->colsum_stride, &failed);
     ctx->logits = alloc_floats((size_t)hp->n_vocab, &failed);
     ctx->chunk_start_n = calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(int32_t));
@@ -279,7 +279,7 @@ pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads) {
 }
 
 int32_t context_list_limit(const pykv_context *ctx) {
-    return ctx->policy->ops->evicts_every_step ? ctx->n_ctx + 1 : ctx->n_ctx;
+    return ctx->policy->ops->needs & POLICY_NEEDS_STEP_ROOM ? ctx->n_ctx + 1 : ctx->n_ctx;
 }
 
 int32_t context_position_limit(const pykv_context *ctx) {

@@ -70,7 +70,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         ev.rope_inv_freq = b->rope_inv_freq;
         ev.q = b->q;
         ev.T = T;
-        const int prefill_sums = T > 1 && ops->wants_attention_sums;   // decode steps write them anyway
+        const int prefill_sums = T > 1 && (ops->needs & POLICY_NEEDS_ATTENTION_SUMS);   // decode steps write them anyway
         ev.attn_colsum = T == 1 || prefill_sums ? b->attn_colsum : NULL;
         ev.attn_colsum_stride = (int32_t)b->colsum_stride;
         // a decode step (a one-token call, not a one-token chunk of a prompt) evicts each list

@@ -64,9 +64,9 @@ struct policy_event {
     // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
     const float          *q;
     int32_t               T;
-    // after_layer and decode_list, for policies with wants_attention_sums (one-token chunks
-    // only with wants_decode_attention_sums; NULL otherwise): the attention each entry of the
-    // layer's lists received from this chunk's queries, per query head: row h (stride
+    // after_layer and decode_list, for policies with POLICY_NEEDS_ATTENTION_SUMS (one-token
+    // chunks only with POLICY_NEEDS_DECODE_ATTENTION_SUMS; NULL otherwise): the attention
+    // each entry of the layer's lists received from this chunk's queries, per query head: row h (stride
     // attn_colsum_stride) holds one value per entry of KV head h / (n_head / n_head_kv).
     const float          *attn_colsum;
     int32_t               attn_colsum_stride;
@@ -80,6 +80,20 @@ struct policy_event {
 };
 
 struct kv_policy;
+
+// What a policy needs the forward pass to compute or hold for it (policy_ops.needs).
+enum policy_needs {
+    // Each entry's attention summed per query head, for after_layer on every chunk (costs a
+    // prefill pass over the weights it already computes, and splits attention by head).
+    POLICY_NEEDS_ATTENTION_SUMS        = 1u << 0,
+    // The same sums on decode steps only, for decode_list (a decode step's attention writes
+    // them as it goes, no extra pass); multi-token chunks then get attn_colsum NULL.
+    POLICY_NEEDS_DECODE_ATTENTION_SUMS = 1u << 1,
+    // Room for one entry past n_ctx in every list: each decode step appends its entry and
+    // then evicts back to the budget, so the cache does not grow (pykv_policy_info's
+    // evicts_every_step).
+    POLICY_NEEDS_STEP_ROOM             = 1u << 2,
+};
 
 struct policy_ops {
     const char *name;
@@ -114,12 +128,8 @@ struct policy_ops {
     void        (*state_write)(const struct kv_policy *p, const struct kv_cache *c, struct state_writer *w);
     pykv_status (*state_read)(struct kv_policy *p, const struct kv_cache *c, const int32_t *list_n,
                               struct state_reader *r, int apply);
-    // Nonzero: the forward pass sums each entry's attention for after_layer (costs a pass
-    // over the weights it already computes, and splits attention by head).
-    int           wants_attention_sums;
-    // Nonzero: the same sums on decode steps only, for decode_list (a decode step's attention
-    // writes them as it goes, no extra pass); multi-token chunks then get attn_colsum NULL.
-    int           wants_decode_attention_sums;
+    // What the forward pass must provide for the policy: a mask of POLICY_NEEDS_* bits (0: none).
+    unsigned      needs;
     // Nonzero: the policy never evicts and keeps no per-entry state, so the cache can be cut
     // back to any prefix of the tokens (pykv_truncate) and equal a fresh run over it.
     int           keeps_every_entry;
@@ -138,9 +148,12 @@ struct policy_ops {
     // Nonzero: evicts after every prefill chunk by itself (TAKE), so a prompt longer than
     // n_ctx goes through: n_ctx bounds the cache, not the prompt.
     int           evicts_while_reading;
-    // Nonzero: every decode step evicts back to the budget (the cache does not grow).
-    int           evicts_every_step;
 };
+
+// Nonzero when the forward pass keeps attention sums for the policy (on any step).
+static inline int policy_needs_sums(const struct policy_ops *ops) {
+    return (ops->needs & (POLICY_NEEDS_ATTENTION_SUMS | POLICY_NEEDS_DECODE_ATTENTION_SUMS)) != 0;
+}
 
 // The budget in entries per (layer, KV head) for a prompt of n_prompt tokens: cfg->budget;
 // or ceil(cfg->budget_frac * n_prompt), raised to cfg->floor (with one warning); or, with

@@ -6,7 +6,7 @@
 // KVCache-Factory form, not kvpress's ObservedAttention average) and no pooling.
 //
 // Schedule: scores accumulate after every layer of every chunk (the forward pass sums the
-// attention per entry: wants_attention_sums). At the end of a prefill call each list
+// attention per entry: POLICY_NEEDS_ATTENTION_SUMS). At the end of a prefill call each list
 // keeps its `recent` newest entries plus the B - recent highest scores among the others;
 // at every decode step a list longer than B drops its lowest-scored non-recent entry,
 // so the cache stays at B entries per (layer, KV head): decode does not grow it.
@@ -225,12 +225,11 @@ const struct policy_ops policy_h2o = {
     .reset = h2o_reset,
     .state_write = h2o_state_write,
     .state_read = h2o_state_read,
-    .wants_attention_sums = 1,
+    .needs = POLICY_NEEDS_ATTENTION_SUMS | POLICY_NEEDS_STEP_ROOM,
     .options = "recent=B/2, evict_every_chunk=0",
     .choose = "a fixed memory while generating, scored by the attention every token received; "
               "weak at retrieving one fact from a long prompt",
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
-    .evicts_every_step = 1,
 };

@@ -161,5 +161,5 @@ const struct policy_ops policy_streamingllm = {
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
-    .evicts_every_step = 1,
+    .needs = POLICY_NEEDS_STEP_ROOM,
 };

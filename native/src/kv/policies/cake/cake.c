@@ -282,7 +282,7 @@ const struct policy_ops policy_cake = {
     .reset = cake_reset,
     .state_write = cake_state_write,
     .state_read = cake_state_read,
-    .wants_decode_attention_sums = 1,
+    .needs = POLICY_NEEDS_DECODE_ATTENTION_SUMS | POLICY_NEEDS_STEP_ROOM,
     .min_budget = ws_min_budget,
     .options = "window=32, pool=avg, kernel=5, gqa=mean, gamma=200, tau1=1, tau2=1, cascade=1, "
                "decode_evict=fixed, evict_every_chunk=0",
@@ -291,5 +291,4 @@ const struct policy_ops policy_cake = {
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
-    .evicts_every_step = 1,
 };

@@ -5,7 +5,7 @@
 //  * Granularity: per (layer, KV head) lists, as the cache keeps them; query-head scores are reduced by
 //    the GQA mean (s_Glo and s_Loc alike).
 //  * s_Glo: the attention each entry received from every query so far (all prompt chunks and
-//    decode steps), from the forward pass's column sums (wants_attention_sums), exactly, no
+//    decode steps), from the forward pass's column sums (POLICY_NEEDS_ATTENTION_SUMS), exactly, no
 //    truncation; a merged entry's is its members' total mass.
 //  * s_Loc (prefill): sum over the last min(L_win, chunk) queries (the context makes the last
 //    chunk hold at least L_win tokens: last_chunk_min); scored over the whole list, merged
@@ -294,12 +294,11 @@ const struct policy_ops policy_ems = {
     .reset = ems_reset,
     .state_write = ems_state_write,
     .state_read = ems_state_read,
-    .wants_attention_sums = 1,
+    .needs = POLICY_NEEDS_ATTENTION_SUMS | POLICY_NEEDS_STEP_ROOM,
     .min_budget = ws_min_budget,
     .options = "window=32, kernel=7, tau=0.6, gamma=4, evict_every_chunk=0",
     .choose = "long generations in a fixed memory: evicted entries are merged into similar kept ones",
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
-    .evicts_every_step = 1,
 };
