@@ -66,9 +66,10 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         struct policy_event ev = ctx->event;
         ev.layer = layer;
         ev.n_past = ctx->n_past + T - n_probe;
-        ev.n_probe = n_probe;
-        ev.rope_inv_freq = b->rope_inv_freq;
         ev.q = b->q;
+        ev.probe.n = n_probe;
+        ev.probe.q = n_probe ? b->q + (size_t)(T - n_probe) * q_dim : NULL;
+        ev.probe.rope_inv_freq = b->rope_inv_freq;
         ev.T = T;
         const int prefill_sums = T > 1 && (ops->needs & POLICY_NEEDS_ATTENTION_SUMS);   // decode steps write them anyway
         ev.attn_colsum = T == 1 || prefill_sums ? b->attn_colsum : NULL;

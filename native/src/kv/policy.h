@@ -49,6 +49,17 @@ struct policy_config {
 struct hparams;
 struct threadpool;
 
+// The task probe of a prefill chunk (policies with probe_len, e.g. TAKE): the last n of the
+// chunk's T tokens, at the positions right after the chunk's real tokens (policy_event.n_past
+// counts those only). Their K/V are the last n entries of every list of the layer: a policy
+// must leave them there, and the forward pass drops them after after_layer.
+struct policy_probe {
+    int32_t      n;               // probe tokens in the chunk; 0: none
+    const float *q;               // their queries, post-RoPE: the last n rows of the event's q
+                                  // (NULL when n is 0)
+    const float *rope_inv_freq;   // (n_rot / 2): undo or redo RoPE on queries (set with n 0 too)
+};
+
 struct policy_event {
     struct kv_cache      *cache;
     const struct hparams *hp;
@@ -70,13 +81,8 @@ struct policy_event {
     // attn_colsum_stride) holds one value per entry of KV head h / (n_head / n_head_kv).
     const float          *attn_colsum;
     int32_t               attn_colsum_stride;
-    // Probe tokens (policies with probe_len, e.g. TAKE): the last n_probe of the chunk's T
-    // tokens are the task probe, at the positions right after the chunk. Their queries are
-    // the last n_probe rows of q; their K/V are the last n_probe entries of every list of the
-    // layer: a policy must leave them there, and the forward pass drops them after
-    // after_layer. n_past counts the chunk's real tokens only.
-    int32_t               n_probe;
-    const float          *rope_inv_freq;   // (n_rot / 2): undo or redo RoPE on queries
+    // after_layer only: the probe tokens (policies with probe_len, e.g. TAKE).
+    struct policy_probe   probe;
 };
 
 struct kv_policy;

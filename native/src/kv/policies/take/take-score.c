@@ -36,7 +36,7 @@ pykv_status take_ema_update(struct take_ema *e, const float *now, int32_t rows, 
         e->cap_rows = rows;
     }
     memcpy(out, now, (size_t)rows * width * sizeof(float));
-    take_rotate(out, rows, hp->n_head, hp->head_dim, hp->n_rot, pos0, -1, ev->rope_inv_freq);   // pre-RoPE
+    take_rotate(out, rows, hp->n_head, hp->head_dim, hp->n_rot, pos0, -1, ev->probe.rope_inv_freq);   // pre-RoPE
     const int32_t shift = e->rows - rows;   // new row r pairs with old row r + shift
     const float a = (float)alpha, b = (float)(1.0 - alpha);
     if (shift >= 0) {   // ascending r reads old rows at or after the row it writes
@@ -57,7 +57,7 @@ pykv_status take_ema_update(struct take_ema *e, const float *now, int32_t rows, 
         }
     }
     e->rows = rows;
-    take_rotate(out, rows, hp->n_head, hp->head_dim, hp->n_rot, pos0, +1, ev->rope_inv_freq);
+    take_rotate(out, rows, hp->n_head, hp->head_dim, hp->n_rot, pos0, +1, ev->probe.rope_inv_freq);
     return PYKV_OK;
 }
 

@@ -166,7 +166,7 @@ static pykv_status evict_layer(struct take *p, const struct policy_event *ev, co
     int32_t max_n = 1;
     for (int32_t g = 0; g < Hkv; g++) {
         const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
-        n_cols[g] = l->n - ev->n_probe;
+        n_cols[g] = l->n - ev->probe.n;
         offset[g] = total;
         total += n_cols[g];
         if (l->n > max_n) max_n = l->n;
@@ -212,20 +212,23 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
 
     // The probe rows: the appended probe, or the last chunk's real tail.
     struct take_ema *e = &p->ema[ev->layer];
-    const int32_t real = ev->T - ev->n_probe;
+    const int32_t real = ev->T - ev->probe.n;
+    const size_t width = (size_t)hp->n_head * hp->head_dim;
     int32_t rows, pos0;
-    if (ev->n_probe > 0) {
-        rows = ev->n_probe;
+    const float *q_rows;
+    if (ev->probe.n > 0) {
+        rows = ev->probe.n;
         pos0 = ev->n_past;
+        q_rows = ev->probe.q;
     } else {
         rows = e->rows > 0 ? e->rows : p->probe_len;
         if (rows > real) rows = real;
         pos0 = ev->n_past - rows;
+        q_rows = ev->q + (size_t)(ev->T - rows) * width;
     }
-    const size_t width = (size_t)hp->n_head * hp->head_dim;
     float *qa = malloc((size_t)rows * width * sizeof(float));
     if (!qa) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
-    pykv_status st = take_ema_update(e, ev->q + (size_t)(ev->T - rows) * width, rows, pos0, p->alpha, ev, qa);
+    pykv_status st = take_ema_update(e, q_rows, rows, pos0, p->alpha, ev, qa);
 
     const int32_t B = policy_budget(&base->cfg, ev->n_prompt);
     int64_t Bw = p->warmup_budget > 0 ? p->warmup_budget : (ev->n_prompt < 20LL * B ? ev->n_prompt : 20LL * B);
@@ -234,7 +237,7 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
     const int32_t k = (ev->layer <= key && !ev->is_last_chunk) ? (int32_t)Bw : B;
     int any = 0;
     for (int32_t g = 0; g < hp->n_head_kv; g++) {
-        any |= kv_cache_list(ev->cache, ev->layer, g)->n - ev->n_probe > k;
+        any |= kv_cache_list(ev->cache, ev->layer, g)->n - ev->probe.n > k;
         for (int32_t low = 0; ev->layer == key && low < key; low++) any |= kv_cache_list(ev->cache, low, g)->n > k;
     }
     if (st == PYKV_OK && any) st = evict_layer(p, ev, qa, rows, pos0, k, key);
