@@ -128,23 +128,46 @@ class Count(int):
         return int(self)
 
 
-def _decode_in_chunks(ctx, arr, n, progress, raised):
-    """pykv_decode with a progress callback: Python gets control after every chunk, so a
-    KeyboardInterrupt (or an exception from progress, or progress returning False) stops the
-    call at the next chunk boundary; what was raised is appended to `raised`."""
-    def stop(_type, exc, _tb):
-        raised.append(exc)
-        return 0
-
-    @ffi.callback("pykv_progress_callback", onerror=stop)
-    def on_chunk(n_done, n_total, _user):
-        return 0 if progress is not None and progress(n_done, n_total) is False else 1
-
-    lib.pykv_set_progress_callback(ctx, on_chunk, ffi.NULL)
+def _decode_in_steps(ctx, arr, n, progress):
+    """pykv_decode_begin, then pykv_decode_step until the last chunk: the status of the call.
+    progress(n_done, n) runs between the chunks, in this thread, with no callback from C;
+    False from it stops the call at the next chunk boundary (the step after it returns
+    PYKV_ERR_CANCELLED, or, after the last chunk, the call reports a cancel as a cancel
+    during that chunk is). An exception from progress, or a KeyboardInterrupt between two
+    steps, stops the call there and is raised: the chunks done stay evaluated."""
+    begin = _optional_lib_function("pykv_decode_begin")
+    if begin is None:   # a library older than the stepped decode: the prompt in one call
+        status = lib.pykv_decode(ctx, arr, n)
+        if status == lib.PYKV_OK and progress is not None and progress(n, n) is False:
+            return _cancelled_after_the_last_chunk()
+        return status
+    n_done = ffi.new("int32_t *")
     try:
-        return lib.pykv_decode(ctx, arr, n)
-    finally:
-        lib.pykv_set_progress_callback(ctx, ffi.NULL, ffi.NULL)
+        status = begin(ctx, arr, n)
+        if status != lib.PYKV_OK:
+            return status
+        status = lib.pykv_decode_step(ctx, n_done)
+        while status == lib.PYKV_PENDING:
+            if progress is not None and progress(n_done[0], n) is False:
+                lib.pykv_cancel(ctx)   # the next step reports it, having run nothing
+            status = lib.pykv_decode_step(ctx, n_done)
+    except BaseException:
+        # the C status may not have reached `status` (an interrupt lands as a call returns):
+        # ask the context whether the call is still begun, and end it where it is
+        if lib.pykv_decode_pending(ctx):
+            lib.pykv_cancel(ctx)
+            lib.pykv_decode_step(ctx, n_done)
+        raise
+    if status == lib.PYKV_OK and progress is not None and progress(n, n) is False:
+        _cancelled_after_the_last_chunk()
+    return status
+
+
+def _cancelled_after_the_last_chunk():
+    """progress returned False after the last chunk: the call evaluated every token and
+    reports a cancel, as a cancel that arrives during its last chunk."""
+    raise errors.GenerationCancelled("cancelled (after the call's last chunk: its tokens were evaluated)",
+                                     lib.PYKV_ERR_CANCELLED)
 
 
 class Llama:
@@ -447,6 +470,7 @@ class Llama:
         Ctrl-C (KeyboardInterrupt), or an exception from progress, stops a long prefill there
         too and is raised once the call has stopped; the chunks done stay evaluated.
         A model file truncated since it was loaded (mapped) gives ModelLoadError (pykv._mapped_file)."""
+        self._refuse_in_eval("eval()")
         tokens = list(tokens)
         ctx = self._need_ctx()
         if not tokens:
@@ -454,20 +478,18 @@ class Llama:
         _mapped_file.check(self._mapped_file)
         arr = ffi.new("pykv_token[]", tokens)
         before = lib.pykv_n_past(ctx)
-        raised: List[BaseException] = []
-        if len(tokens) == 1:
-            status = lib.pykv_decode(ctx, arr, 1)
-        else:
-            outer, self._evaluating = self._evaluating, True
-            try:
-                status = _decode_in_chunks(ctx, arr, len(tokens), progress, raised)
-            finally:
-                self._evaluating = outer
-        self.input_ids.extend(tokens[:lib.pykv_n_past(ctx) - before])
-        self._record_scores(ctx, before, lib.pykv_n_past(ctx) - before)
-        self._relay_warnings(ctx)
-        if raised:
-            raise raised[0]
+        outer, self._evaluating = self._evaluating, self._evaluating or len(tokens) > 1
+        try:
+            if len(tokens) == 1:
+                status = lib.pykv_decode(ctx, arr, 1)
+            else:
+                status = _decode_in_steps(ctx, arr, len(tokens), progress)
+        finally:   # the tokens evaluated, also when progress raised
+            self._evaluating = outer
+            n_new = lib.pykv_n_past(ctx) - before
+            self.input_ids.extend(tokens[:n_new])
+            self._record_scores(ctx, before, n_new)
+            self._relay_warnings(ctx)
         check(status)
 
     @staticmethod
@@ -500,6 +522,7 @@ class Llama:
             tokens = self.tokenize(probe, add_bos=False, special=True)
         else:
             tokens = [int(t) for t in probe]
+        self._refuse_in_eval("set_probe()")
         arr = ffi.new("pykv_token[]", max(len(tokens), 1))
         arr[0:len(tokens)] = tokens
         check(lib.pykv_set_probe(self._need_ctx(), arr, len(tokens)))
@@ -589,6 +612,7 @@ class Llama:
         InvalidArgumentError, whatever n_keep); n_keep=0 is reset()."""
         if not isinstance(n_keep, int) or isinstance(n_keep, bool):
             raise errors.InvalidArgumentError(f"n_keep must be an integer, got {n_keep!r}")
+        self._refuse_in_eval("truncate()")
         ctx = self._need_ctx()
         status = lib.pykv_truncate(ctx, n_keep)
         del self.input_ids[lib.pykv_n_past(ctx):]   # what the context holds, whatever the status
@@ -608,6 +632,7 @@ class Llama:
         """Put back a state from save_state() of a Llama on the same model and KV type, with
         the same policy and settings (its n_ctx large enough): the context continues as the
         saved one would. A refused state leaves the context as it was."""
+        self._refuse_in_eval("load_state()")
         from ._state import load_state
         load_state(self, state)
 
@@ -620,6 +645,7 @@ class Llama:
 
     @using_context("in use")
     def set_threads(self, n_threads: int) -> None:
+        self._refuse_in_eval("set_threads()")
         check(lib.pykv_context_set_threads(self._need_ctx(), n_threads))
         self.n_threads = n_threads
 

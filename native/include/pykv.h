@@ -57,6 +57,9 @@ typedef enum pykv_status {
     PYKV_ERR_CANCELLED           = 7,  /* pykv_cancel() stopped the call */
     PYKV_ERR_BUFFER_TOO_SMALL    = 8,  /* *n_out holds the size needed */
     PYKV_ERR_INTERNAL            = 9,
+    /* Not an error: pykv_decode_step ran a chunk and the begun decode has more to run. It is
+     * positive, so a `!= PYKV_OK` test alone takes it for a failure: compare with it first. */
+    PYKV_PENDING                 = 100,
 } pykv_status;
 
 /* Tensor element types; the numbers are GGUF's (ggml_type). */
@@ -217,19 +220,49 @@ PYKV_API void        pykv_context_default_params(struct pykv_context_params *par
 PYKV_API pykv_status pykv_context_init(pykv_model *model, const struct pykv_context_params *params,
                                        pykv_context **out);
 /* A context is used by one thread at a time: a call from another thread while pykv_decode
- * runs is refused with PYKV_ERR_INVALID_ARG (pykv_cancel excepted). pykv_context_free may
- * come from any thread: while another thread's pykv_decode runs on ctx it cancels that call
- * and waits for it to return before freeing, so the model may be freed next. From ctx's own
- * progress callback the free is deferred: the running pykv_decode stops at the next chunk
- * and frees ctx as it returns PYKV_ERR_CANCELLED. No call on ctx may start once
- * pykv_context_free has been called. */
+ * or pykv_decode_step runs is refused with PYKV_ERR_INVALID_ARG (pykv_cancel excepted).
+ * pykv_context_free may come from any thread: while another thread's pykv_decode or
+ * pykv_decode_step runs on ctx it cancels that call and waits for it to return before
+ * freeing, so the model may be freed next. From ctx's own progress callback the free is
+ * deferred: the running call stops (pykv_decode at the next chunk, pykv_decode_step at once)
+ * and frees ctx as it returns PYKV_ERR_CANCELLED. Between two steps of a begun decode nothing
+ * runs and the free is immediate. No call on ctx may start once pykv_context_free has been
+ * called. */
 PYKV_API void        pykv_context_free(pykv_context *ctx);
 PYKV_API pykv_status pykv_context_set_threads(pykv_context *ctx, int32_t n_threads);
 
 /* Append n tokens to the context and run them through the model in chunks of n_ubatch.
  * A call with several tokens is a prefill, one with a single token a decode step. On error
- * the tokens of completed chunks stay in the cache (pykv_n_past tells how many). */
+ * the tokens of completed chunks stay in the cache (pykv_n_past tells how many). It is
+ * pykv_decode_begin followed by pykv_decode_step until the end, in one call. */
 PYKV_API pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens);
+/* pykv_decode one chunk at a time, so that the caller runs between the chunks of a long
+ * prompt (to show progress, to stop it) with no callback into its code. pykv_decode_begin
+ * checks the tokens as pykv_decode does (the same errors, and then nothing is begun), copies
+ * them and prepares the chunks; it runs none. Each pykv_decode_step runs the next chunk and
+ * sets *n_done (may be NULL) to the call's tokens evaluated so far: it returns PYKV_PENDING
+ * while chunks remain, PYKV_OK after the last (*n_done == n_tokens; the logits are those of
+ * the last token), or an error, which ends the decode as it ends pykv_decode: the chunk it
+ * failed in is rolled back and the chunks before stay. The chunks, and so the results, are
+ * exactly pykv_decode's. A step is a call on ctx (the threading rules of pykv_context_free
+ * apply to it); between two steps the context is idle but mid-prompt: pykv_cancel then makes
+ * the next step return PYKV_ERR_CANCELLED at once, with nothing more evaluated, which ends the
+ * decode (the way to stop one early); pykv_reset ends it and forgets every token; the other
+ * calls that change the context, pykv_decode and pykv_decode_begin included, are refused with
+ * PYKV_ERR_INVALID_ARG until the decode has ended. The progress callback, when set, is also
+ * called by the steps. A step with no begun decode is PYKV_ERR_INVALID_ARG.
+ *
+ *     if (pykv_decode_begin(ctx, tokens, n) != PYKV_OK) fail();
+ *     int32_t done;
+ *     pykv_status st;
+ *     while ((st = pykv_decode_step(ctx, &done)) == PYKV_PENDING) show(done, n);
+ *     if (st != PYKV_OK) fail();
+ */
+PYKV_API pykv_status pykv_decode_begin(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens);
+PYKV_API pykv_status pykv_decode_step(pykv_context *ctx, int32_t *n_done);
+/* Nonzero while a decode begun with pykv_decode_begin has not ended (a step has not yet
+ * returned PYKV_OK or an error, and no pykv_reset came). */
+PYKV_API int32_t     pykv_decode_pending(const pykv_context *ctx);
 /* The task probe for policies that score during chunked prefill (TAKE): its tokens are
  * run after every prefill chunk but the last, to score the cache, and never kept. Applies
  * to the following pykv_decode calls; n_tokens = 0 goes back to the default (the last
@@ -282,20 +315,22 @@ PYKV_API pykv_status pykv_state_save(const pykv_context *ctx, void *dst, size_t 
 PYKV_API pykv_status pykv_state_load(pykv_context *ctx, const void *src, size_t size);
 /* The number of tokens (pykv_n_past) a saved state holds, read from its header alone. */
 PYKV_API pykv_status pykv_state_n_tokens(const void *src, size_t size, int32_t *n_tokens);
-/* Ask a running pykv_decode to stop (callable from any thread); it returns
- * PYKV_ERR_CANCELLED. It stops at the next layer boundary, or, with a policy that works
+/* Ask a running pykv_decode (or pykv_decode_step) to stop (callable from any thread); it
+ * returns PYKV_ERR_CANCELLED. It stops at the next layer boundary, or, with a policy that works
  * layer by layer (every evicting policy), at the next chunk boundary: the chunk it stops in
  * is rolled back exactly, the chunks already done stay (pykv_n_past counts them). A cancel
  * that arrives during the call's last chunk (a decode step is one) lets it finish and is
- * reported all the same. A cancel stays pending until a pykv_decode reports it (one that
- * arrives between two calls stops the next at its start, before it evaluates anything) or
- * pykv_reset or pykv_truncate clears it. */
+ * reported all the same. A cancel stays pending until a pykv_decode or pykv_decode_step
+ * reports it (one that arrives between two calls, or between two steps, stops the next at its
+ * start, before it evaluates anything) or pykv_reset or pykv_truncate clears it. */
 PYKV_API void        pykv_cancel(pykv_context *ctx);
-/* Progress of a long prompt: pykv_decode calls it on the calling thread after each chunk of
- * a multi-token call, with the call's tokens evaluated so far and its total (the last call
- * has n_done == n_total). Returning 0 asks the call to stop, as pykv_cancel does; any other
- * value lets it go on. NULL removes it. It may read the context and call pykv_cancel; the
- * calls that would change the context (pykv_decode, pykv_reset, pykv_truncate,
+/* Progress of a long prompt, for C programs that call pykv_decode (pykv_decode_begin and
+ * pykv_decode_step report it without a callback; bindings should use them): pykv_decode (or
+ * the step) calls it on the calling thread after each chunk of a multi-token call, with the
+ * call's tokens evaluated so far and its total (the last call has n_done == n_total).
+ * Returning 0 asks the call to stop, as pykv_cancel does; any other value lets it go on.
+ * NULL removes it. It may read the context and call pykv_cancel; the calls that would change
+ * the context (pykv_decode, pykv_decode_begin, pykv_decode_step, pykv_reset, pykv_truncate,
  * pykv_state_load, pykv_set_probe, the output switches, pykv_context_set_threads) refuse
  * with PYKV_ERR_INVALID_ARG while the call runs (pykv_reset does nothing and sets the
  * error). */

@@ -230,12 +230,14 @@ static void context_destroy(pykv_context *ctx) {
     free(ctx->policy_args);
     free(ctx->probe);
     free(ctx->chunk_tokens);
+    free(ctx->run.held);
     free(ctx);
 }
 
-// Freeing a context that a pykv_decode is using: from that call's own thread (its progress
-// callback) the call frees it as it returns; from another thread the call is cancelled and
-// the free waits for it to return, so the caller may free the model next.
+// Freeing a context that a pykv_decode or pykv_decode_step is using: from that call's own
+// thread (its progress callback) the call frees it as it returns; from another thread the
+// call is cancelled and the free waits for it to return, so the caller may free the model
+// next. Between two steps of a begun decode nothing runs: the free is immediate.
 void pykv_context_free(pykv_context *ctx) {
     if (!ctx) return;
     const uintptr_t owner = atomic_load(&ctx->decode_owner);
@@ -385,36 +387,49 @@ pykv_status pykv_set_probe(pykv_context *ctx, const pykv_token *tokens, int32_t 
     return PYKV_OK;
 }
 
-// The time a call took for its first n tokens (t0 .. t_end) goes into the timings; a call
-// that stops early counts the chunks it finished, which stay evaluated.
-static void add_timings(pykv_context *ctx, int is_prefill, int32_t n, double t0, double t_end) {
+// The time a call took for its first n tokens goes into the timings; a call that stops early
+// counts the chunks it finished, which stay evaluated.
+static void add_timings(pykv_context *ctx, int is_prefill, int32_t n, double ms) {
     if (n == 0) return;
-    if (is_prefill) { ctx->timings.t_prefill_ms += t_end - t0; ctx->timings.n_prefill += n; }
-    else            { ctx->timings.t_decode_ms += t_end - t0;  ctx->timings.n_decode += n; }
+    if (is_prefill) { ctx->timings.t_prefill_ms += ms; ctx->timings.n_prefill += n; }
+    else            { ctx->timings.t_decode_ms += ms;  ctx->timings.n_decode += n; }
 }
 
 static pykv_status refuse_owner(uintptr_t owner, const char *what) {
     if (!owner) return PYKV_OK;
     if (owner == context_thread_tag())
-        return pykv_error(PYKV_ERR_INVALID_ARG, "%s: not while pykv_decode runs on this context (from its "
-                          "progress callback)", what);
+        return pykv_error(PYKV_ERR_INVALID_ARG, "%s: not while a decode runs on this context (from its progress "
+                          "callback)", what);
     return pykv_error(PYKV_ERR_INVALID_ARG, "%s: another thread is running pykv_decode on this context (a "
                       "context is used by one thread at a time)", what);
 }
 
-pykv_status context_refuse_busy(const pykv_context *ctx, const char *what) {
-    return refuse_owner(atomic_load(&ctx->decode_owner), what);
+static pykv_status refuse_unfinished(const pykv_context *ctx, const char *what) {
+    if (!ctx->run.active) return PYKV_OK;
+    return pykv_error(PYKV_ERR_INVALID_ARG, "%s: a decode begun with pykv_decode_begin is unfinished (%d of its %d "
+                      "tokens evaluated): step it to its end, stop it with pykv_cancel and one more step, or "
+                      "pykv_reset", what, ctx->run.done, ctx->run.n_tokens);
 }
 
-static pykv_status decode_tokens(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens);
+pykv_status context_refuse_busy(const pykv_context *ctx, const char *what) {
+    PYKV_TRY(refuse_owner(atomic_load(&ctx->decode_owner), what));
+    return refuse_unfinished(ctx, what);
+}
 
-pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
-    pykv_clear_error();
-    if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: ctx is NULL");
+// A call that runs the model holds the context for its thread; it refuses while another call
+// holds it, or while a begun decode is unfinished (unless it steps that decode).
+static pykv_status hold_context(pykv_context *ctx, const char *what, int steps_the_run) {
     uintptr_t idle = 0;
     if (!atomic_compare_exchange_strong(&ctx->decode_owner, &idle, context_thread_tag()))
-        return refuse_owner(idle, "pykv_decode");
-    const pykv_status st = decode_tokens(ctx, tokens, n_tokens);
+        return refuse_owner(idle, what);
+    const pykv_status st = steps_the_run ? PYKV_OK : refuse_unfinished(ctx, what);
+    if (st != PYKV_OK) atomic_store(&ctx->decode_owner, 0);
+    return st;
+}
+
+// The end of a call that held the context: it is idle again, or freed when the call's
+// progress callback asked for that.
+static pykv_status release_context(pykv_context *ctx, pykv_status st) {
     if (atomic_load(&ctx->free_pending)) {
         context_destroy(ctx);
         return pykv_error(PYKV_ERR_CANCELLED, "cancelled: the context was freed from the call's progress callback");
@@ -423,19 +438,27 @@ pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_t
     return st;
 }
 
-static pykv_status decode_tokens(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
-    ctx->out.n = 0;   // the rows are this call's, or none when it fails
-    PYKV_TRY(check_tokens(ctx, tokens, n_tokens));
-    if (n_tokens == 0) return PYKV_OK;
+// Set up the chunk loop over tokens (checked, and kept where they are until the run ends).
+static pykv_status run_begin(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
+    struct decode_run *r = &ctx->run;
+    const pykv_token *probe = NULL;
+    int32_t n_probe = 0;
+    if (n_tokens > 0) {
+        PYKV_TRY(choose_probe(ctx, tokens, n_tokens, &probe, &n_probe));
+        PYKV_TRY(outputs_reserve(&ctx->out, n_tokens, ctx->model->hp.n_vocab, ctx->model->hp.n_embd));
+    }
+    r->active = 1;
+    r->tokens = tokens;
+    r->n_tokens = n_tokens;
+    r->done = 0;
+    r->probe = probe;
+    r->n_probe = n_probe;
+    r->is_prefill = n_tokens > 1;
+    r->was_empty = ctx->n_past == 0;
+    r->ms = 0.0;
+    if (n_tokens == 0) return PYKV_OK;   // the first step ends it
 
-    const struct policy_ops *ops = ctx->policy->ops;
-    const int is_prefill = n_tokens > 1, was_empty = ctx->n_past == 0;
-    const pykv_token *probe;
-    int32_t n_probe;
-    PYKV_TRY(choose_probe(ctx, tokens, n_tokens, &probe, &n_probe));
-    PYKV_TRY(outputs_reserve(&ctx->out, n_tokens, ctx->model->hp.n_vocab, ctx->model->hp.n_embd));
-    const double t0 = perf_now_ms();
-    double t_done = t0;   // when the last finished chunk ended
+    ctx->has_logits = 0;   // until the last chunk has run
     ctx->event = (struct policy_event){ .cache = &ctx->cache, .hp = &ctx->model->hp, .pool = ctx->pool,
                                         .layer = -1, .n_prompt = n_tokens, .n_past_end = ctx->n_past + n_tokens };
     ctx->single_run = 0;   // until this call completes on an empty context
@@ -443,46 +466,122 @@ static pykv_status decode_tokens(pykv_context *ctx, const pykv_token *tokens, in
     if (ctx->n_past + n_tokens > n_train)
         policy_notice(&ctx->notices, NOTICE_TRAIN_CTX, "the sequence passes the model's training context (%d tokens): "
                       "the model runs on positions it never saw, and its output may degrade", n_train);
-    for (int32_t done = 0; done < n_tokens;) {
-        int T = next_chunk_size(ctx, n_tokens - done, n_probe);
-        int last = done + T == n_tokens, p = last ? 0 : n_probe;
-        // with evict_every_chunk the policy compresses after every chunk as after a call's last
-        ctx->event.is_last_chunk = last || (is_prefill && ctx->evict_every_chunk);
-        ctx->event.is_first_chunk = done == 0;
-        memcpy(ctx->chunk_tokens, tokens + done, (size_t)T * sizeof(pykv_token));
-        if (p) memcpy(ctx->chunk_tokens + T, probe, (size_t)p * sizeof(pykv_token));
-        for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++) ctx->chunk_start_n[i] = ctx->cache.lists[i].n;
-        pykv_status st = forward_chunk(ctx, ctx->chunk_tokens, T + p, p, last);
-        if (st != PYKV_OK) {
-            rollback_chunk(ctx);
-            ctx->has_logits = 0;
-            ctx->out.n = 0;
-            if (st == PYKV_ERR_CANCELLED) atomic_store(&ctx->cancel, 0);   // reported: no longer pending
-            add_timings(ctx, is_prefill, done, t0, t_done);
-            return st;
-        }
-        ctx->n_past += T;
-        done += T;
-        t_done = perf_now_ms();
-        pykv_status hook = is_prefill ? run_hook(ctx, ops->after_chunk) : PYKV_OK;
-        if (hook != PYKV_OK) {
-            ctx->out.n = 0;
-            add_timings(ctx, is_prefill, done, t0, t_done);
-            return hook;
-        }
-        if (is_prefill && ctx->progress && !ctx->progress(done, n_tokens, ctx->progress_user))
-            atomic_store(&ctx->cancel, 1);   // stops the next chunk, or is reported below
-    }
-    pykv_status hook = run_hook(ctx, is_prefill ? ops->after_prefill : ops->after_decode);
-    add_timings(ctx, is_prefill, n_tokens, t0, perf_now_ms());
-    if (hook != PYKV_OK) { ctx->out.n = 0; return hook; }
+    return PYKV_OK;
+}
 
-    ctx->single_run = was_empty;
+// The run is over with status st: the time of its finished chunks goes into the timings.
+static pykv_status run_end(pykv_context *ctx, pykv_status st) {
+    struct decode_run *r = &ctx->run;
+    add_timings(ctx, r->is_prefill, r->done, r->ms);
+    r->active = 0;
+    r->tokens = NULL;
+    r->probe = NULL;
+    return st;
+}
+
+// The run's next chunk, with the policy's hooks and the progress callback after it:
+// PYKV_PENDING while chunks remain, PYKV_OK once the last is done, or an error that ends the
+// run (a failed or cancelled chunk is rolled back; the chunks before it stay).
+static pykv_status run_step(pykv_context *ctx) {
+    struct decode_run *r = &ctx->run;
+    if (r->n_tokens == 0) return run_end(ctx, PYKV_OK);
+    const struct policy_ops *ops = ctx->policy->ops;
+    const double t0 = perf_now_ms();
+    const int T = next_chunk_size(ctx, r->n_tokens - r->done, r->n_probe);
+    const int last = r->done + T == r->n_tokens, p = last ? 0 : r->n_probe;
+    // with evict_every_chunk the policy compresses after every chunk as after a call's last
+    ctx->event.is_last_chunk = last || (r->is_prefill && ctx->evict_every_chunk);
+    ctx->event.is_first_chunk = r->done == 0;
+    memcpy(ctx->chunk_tokens, r->tokens + r->done, (size_t)T * sizeof(pykv_token));
+    if (p) memcpy(ctx->chunk_tokens + T, r->probe, (size_t)p * sizeof(pykv_token));
+    for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++) ctx->chunk_start_n[i] = ctx->cache.lists[i].n;
+    pykv_status st = forward_chunk(ctx, ctx->chunk_tokens, T + p, p, last);
+    if (st != PYKV_OK) {
+        rollback_chunk(ctx);
+        ctx->has_logits = 0;
+        ctx->out.n = 0;
+        if (st == PYKV_ERR_CANCELLED) atomic_store(&ctx->cancel, 0);   // reported: no longer pending
+        return run_end(ctx, st);
+    }
+    ctx->n_past += T;
+    r->done += T;
+    r->ms += perf_now_ms() - t0;
+    pykv_status hook = r->is_prefill ? run_hook(ctx, ops->after_chunk) : PYKV_OK;
+    if (hook != PYKV_OK) {
+        ctx->out.n = 0;
+        return run_end(ctx, hook);
+    }
+    if (r->is_prefill && ctx->progress && !ctx->progress(r->done, r->n_tokens, ctx->progress_user))
+        atomic_store(&ctx->cancel, 1);   // stops the next chunk, or is reported below
+    if (!last) return PYKV_PENDING;
+
+    const double t_hook = perf_now_ms();
+    hook = run_hook(ctx, r->is_prefill ? ops->after_prefill : ops->after_decode);
+    r->ms += perf_now_ms() - t_hook;
+    if (hook != PYKV_OK) {
+        ctx->out.n = 0;
+        return run_end(ctx, hook);
+    }
+    ctx->single_run = r->was_empty;
     // a cancel that arrived while the last chunk ran (which a layer-by-layer policy does not
     // stop half way) is still reported, so a generation loop stops here
     if (atomic_exchange(&ctx->cancel, 0))
-        return pykv_error(PYKV_ERR_CANCELLED, "cancelled (after the call's last chunk: its tokens were evaluated)");
+        return run_end(ctx, pykv_error(PYKV_ERR_CANCELLED, "cancelled (after the call's last chunk: its tokens were "
+                                       "evaluated)"));
+    return run_end(ctx, PYKV_OK);
+}
+
+pykv_status pykv_decode(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
+    pykv_clear_error();
+    if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode: ctx is NULL");
+    PYKV_TRY(hold_context(ctx, "pykv_decode", 0));
+    ctx->out.n = 0;   // the rows are this call's, or none when it fails
+    pykv_status st = check_tokens(ctx, tokens, n_tokens);
+    if (st == PYKV_OK) st = run_begin(ctx, tokens, n_tokens);   // the caller's tokens: they outlive the call
+    if (st == PYKV_OK)
+        do st = run_step(ctx); while (st == PYKV_PENDING);
+    return release_context(ctx, st);
+}
+
+// The begun decode's own copy of its tokens, in a buffer that grows to the longest call's.
+static pykv_status hold_tokens(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
+    struct decode_run *r = &ctx->run;
+    if (n_tokens > r->held_cap) {
+        pykv_token *held = realloc(r->held, (size_t)n_tokens * sizeof(pykv_token));
+        if (!held) return pykv_error(PYKV_ERR_NOMEM, "out of memory holding %d tokens", n_tokens);
+        r->held = held;
+        r->held_cap = n_tokens;
+    }
+    if (n_tokens > 0) memcpy(r->held, tokens, (size_t)n_tokens * sizeof(pykv_token));
     return PYKV_OK;
+}
+
+pykv_status pykv_decode_begin(pykv_context *ctx, const pykv_token *tokens, int32_t n_tokens) {
+    pykv_clear_error();
+    if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode_begin: ctx is NULL");
+    PYKV_TRY(hold_context(ctx, "pykv_decode_begin", 0));
+    ctx->out.n = 0;
+    pykv_status st = check_tokens(ctx, tokens, n_tokens);
+    if (st == PYKV_OK) st = hold_tokens(ctx, tokens, n_tokens);
+    if (st == PYKV_OK) st = run_begin(ctx, ctx->run.held, n_tokens);
+    return release_context(ctx, st);
+}
+
+pykv_status pykv_decode_step(pykv_context *ctx, int32_t *n_done) {
+    pykv_clear_error();
+    if (n_done) *n_done = 0;
+    if (!ctx) return pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode_step: ctx is NULL");
+    PYKV_TRY(hold_context(ctx, "pykv_decode_step", 1));
+    if (!ctx->run.active)
+        return release_context(ctx, pykv_error(PYKV_ERR_INVALID_ARG, "pykv_decode_step: no decode is begun "
+                               "(pykv_decode_begin first; the step that returned PYKV_OK or an error ended the last one)"));
+    const pykv_status st = run_step(ctx);
+    if (n_done) *n_done = ctx->run.done;   // read before a free from the progress callback
+    return release_context(ctx, st);
+}
+
+int32_t pykv_decode_pending(const pykv_context *ctx) {
+    return ctx && ctx->run.active;
 }
 
 const float *pykv_get_logits(pykv_context *ctx) { return ctx && ctx->has_logits ? ctx->logits : NULL; }
@@ -503,7 +602,8 @@ int32_t pykv_is_single_run(const pykv_context *ctx) {
 }
 
 void pykv_reset(pykv_context *ctx) {
-    if (!ctx || context_refuse_busy(ctx, "pykv_reset") != PYKV_OK) return;   // the error says why
+    if (!ctx || refuse_owner(atomic_load(&ctx->decode_owner), "pykv_reset") != PYKV_OK) return;   // the error says why
+    if (ctx->run.active) run_end(ctx, PYKV_OK);   // a begun decode ends: its tokens are forgotten too
     kv_cache_clear(&ctx->cache);
     if (ctx->policy->ops->reset) ctx->policy->ops->reset(ctx->policy);
     ctx->n_past = 0;

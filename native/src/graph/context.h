@@ -45,6 +45,22 @@ struct scratch {
 // precision far beyond any training context).
 #define MAX_POSITION (1 << 24)
 
+// A decode call in progress: pykv_decode_begin sets it up, each pykv_decode_step runs its
+// next chunk (pykv_decode runs them all within one call).
+struct decode_run {
+    int                active;      // begun, and the step that ends it has not come yet
+    const pykv_token  *tokens;      // the call's tokens: pykv_decode's caller's, or `held`
+    int32_t            n_tokens;
+    int32_t            done;        // tokens evaluated so far (the chunks that stay)
+    const pykv_token  *probe;       // appended to every chunk but the last (choose_probe)
+    int32_t            n_probe;
+    int                is_prefill;  // more than one token: a prompt, else a decode step
+    int                was_empty;   // began on an empty context (pykv_is_single_run)
+    double             ms;          // time spent in the call's finished chunks
+    pykv_token        *held;        // pykv_decode_begin's copy of the tokens
+    int32_t            held_cap;
+};
+
 struct pykv_context {
     pykv_model        *model;
     int32_t            n_ctx;
@@ -75,16 +91,19 @@ struct pykv_context {
     atomic_int         cancel;
     pykv_progress_callback progress;   // after each chunk of a multi-token call, or NULL
     void              *progress_user;
-    // The thread running a pykv_decode on this context (context_thread_tag), 0 when none: its
-    // progress callback may call in, another thread's calls are refused, and
-    // pykv_context_free waits for the call to stop.
+    struct decode_run  run;
+    // The thread running a pykv_decode or pykv_decode_step on this context
+    // (context_thread_tag), 0 when none: its progress callback may call in, another thread's
+    // calls are refused, and pykv_context_free waits for the call to stop.
     atomic_uintptr_t   decode_owner;
     atomic_int         free_pending;   // pykv_context_free came from the running call's thread
     struct pykv_timings timings;
 };
 
-// PYKV_OK, or an error naming `what` while a pykv_decode runs on ctx: the calls that change
-// the context refuse from inside its progress callback, and from any other thread.
+// PYKV_OK, or an error naming `what` while a pykv_decode or pykv_decode_step runs on ctx, or
+// while a decode begun with pykv_decode_begin is unfinished: the calls that change the
+// context refuse from inside its progress callback, from any other thread, and between the
+// steps of a prompt.
 pykv_status context_refuse_busy(const pykv_context *ctx, const char *what);
 
 // Run tokens [0, T) at positions n_past.. through every layer, appending their K/V to the
