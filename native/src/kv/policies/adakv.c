@@ -17,13 +17,13 @@
 // is evicted. Scoring, defaults, schedule (end of a prefill call only, decode grows), ties and later prefill
 // calls are as SnapKV.
 #include "kv/policies/common/window-scores.h"
-#include "kv/policies/common/policy-args.h"
+#include "kv/policies/common/policy-make.h"
 #include "core/error.h"
 #include "model/model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
-#include <string.h>
 
 extern const struct policy_ops policy_adakv;
 
@@ -35,27 +35,25 @@ struct adakv {
     double           alpha;
 };
 
-static pykv_status adakv_arg(void *self, const char *key, const char *value, int *handled) {
-    struct adakv *p = self;
-    *handled = strcmp(key, "alpha") == 0;
-    return *handled ? policy_arg_double("adakv", key, value, 0.0, 1.0, &p->alpha) : PYKV_OK;
-}
+static const struct policy_opt adakv_opts[] = {
+    { .key = "alpha", .type = POLICY_OPT_DOUBLE, .offset = offsetof(struct adakv, alpha), .lo = 0.0, .hi = 1.0 },
+};
+
+static void adakv_defaults(struct kv_policy *base) { ((struct adakv *)base)->alpha = 0.2; }
+
+static const struct policy_maker adakv_maker = {
+    .ops = &policy_adakv,
+    .size = sizeof(struct adakv),
+    .accepted = ADAKV_KEYS,
+    .opts = adakv_opts,
+    .n_opts = (int)(sizeof(adakv_opts) / sizeof(adakv_opts[0])),
+    .window_opts = offsetof(struct adakv, o),
+    .defaults = adakv_defaults,
+};
 
 static pykv_status adakv_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct adakv *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
-    p->alpha = 0.2;
-    pykv_status st = ws_opts_parse("adakv", ADAKV_KEYS, cfg, &p->o, adakv_arg, p);
-    if (st != PYKV_OK) {
-        free(p);
-        return st;
-    }
-    p->base.ops = &policy_adakv;
-    *out = &p->base;
-    return PYKV_OK;
+    return policy_make(&adakv_maker, cfg, out);
 }
-
-static void adakv_free(struct kv_policy *p) { free(p); }
 
 // Per-head budgets b[h] from the joint counts c[h] (sum K), capped by n_cand[h].
 static double safeguard(int64_t c, int64_t Bs, double alpha) {
@@ -146,7 +144,7 @@ const struct policy_ops policy_adakv = {
     .name = "adakv",
     .description = "Ada-KV (Ada-SnapKV): SnapKV scores with head-wise budgets from a joint top-k over each layer",
     .init = adakv_init,
-    .free = adakv_free,
+    .free = policy_free_state,
     .after_layer = adakv_after_layer,
     .last_chunk_min = adakv_last_chunk_min,
     .min_budget = ws_min_budget,

@@ -17,10 +17,11 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "kv/policy.h"
-#include "kv/policies/common/policy-args.h"
+#include "kv/policies/common/policy-make.h"
 #include "kv/policies/common/policy-state.h"
 #include "kv/policies/common/window-scores.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,11 +39,9 @@ struct h2o {
     int32_t         *cap;
 };
 
-static pykv_status h2o_arg(void *state, const char *key, const char *value) {
-    struct h2o *p = state;
-    if (strcmp(key, "recent") == 0) return policy_arg_int("h2o", key, value, 0, INT32_MAX, &p->recent_arg);
-    return policy_arg_unknown("h2o", key, H2O_ARGS);
-}
+static const struct policy_opt h2o_opts[] = {
+    { .key = "recent", .type = POLICY_OPT_INT, .offset = offsetof(struct h2o, recent_arg), .lo = 0, .hi = INT32_MAX },
+};
 
 static void h2o_free(struct kv_policy *base) {
     struct h2o *p = (struct h2o *)base;
@@ -54,21 +53,28 @@ static void h2o_free(struct kv_policy *base) {
     free(p);
 }
 
-static pykv_status h2o_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct h2o *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
-    p->base.ops = &policy_h2o;
-    p->recent_arg = -1;
-    pykv_status st = policy_args_parse("h2o", cfg->args, H2O_ARGS, h2o_arg, p);
-    if (st == PYKV_OK && cfg->budget > 0 && p->recent_arg >= cfg->budget)
-        st = pykv_error(PYKV_ERR_INVALID_ARG, "policy 'h2o': recent=%d must be smaller than the budget %d",
-                        p->recent_arg, cfg->budget);
-    if (st != PYKV_OK) {
-        h2o_free(&p->base);
-        return st;
-    }
-    *out = &p->base;
+static void h2o_defaults(struct kv_policy *base) { ((struct h2o *)base)->recent_arg = -1; }
+
+static pykv_status h2o_finish(struct kv_policy *base, const struct policy_config *cfg) {
+    const struct h2o *p = (const struct h2o *)base;
+    if (cfg->budget > 0 && p->recent_arg >= cfg->budget)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'h2o': recent=%d must be smaller than the budget %d",
+                          p->recent_arg, cfg->budget);
     return PYKV_OK;
+}
+
+static const struct policy_maker h2o_maker = {
+    .ops = &policy_h2o,
+    .size = sizeof(struct h2o),
+    .accepted = H2O_ARGS,
+    .opts = h2o_opts,
+    .n_opts = (int)(sizeof(h2o_opts) / sizeof(h2o_opts[0])),
+    .defaults = h2o_defaults,
+    .finish = h2o_finish,
+};
+
+static pykv_status h2o_init(const struct policy_config *cfg, struct kv_policy **out) {
+    return policy_make(&h2o_maker, cfg, out);
 }
 
 static void h2o_reset(struct kv_policy *base) {

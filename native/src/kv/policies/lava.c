@@ -30,12 +30,13 @@
 //  * No eviction while the sequence holds <= B tokens; B > W required; a later prefill
 //    call re-runs the allocation over the current lists; ties -> lower position.
 #include "kv/policies/cake/cake-budget.h"
-#include "kv/policies/common/policy-args.h"
+#include "kv/policies/common/policy-make.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
 #include "model/model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,22 +64,10 @@ struct lava {
     int64_t           *cap, *K;    // (n_layer)
 };
 
-static pykv_status lava_arg(void *self, const char *key, const char *value, int *handled) {
-    struct lava *p = self;
-    *handled = 1;
-    if (strcmp(key, "alpha") == 0) return policy_arg_double("lava", key, value, 0.0, 1.0, &p->alpha);
-    if (strcmp(key, "cascade") == 0) return policy_arg_int("lava", key, value, 0, 1, &p->cascade);
-    *handled = 0;
-    return PYKV_OK;
-}
-
-static pykv_status parse_one(void *state, const char *key, const char *value) {
-    struct lava *p = state;
-    int handled = 0;
-    PYKV_TRY(ws_opts_arg("lava", &p->o, key, value, &handled));
-    if (!handled) PYKV_TRY(lava_arg(p, key, value, &handled));
-    return handled ? PYKV_OK : policy_arg_unknown("lava", key, LAVA_KEYS);
-}
+static const struct policy_opt lava_opts[] = {
+    { .key = "alpha", .type = POLICY_OPT_DOUBLE, .offset = offsetof(struct lava, alpha), .lo = 0.0, .hi = 1.0 },
+    { .key = "cascade", .type = POLICY_OPT_INT, .offset = offsetof(struct lava, cascade), .lo = 0, .hi = 1 },
+};
 
 static void layer_free(struct lava_layer *ll, int hkv) {
     if (ll->s)
@@ -98,22 +87,25 @@ static void lava_free(struct kv_policy *base) {
     free(p);
 }
 
-static pykv_status lava_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct lava *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+static void lava_defaults(struct kv_policy *base) {
+    struct lava *p = (struct lava *)base;
     p->alpha = 0.2;
     p->cascade = 1;
-    ws_opts_default(&p->o);
     p->o.gqa = WS_GQA_MAX;
-    pykv_status st = policy_args_parse("lava", cfg->args, LAVA_KEYS, parse_one, p);
-    if (st == PYKV_OK) st = ws_opts_finish("lava", &p->o, cfg);
-    if (st != PYKV_OK) {
-        free(p);
-        return st;
-    }
-    p->base.ops = &policy_lava;
-    *out = &p->base;
-    return PYKV_OK;
+}
+
+static const struct policy_maker lava_maker = {
+    .ops = &policy_lava,
+    .size = sizeof(struct lava),
+    .accepted = LAVA_KEYS,
+    .opts = lava_opts,
+    .n_opts = (int)(sizeof(lava_opts) / sizeof(lava_opts[0])),
+    .window_opts = offsetof(struct lava, o),
+    .defaults = lava_defaults,
+};
+
+static pykv_status lava_init(const struct policy_config *cfg, struct kv_policy **out) {
+    return policy_make(&lava_maker, cfg, out);
 }
 
 static pykv_status lava_alloc(struct lava *p, const struct hparams *hp) {

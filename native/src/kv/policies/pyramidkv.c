@@ -17,12 +17,13 @@
 //    other behaviour (end of a prefill call only, decode grows, question-agnostic calls, ties) are SnapKV's.
 //  * On a later prefill call a list may hold fewer than b_l candidates: it keeps them all
 //    (the total then stays below L B'; nothing is redistributed).
-#include "kv/policies/common/policy-args.h"
+#include "kv/policies/common/policy-make.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
 #include "model/model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,27 +37,25 @@ struct pyramid {
     double           beta;
 };
 
-static pykv_status pyramid_arg(void *self, const char *key, const char *value, int *handled) {
-    struct pyramid *p = self;
-    *handled = strcmp(key, "beta") == 0;
-    return *handled ? policy_arg_double("pyramidkv", key, value, 1e-6, 1e9, &p->beta) : PYKV_OK;
-}
+static const struct policy_opt pyramid_opts[] = {
+    { .key = "beta", .type = POLICY_OPT_DOUBLE, .offset = offsetof(struct pyramid, beta), .lo = 1e-6, .hi = 1e9 },
+};
+
+static void pyramid_defaults(struct kv_policy *base) { ((struct pyramid *)base)->beta = 20.0; }
+
+static const struct policy_maker pyramid_maker = {
+    .ops = &policy_pyramidkv,
+    .size = sizeof(struct pyramid),
+    .accepted = PYRAMID_KEYS,
+    .opts = pyramid_opts,
+    .n_opts = (int)(sizeof(pyramid_opts) / sizeof(pyramid_opts[0])),
+    .window_opts = offsetof(struct pyramid, o),
+    .defaults = pyramid_defaults,
+};
 
 static pykv_status pyramid_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct pyramid *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
-    p->beta = 20.0;
-    pykv_status st = ws_opts_parse("pyramidkv", PYRAMID_KEYS, cfg, &p->o, pyramid_arg, p);
-    if (st != PYKV_OK) {
-        free(p);
-        return st;
-    }
-    p->base.ops = &policy_pyramidkv;
-    *out = &p->base;
-    return PYKV_OK;
+    return policy_make(&pyramid_maker, cfg, out);
 }
-
-static void pyramid_free(struct kv_policy *p) { free(p); }
 
 // The selectable budgets b[0..L) for an average Bs = B - W and a cap = N - W (> Bs).
 static void pyramid_budgets(int L, int64_t Bs, int64_t cap, double beta, int64_t *b) {
@@ -113,7 +112,7 @@ const struct policy_ops policy_pyramidkv = {
     .name = "pyramidkv",
     .description = "PyramidKV: SnapKV scores with budgets that shrink linearly from the first layer to the last",
     .init = pyramid_init,
-    .free = pyramid_free,
+    .free = policy_free_state,
     .after_layer = pyramid_after_layer,
     .last_chunk_min = pyramid_last_chunk_min,
     .min_budget = ws_min_budget,

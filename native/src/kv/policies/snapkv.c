@@ -12,10 +12,11 @@
 //    compressed again at its end; its window is its last min(W, tokens) tokens.
 //  * No eviction while the sequence holds <= B tokens; ties go to the lower position.
 #include "kv/policies/common/window-scores.h"
+#include "kv/policies/common/policy-make.h"
 #include "core/error.h"
 #include "model/model.h"
 
-#include <stdlib.h>
+#include <stddef.h>
 
 extern const struct policy_ops policy_snapkv;
 
@@ -26,20 +27,16 @@ struct snapkv {
     struct ws_opts   o;
 };
 
-static pykv_status snapkv_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct snapkv *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
-    pykv_status st = ws_opts_parse("snapkv", SNAPKV_KEYS, cfg, &p->o, NULL, NULL);
-    if (st != PYKV_OK) {
-        free(p);
-        return st;
-    }
-    p->base.ops = &policy_snapkv;
-    *out = &p->base;
-    return PYKV_OK;
-}
+static const struct policy_maker snapkv_maker = {
+    .ops = &policy_snapkv,
+    .size = sizeof(struct snapkv),
+    .accepted = SNAPKV_KEYS,
+    .window_opts = offsetof(struct snapkv, o),
+};
 
-static void snapkv_free(struct kv_policy *p) { free(p); }
+static pykv_status snapkv_init(const struct policy_config *cfg, struct kv_policy **out) {
+    return policy_make(&snapkv_maker, cfg, out);
+}
 
 static pykv_status snapkv_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     struct snapkv *p = (struct snapkv *)base;
@@ -61,7 +58,7 @@ const struct policy_ops policy_snapkv = {
     .name = "snapkv",
     .description = "SnapKV: the last W prompt queries pick each KV head's top entries at the end of the prompt",
     .init = snapkv_init,
-    .free = snapkv_free,
+    .free = policy_free_state,
     .after_layer = snapkv_after_layer,
     .last_chunk_min = snapkv_last_chunk_min,
     .min_budget = ws_min_budget,

@@ -11,12 +11,13 @@
 //  * Original positions are kept (no key re-rotation).
 //  * With a fractional budget, B is fixed at each prefill call from the sequence length
 //    then; decode steps keep that B (saved states too); pykv_reset forgets it.
-#include "kv/policies/common/policy-args.h"
+#include "kv/policies/common/policy-make.h"
 #include "kv/policies/common/policy-state.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
 #include "model/model.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,12 +32,10 @@ struct streaming {
     int32_t          B;        // budget fixed by the last prefill (0 = not yet)
 };
 
-static pykv_status streaming_arg(void *state, const char *key, const char *value) {
-    struct streaming *p = state;
-    if (strcmp(key, "sink") == 0) return policy_arg_int("streamingllm", key, value, 0, 1 << 24, &p->sink);
-    if (strcmp(key, "window") == 0) return policy_arg_int("streamingllm", key, value, 1, 1 << 24, &p->recent);
-    return policy_arg_unknown("streamingllm", key, STREAMING_KEYS);
-}
+static const struct policy_opt streaming_opts[] = {
+    { .key = "sink", .type = POLICY_OPT_INT, .offset = offsetof(struct streaming, sink), .lo = 0, .hi = 1 << 24 },
+    { .key = "window", .type = POLICY_OPT_INT, .offset = offsetof(struct streaming, recent), .lo = 1, .hi = 1 << 24 },
+};
 
 static pykv_status merge(const char *what, int32_t from_cfg, int32_t *v) {
     if (from_cfg < 0) return PYKV_OK;
@@ -57,8 +56,9 @@ static pykv_status check_sizes(const struct streaming *p, int32_t B) {
     return PYKV_OK;
 }
 
-static pykv_status streaming_setup(struct streaming *p, const struct policy_config *cfg) {
-    PYKV_TRY(policy_args_parse("streamingllm", cfg->args, STREAMING_KEYS, streaming_arg, p));
+// The constructor's sink= and window= against the arguments; a budget implied by them.
+static pykv_status streaming_finish(struct kv_policy *base, const struct policy_config *cfg) {
+    struct streaming *p = (struct streaming *)base;
     PYKV_TRY(merge("sink", cfg->sink, &p->sink));
     if (cfg->window == 0)
         return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'streamingllm': window (recent entries) must be at least 1");
@@ -69,22 +69,25 @@ static pykv_status streaming_setup(struct streaming *p, const struct policy_conf
     return PYKV_OK;
 }
 
-static pykv_status streaming_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct streaming *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+static void streaming_defaults(struct kv_policy *base) {
+    struct streaming *p = (struct streaming *)base;
     p->sink = -1;
     p->recent = -1;
-    pykv_status st = streaming_setup(p, cfg);
-    if (st != PYKV_OK) {
-        free(p);
-        return st;
-    }
-    p->base.ops = &policy_streamingllm;
-    *out = &p->base;
-    return PYKV_OK;
 }
 
-static void streaming_free(struct kv_policy *p) { free(p); }
+static const struct policy_maker streaming_maker = {
+    .ops = &policy_streamingllm,
+    .size = sizeof(struct streaming),
+    .accepted = STREAMING_KEYS,
+    .opts = streaming_opts,
+    .n_opts = (int)(sizeof(streaming_opts) / sizeof(streaming_opts[0])),
+    .defaults = streaming_defaults,
+    .finish = streaming_finish,
+};
+
+static pykv_status streaming_init(const struct policy_config *cfg, struct kv_policy **out) {
+    return policy_make(&streaming_maker, cfg, out);
+}
 
 // Nonzero when sink + window set the budget (no budget given).
 static int implied_budget(const struct streaming *p) {
@@ -149,7 +152,7 @@ const struct policy_ops policy_streamingllm = {
     .name = "streamingllm",
     .description = "StreamingLLM: keep the first sink tokens and the most recent ones",
     .init = streaming_init,
-    .free = streaming_free,
+    .free = policy_free_state,
     .after_layer = streaming_after_layer,
     .reset = streaming_reset,
     .state_write = streaming_state_write,

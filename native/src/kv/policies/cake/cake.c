@@ -44,12 +44,13 @@
 //    cache grow.
 #include "kv/policies/cake/cake-budget.h"
 #include "kv/policies/cake/cake-score.h"
-#include "kv/policies/common/policy-args.h"
+#include "kv/policies/common/policy-make.h"
 #include "kv/policies/common/policy-state.h"
 #include "core/error.h"
 #include "model/model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,25 +77,14 @@ struct cake {
     int                has_frozen; // a prefill call has set frozen
 };
 
-static pykv_status cake_arg(void *self, const char *key, const char *value, int *handled) {
-    struct cake *p = self;
-    *handled = 1;
-    if (strcmp(key, "gamma") == 0) return policy_arg_double("cake", key, value, 0.0, 1e12, &p->gamma);
-    if (strcmp(key, "tau1") == 0) return policy_arg_double("cake", key, value, 1e-3, 1e3, &p->tau1);
-    if (strcmp(key, "tau2") == 0) return policy_arg_double("cake", key, value, 1e-3, 1e3, &p->tau2);
-    if (strcmp(key, "cascade") == 0) return policy_arg_int("cake", key, value, 0, 1, &p->cascade);
-    if (strcmp(key, "decode_evict") == 0) return policy_arg_choice("cake", key, value, "fixed|none", &p->decode_none);
-    *handled = 0;
-    return PYKV_OK;
-}
-
-static pykv_status parse_one(void *state, const char *key, const char *value) {
-    struct cake *p = state;
-    int handled = 0;
-    PYKV_TRY(ws_opts_arg("cake", &p->o, key, value, &handled));
-    if (!handled) PYKV_TRY(cake_arg(p, key, value, &handled));
-    return handled ? PYKV_OK : policy_arg_unknown("cake", key, CAKE_KEYS);
-}
+static const struct policy_opt cake_opts[] = {
+    { .key = "gamma", .type = POLICY_OPT_DOUBLE, .offset = offsetof(struct cake, gamma), .lo = 0.0, .hi = 1e12 },
+    { .key = "tau1", .type = POLICY_OPT_DOUBLE, .offset = offsetof(struct cake, tau1), .lo = 1e-3, .hi = 1e3 },
+    { .key = "tau2", .type = POLICY_OPT_DOUBLE, .offset = offsetof(struct cake, tau2), .lo = 1e-3, .hi = 1e3 },
+    { .key = "cascade", .type = POLICY_OPT_INT, .offset = offsetof(struct cake, cascade), .lo = 0, .hi = 1 },
+    { .key = "decode_evict", .type = POLICY_OPT_CHOICE, .offset = offsetof(struct cake, decode_none),
+      .choices = "fixed|none" },
+};
 
 static void cake_free(struct kv_policy *base) {
     struct cake *p = (struct cake *)base;
@@ -104,24 +94,27 @@ static void cake_free(struct kv_policy *base) {
     free(p);
 }
 
-static pykv_status cake_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct cake *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+static void cake_defaults(struct kv_policy *base) {
+    struct cake *p = (struct cake *)base;
     p->gamma = 200.0;
     p->tau1 = p->tau2 = 1.0;
     p->cascade = 1;
-    ws_opts_default(&p->o);
     p->o.pool = WS_POOL_AVG;
     p->o.kernel = 5;
-    pykv_status st = policy_args_parse("cake", cfg->args, CAKE_KEYS, parse_one, p);
-    if (st == PYKV_OK) st = ws_opts_finish("cake", &p->o, cfg);
-    if (st != PYKV_OK) {
-        free(p);
-        return st;
-    }
-    p->base.ops = &policy_cake;
-    *out = &p->base;
-    return PYKV_OK;
+}
+
+static const struct policy_maker cake_maker = {
+    .ops = &policy_cake,
+    .size = sizeof(struct cake),
+    .accepted = CAKE_KEYS,
+    .opts = cake_opts,
+    .n_opts = (int)(sizeof(cake_opts) / sizeof(cake_opts[0])),
+    .window_opts = offsetof(struct cake, o),
+    .defaults = cake_defaults,
+};
+
+static pykv_status cake_init(const struct policy_config *cfg, struct kv_policy **out) {
+    return policy_make(&cake_maker, cfg, out);
 }
 
 // Per-call state, allocated on the first prefill end (the model's shape is known then).

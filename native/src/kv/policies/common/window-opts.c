@@ -71,26 +71,3 @@ int32_t ws_budget(const struct policy_config *cfg, const struct policy_event *ev
 }
 
 int32_t ws_min_budget(const struct kv_policy *p) { return p->ops->last_chunk_min(p) + 1; }
-
-struct parse_state {
-    const char    *policy, *accepted;
-    struct ws_opts *o;
-    ws_extra_arg   extra;
-    void          *self;
-};
-
-static pykv_status parse_one(void *state, const char *key, const char *value) {
-    struct parse_state *ps = state;
-    int handled = 0;
-    PYKV_TRY(ws_opts_arg(ps->policy, ps->o, key, value, &handled));
-    if (!handled && ps->extra) PYKV_TRY(ps->extra(ps->self, key, value, &handled));
-    return handled ? PYKV_OK : policy_arg_unknown(ps->policy, key, ps->accepted);
-}
-
-pykv_status ws_opts_parse(const char *policy, const char *accepted, const struct policy_config *cfg,
-                          struct ws_opts *o, ws_extra_arg extra, void *self) {
-    ws_opts_default(o);
-    struct parse_state ps = { policy, accepted, o, extra, self };
-    PYKV_TRY(policy_args_parse(policy, cfg->args, accepted, parse_one, &ps));
-    return ws_opts_finish(policy, o, cfg);
-}

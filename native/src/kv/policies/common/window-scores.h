@@ -89,11 +89,6 @@ pykv_status ws_opts_arg(const char *policy, struct ws_opts *o, const char *key, 
 // options; the budget check (B > W) happens with ws_check_budget once B is known.
 pykv_status ws_opts_finish(const char *policy, struct ws_opts *o, const struct policy_config *cfg);
 pykv_status ws_check_budget(const char *policy, int32_t B, int32_t W);
-// Defaults + the shared keys + the policy's own keys (extra, may be NULL) + finish.
-// `accepted` lists every key for the unknown-key message.
-typedef pykv_status (*ws_extra_arg)(void *self, const char *key, const char *value, int *handled);
-pykv_status ws_opts_parse(const char *policy, const char *accepted, const struct policy_config *cfg,
-                          struct ws_opts *o, ws_extra_arg extra, void *self);
 // The budget B for the current call (policy_budget): cfg->budget, or a share of the sequence
 // as it stands at the end of the call.
 int32_t     ws_budget(const struct policy_config *cfg, const struct policy_event *ev);

@@ -33,12 +33,13 @@
 //    bytes, as for h2o. A saved state (pykv_state_save) keeps them with the budget and the
 //    per-layer step counts, so a loaded context merges and evicts as the saved one would.
 #include "kv/policies/ems/ems.h"
-#include "kv/policies/common/policy-args.h"
+#include "kv/policies/common/policy-make.h"
 #include "kv/policies/common/policy-state.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
 #include "model/model.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,15 +115,13 @@ void ems_list_free(struct ems_list *s) {
 
 // ---- options ---------------------------------------------------------------------------
 
-static pykv_status ems_arg(void *state, const char *key, const char *value) {
-    struct ems *p = state;
-    int handled = 0;
-    if (strcmp(key, "window") == 0 || strcmp(key, "kernel") == 0)
-        return ws_opts_arg("ems", &p->ws, key, value, &handled);
-    if (strcmp(key, "tau") == 0) return policy_arg_double("ems", key, value, 0.0, 1.0, &p->o.tau);
-    if (strcmp(key, "gamma") == 0) return policy_arg_int("ems", key, value, 1, 1024, &p->o.gamma);
-    return policy_arg_unknown("ems", key, EMS_ARGS);
-}
+// window and kernel as the window policies take them (ems has no pool= or gqa=)
+static const struct policy_opt ems_opts[] = {
+    { .key = "window", .type = POLICY_OPT_INT, .offset = offsetof(struct ems, ws.window), .lo = 1, .hi = 1 << 24 },
+    { .key = "kernel", .type = POLICY_OPT_INT, .offset = offsetof(struct ems, ws.kernel), .lo = 1, .hi = 1025 },
+    { .key = "tau", .type = POLICY_OPT_DOUBLE, .offset = offsetof(struct ems, o.tau), .lo = 0.0, .hi = 1.0 },
+    { .key = "gamma", .type = POLICY_OPT_INT, .offset = offsetof(struct ems, o.gamma), .lo = 1, .hi = 1024 },
+};
 
 static void ems_free(struct kv_policy *base) {
     struct ems *p = (struct ems *)base;
@@ -133,23 +132,33 @@ static void ems_free(struct kv_policy *base) {
     free(p);
 }
 
-static pykv_status ems_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct ems *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
-    p->base.ops = &policy_ems;
+static void ems_defaults(struct kv_policy *base) {
+    struct ems *p = (struct ems *)base;
     ws_opts_default(&p->ws);
     p->o.tau = 0.6;
     p->o.gamma = 4;
-    pykv_status st = policy_args_parse("ems", cfg->args, EMS_ARGS, ems_arg, p);
-    if (st == PYKV_OK) st = ws_opts_finish("ems", &p->ws, cfg);
-    if (st != PYKV_OK) {
-        ems_free(&p->base);
-        return st;
-    }
+}
+
+static pykv_status ems_finish(struct kv_policy *base, const struct policy_config *cfg) {
+    struct ems *p = (struct ems *)base;
+    PYKV_TRY(ws_opts_finish("ems", &p->ws, cfg));
     p->o.window = p->ws.window;
     p->o.kernel = p->ws.kernel;
-    *out = &p->base;
     return PYKV_OK;
+}
+
+static const struct policy_maker ems_maker = {
+    .ops = &policy_ems,
+    .size = sizeof(struct ems),
+    .accepted = EMS_ARGS,
+    .opts = ems_opts,
+    .n_opts = (int)(sizeof(ems_opts) / sizeof(ems_opts[0])),
+    .defaults = ems_defaults,
+    .finish = ems_finish,
+};
+
+static pykv_status ems_init(const struct policy_config *cfg, struct kv_policy **out) {
+    return policy_make(&ems_maker, cfg, out);
 }
 
 static void ems_reset(struct kv_policy *base) {

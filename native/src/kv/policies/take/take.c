@@ -39,12 +39,13 @@
 //    Arguments: alpha (0 <= alpha < 1), probe_len (>= 1), warmup_layers (0 .. n_layer,
 //    checked at the first chunk), warmup_budget (>= 1, tokens), kernel (odd, >= 1);
 //    anything else is an error.
-#include "kv/policies/common/policy-args.h"
+#include "kv/policies/common/policy-make.h"
 #include "kv/policies/take/take-score.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
 #include "model/model.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,24 +65,34 @@ struct take {
     struct take_ema *ema;             // (n_layer), allocated at the first chunk
 };
 
-static pykv_status take_arg(void *state, const char *key, const char *value) {
-    struct take *p = state;
-    if (strcmp(key, "alpha") == 0) {
-        PYKV_TRY(policy_arg_double("take", key, value, 0.0, 1.0, &p->alpha));
-        if (p->alpha >= 1.0)
-            return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'take': alpha must be in [0, 1), got %s", value);
-        return PYKV_OK;
-    }
-    if (strcmp(key, "probe_len") == 0) return policy_arg_int("take", key, value, 1, INT32_MAX, &p->probe_len);
-    if (strcmp(key, "warmup_layers") == 0) return policy_arg_int("take", key, value, 0, INT32_MAX, &p->warmup_layers);
-    if (strcmp(key, "warmup_budget") == 0) return policy_arg_int("take", key, value, 1, INT32_MAX, &p->warmup_budget);
-    if (strcmp(key, "kernel") == 0) {
-        PYKV_TRY(policy_arg_int("take", key, value, 1, 1023, &p->kernel));
-        if (p->kernel % 2 == 0)
-            return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'take': kernel must be odd, got %d", p->kernel);
-        return PYKV_OK;
-    }
-    return policy_arg_unknown("take", key, TAKE_ARGS);
+static const struct policy_opt take_opts[] = {
+    { .key = "alpha", .type = POLICY_OPT_DOUBLE, .offset = offsetof(struct take, alpha), .lo = 0.0, .hi = 1.0 },
+    { .key = "probe_len", .type = POLICY_OPT_INT, .offset = offsetof(struct take, probe_len), .lo = 1, .hi = INT32_MAX },
+    { .key = "warmup_layers", .type = POLICY_OPT_INT, .offset = offsetof(struct take, warmup_layers), .lo = 0,
+      .hi = INT32_MAX },
+    { .key = "warmup_budget", .type = POLICY_OPT_INT, .offset = offsetof(struct take, warmup_budget), .lo = 1,
+      .hi = INT32_MAX },
+    { .key = "kernel", .type = POLICY_OPT_INT, .offset = offsetof(struct take, kernel), .lo = 1, .hi = 1023 },
+};
+
+static void take_defaults(struct kv_policy *base) {
+    struct take *p = (struct take *)base;
+    p->alpha = 0.2;
+    p->probe_len = 32;
+    p->warmup_layers = -1;
+    p->warmup_budget = -1;
+    p->kernel = 7;
+}
+
+// What the table's ranges do not say: alpha below 1 (1 would never update the probe), an odd kernel.
+static pykv_status take_finish(struct kv_policy *base, const struct policy_config *cfg) {
+    (void)cfg;
+    const struct take *p = (const struct take *)base;
+    if (p->alpha >= 1.0)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'take': alpha must be in [0, 1), got %g", p->alpha);
+    if (p->kernel % 2 == 0)
+        return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'take': kernel must be odd, got %d", p->kernel);
+    return PYKV_OK;
 }
 
 static void take_free(struct kv_policy *base) {
@@ -92,22 +103,18 @@ static void take_free(struct kv_policy *base) {
     free(p);
 }
 
+static const struct policy_maker take_maker = {
+    .ops = &policy_take,
+    .size = sizeof(struct take),
+    .accepted = TAKE_ARGS,
+    .opts = take_opts,
+    .n_opts = (int)(sizeof(take_opts) / sizeof(take_opts[0])),
+    .defaults = take_defaults,
+    .finish = take_finish,
+};
+
 static pykv_status take_init(const struct policy_config *cfg, struct kv_policy **out) {
-    struct take *p = calloc(1, sizeof(*p));
-    if (!p) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
-    p->base.ops = &policy_take;
-    p->alpha = 0.2;
-    p->probe_len = 32;
-    p->warmup_layers = -1;
-    p->warmup_budget = -1;
-    p->kernel = 7;
-    pykv_status st = policy_args_parse("take", cfg->args, TAKE_ARGS, take_arg, p);
-    if (st != PYKV_OK) {
-        take_free(&p->base);
-        return st;
-    }
-    *out = &p->base;
-    return PYKV_OK;
+    return policy_make(&take_maker, cfg, out);
 }
 
 static void take_reset(struct kv_policy *base) {
