@@ -213,7 +213,7 @@ class Llama:
         self.n_vocab = Count(self._info["n_vocab"])
         self.input_ids: List[int] = []   # the tokens evaluated in the context, in order
         self._after_prompt = None        # called by generate() once the prompt is evaluated
-        self._evaluating = False         # inside eval(): its progress callback may call in
+        self._evaluating = False         # inside eval(): its progress function may call in
 
         if vocab_only:
             return

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from pykv import Llama
+from pykv.errors import GenerationCancelled
 from pykv._ffi import ffi, lib, new_params
 
 N_UBATCH = 16
@@ -399,3 +400,26 @@ def test_keyboard_interrupt_from_progress_ends_the_begun_decode(tiny_model):
         assert not lib.pykv_decode_pending(llm._ctx)
         llm.eval(TOKENS[2 * N_UBATCH:])
         assert llm.n_past == len(TOKENS)
+
+
+def test_a_library_without_the_steps_evaluates_in_one_call(tiny_model, monkeypatch):
+    """A stale libpykv from before the stepped decode: eval() runs the prompt in one
+    pykv_decode and reports its progress once, at the end (False from it still cancels)."""
+    import pykv.llama as llama_module
+    real = llama_module._optional_lib_function
+    monkeypatch.setattr(llama_module, "_optional_lib_function",
+                        lambda name: None if name == "pykv_decode_begin" else real(name))
+    whole = Ctx(tiny_model())
+    try:
+        assert whole.decode(TOKENS) == lib.PYKV_OK
+        with Llama(str(tiny_model()), n_ctx=256, n_batch=N_UBATCH, n_threads=1) as llm:
+            calls = []
+            llm.eval(TOKENS, progress=lambda done, total: calls.append((done, total)))
+            assert calls == [(100, 100)]
+            np.testing.assert_array_equal(llm.logits(), whole.logits())
+            llm.reset()
+            with pytest.raises(GenerationCancelled):
+                llm.eval(TOKENS, progress=lambda done, total: False)
+            assert llm.n_past == len(TOKENS)
+    finally:
+        whole.close()

@@ -1,5 +1,5 @@
-"""Progress of a long prompt (pykv_set_progress_callback, Llama.eval(progress=),
-generate(prompt_progress=), `pykv generate` on a terminal) and stopping one between chunks:
+"""Progress of a long prompt (Llama.eval(progress=) over pykv_decode_step, generate(prompt_progress=),
+`pykv generate` on a terminal) and stopping one between chunks:
 progress returning False, an exception from it, or Ctrl-C stop the call at the next chunk
 boundary; the chunks done stay evaluated, so finishing the prompt afterwards gives what one
 uninterrupted call gives."""

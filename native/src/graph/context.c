@@ -505,8 +505,8 @@ static pykv_status run_step(pykv_context *ctx) {
     }
     ctx->n_past += T;
     r->done += T;
-    r->ms += perf_now_ms() - t0;
     pykv_status hook = r->is_prefill ? run_hook(ctx, ops->after_chunk) : PYKV_OK;
+    r->ms += perf_now_ms() - t0;   // the chunk and its hook; the progress callback is the caller's time
     if (hook != PYKV_OK) {
         ctx->out.n = 0;
         return run_end(ctx, hook);
