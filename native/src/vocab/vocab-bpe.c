@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/heap.h"
 #include "vocab/unicode.h"
 #include "vocab/vocab-impl.h"
 
@@ -309,45 +310,22 @@ struct bpe_cand {
 struct bpe_work {
     pykv_token      *id;
     int32_t         *prev, *next;
-    struct bpe_cand *heap;
+    struct bpe_cand *heap;     // the merge candidates (core/heap.h), by cand_before
     int32_t          n_heap;
     char            *enc;   // a word in GPT-2 characters (ignore_merges lookups)
 };
 
-static int cand_less(const struct bpe_cand *a, const struct bpe_cand *b) {
+// The merge applied first: the lowest rank, then the leftmost.
+static int cand_before(const void *pa, const void *pb) {
+    const struct bpe_cand *a = pa, *b = pb;
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(struct bpe_work *w, struct bpe_cand c) {
-    int32_t i = w->n_heap++;
-    while (i > 0) {
-        int32_t p = (i - 1) / 2;
-        if (!cand_less(&c, &w->heap[p])) break;
-        w->heap[i] = w->heap[p];
-        i = p;
-    }
-    w->heap[i] = c;
-}
-
-static struct bpe_cand heap_pop(struct bpe_work *w) {
-    struct bpe_cand top = w->heap[0], last = w->heap[--w->n_heap];
-    int32_t i = 0, n = w->n_heap;
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && cand_less(&w->heap[c + 1], &w->heap[c])) c++;
-        if (!cand_less(&w->heap[c], &last)) break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0) w->heap[i] = last;
-    return top;
 }
 
 static void try_pair(const struct vocab *v, struct bpe_work *w, int32_t l, int32_t r) {
     if (l < 0 || r < 0 || w->id[l] < 0 || w->id[r] < 0) return;
     const struct vocab_merge_slot *m = merge_find(&v->merges, w->id[l], w->id[r]);
-    if (m) heap_push(w, (struct bpe_cand){m->rank, l, r, w->id[l], w->id[r]});
+    if (m) heap_push(w->heap, &w->n_heap, &(struct bpe_cand){m->rank, l, r, w->id[l], w->id[r]},
+                     sizeof(struct bpe_cand), cand_before);
 }
 
 static pykv_status bpe_word(const struct vocab *v, struct bpe_work *w, const unsigned char *s, int32_t n,
@@ -366,7 +344,8 @@ static pykv_status bpe_word(const struct vocab *v, struct bpe_work *w, const uns
     w->n_heap = 0;
     for (int32_t i = 0; i + 1 < n; i++) try_pair(v, w, i, i + 1);
     while (w->n_heap > 0) {
-        struct bpe_cand c = heap_pop(w);
+        struct bpe_cand c;
+        heap_pop(w->heap, &w->n_heap, &c, sizeof(c), cand_before);
         if (w->id[c.left] != c.lid || w->id[c.right] != c.rid || w->next[c.left] != c.right) continue;
         const struct vocab_merge_slot *m = merge_find(&v->merges, c.lid, c.rid);
         w->id[c.left] = m->merged;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/heap.h"
 #include "vocab/unicode.h"
 #include "vocab/vocab-impl.h"
 
@@ -55,47 +56,19 @@ struct spm_cand {
     int32_t left, right, len;
 };
 
-static int cand_better(const struct spm_cand *a, const struct spm_cand *b) {
+// The merge applied first: the highest score, then the leftmost.
+static int cand_before(const void *pa, const void *pb) {
+    const struct spm_cand *a = pa, *b = pb;
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-struct spm_heap {
-    struct spm_cand *d;
-    int32_t          n;
-};
-
-static void heap_push(struct spm_heap *h, struct spm_cand c) {
-    int32_t i = h->n++;
-    while (i > 0) {
-        int32_t p = (i - 1) / 2;
-        if (!cand_better(&c, &h->d[p])) break;
-        h->d[i] = h->d[p];
-        i = p;
-    }
-    h->d[i] = c;
-}
-
-static struct spm_cand heap_pop(struct spm_heap *h) {
-    struct spm_cand top = h->d[0], last = h->d[--h->n];
-    int32_t i = 0, n = h->n;
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && cand_better(&h->d[c + 1], &h->d[c])) c++;
-        if (!cand_better(&h->d[c], &last)) break;
-        h->d[i] = h->d[c];
-        i = c;
-    }
-    if (n > 0) h->d[i] = last;
-    return top;
-}
-
-static void try_pair(const struct vocab *v, const char *s, const struct spm_sym *sym, struct spm_heap *h,
-                     int32_t l, int32_t r) {
+static void try_pair(const struct vocab *v, const char *s, const struct spm_sym *sym, struct spm_cand *heap,
+                     int32_t *n_heap, int32_t l, int32_t r) {
     if (l < 0 || r < 0) return;
     int32_t len = sym[l].len + sym[r].len;
     pykv_token t = mergeable(v, s + sym[l].start, len);
-    if (t >= 0) heap_push(h, (struct spm_cand){v->tokens[t].score, l, r, len});
+    if (t >= 0) heap_push(heap, n_heap, &(struct spm_cand){v->tokens[t].score, l, r, len}, sizeof(struct spm_cand),
+                          cand_before);
 }
 
 pykv_status vocab_spm_tokenize(const struct vocab *v, const char *text, int32_t len, int add_prefix,
@@ -107,9 +80,10 @@ pykv_status vocab_spm_tokenize(const struct vocab *v, const char *text, int32_t 
     if (n_esc > INT32_MAX / 4) return pykv_error(PYKV_ERR_INVALID_ARG, "tokenize: text too long");
     char *s = malloc((size_t)n_esc);
     struct spm_sym *sym = malloc(sizeof(*sym) * (size_t)n_esc);
-    struct spm_heap h = {malloc(sizeof(struct spm_cand) * 3 * (size_t)n_esc), 0};
+    struct spm_cand *heap = malloc(sizeof(struct spm_cand) * 3 * (size_t)n_esc);   // by cand_before
+    int32_t n_heap = 0;
     pykv_status st = PYKV_OK;
-    if (!s || !sym || !h.d) {
+    if (!s || !sym || !heap) {
         st = pykv_error(PYKV_ERR_NOMEM, "tokenize: out of memory for %d bytes of text", len);
         goto done;
     }
@@ -128,17 +102,18 @@ pykv_status vocab_spm_tokenize(const struct vocab *v, const char *text, int32_t 
         n_sym++;
         i += k;
     }
-    for (int32_t i = 0; i + 1 < n_sym; i++) try_pair(v, s, sym, &h, i, i + 1);
-    while (h.n > 0) {
-        struct spm_cand c = heap_pop(&h);
+    for (int32_t i = 0; i + 1 < n_sym; i++) try_pair(v, s, sym, heap, &n_heap, i, i + 1);
+    while (n_heap > 0) {
+        struct spm_cand c;
+        heap_pop(heap, &n_heap, &c, sizeof(c), cand_before);
         struct spm_sym *l = &sym[c.left], *r = &sym[c.right];
         if (l->len == 0 || r->len == 0 || l->len + r->len != c.len || l->next != c.right) continue;
         l->len += r->len;
         r->len = 0;
         l->next = r->next;
         if (r->next >= 0) sym[r->next].prev = c.left;
-        try_pair(v, s, sym, &h, l->prev, c.left);
-        try_pair(v, s, sym, &h, c.left, l->next);
+        try_pair(v, s, sym, heap, &n_heap, l->prev, c.left);
+        try_pair(v, s, sym, heap, &n_heap, c.left, l->next);
     }
     for (int32_t i = 0; i >= 0 && st == PYKV_OK; i = sym[i].next) {
         pykv_token t = mergeable(v, s + sym[i].start, sym[i].len);
@@ -152,6 +127,6 @@ pykv_status vocab_spm_tokenize(const struct vocab *v, const char *text, int32_t 
 done:
     free(s);
     free(sym);
-    free(h.d);
+    free(heap);
     return st;
 }
