@@ -70,13 +70,14 @@ LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stackt
     tests/python/test_processors.py tests/python/test_kv_mixed.py
 # The adversarial corpus (grammars, schemas, HTTP requests), closing a busy context from another
 # thread, damaged loader inputs and prompt caches, prompts longer than n_ctx, the
-# llama-cpp-python keywords that reach the C context (RoPE overrides).
+# llama-cpp-python keywords that reach the C context (RoPE overrides), prompts run chunk by
+# chunk through pykv_decode_begin / pykv_decode_step.
 LD_PRELOAD="$SAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     PYKV_LIBRARY="$PWD/$ASAN_BUILD/libpykv.so" \
     "$PYTHON" -m pytest -q -p no:cacheprovider -m "not model" tests/python/test_hardening_grammar.py \
     tests/python/test_hardening_server.py tests/python/test_hardening_close.py tests/python/test_hardening_loaders.py \
     tests/python/test_hardening_prompt_cache.py tests/python/test_argument_types.py tests/python/test_long_prompt.py \
-    tests/python/test_llama_cpp_keywords.py
+    tests/python/test_llama_cpp_keywords.py tests/python/test_decode_steps.py
 
 echo "==> fetching the SmolLM2 model (once; cached afterwards)"
 "$PYTHON" -m pykv pull smollm2
