@@ -84,10 +84,10 @@ static inline __attribute__((always_inline)) AVX2_TGT __m256 load8_kv(const void
 // The hint depends on the CPU's vendor. On AMD it is non-temporal: the bytes are used once,
 // and a decode step streams every weight, so with the plain hint they push the KV lists and
 // the policies' per-entry state out of cache before the next step comes back to them (this
-// matters at depth). On Intel a non-temporal prefetch fills the first-level cache only and
-// leaves the line out of the others: the stream then runs at a fraction of the memory's
-// rate, and weights that the last-level cache could hold from one step to the next are read
-// from memory again. Intel takes the plain hint (T0). Each kernel file that prefetches
+// matters at depth). On Intel a non-temporal prefetch places the line close to the core
+// only, not in the outer caches: a stream prefetched so runs at about half the rate of a
+// plain one, and weights that the last-level cache could hold from one step to the next are
+// read from memory again. Intel takes the plain hint (T0). Each kernel file that prefetches
 // weights is therefore compiled twice: as itself with the non-temporal hint, and through a
 // "-t0" twin that defines WEIGHT_PREFETCH_T0 first, whose kernel tables carry a _t0 suffix
 // (WEIGHT_TABLE); the dispatch (quant.c, quant-q8.c) picks one set with
