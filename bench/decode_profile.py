@@ -33,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from compare_llamacpp import raise_priority   # bench/ is the script's folder, first on sys.path
+
 # (category, pattern over symbol names), first match wins; the rest is "other".
 CATEGORIES = [
     ("matrix kernels", r"^(q8dot|vdot_|vec_dot|dot_blocks|matvec|matmul|quantize_row_q8_act|dequant|deq_)"),
@@ -46,17 +48,6 @@ CATEGORIES = [
                     r"_raw_spin|yield_task)"),
     ("python and ffi", r"(^_?Py|^py|PyEval|_PyObject|cffi|^method_vectorcall|^call_function)"),
 ]
-
-
-def raise_priority():
-    """A larger share of the CPU on a shared machine (autogroup beats nice here)."""
-    try:
-        Path("/proc/self/autogroup").write_text("-20")
-    except OSError:
-        try:
-            os.nice(-10)
-        except OSError:
-            pass
 
 
 def token_ids(n, n_vocab, seed):
