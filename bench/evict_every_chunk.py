@@ -9,8 +9,7 @@ import sys
 import time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import numpy as np
-from needle import Task, answer, haystack_text, kl_divergence
+from needle import Task, answer, haystack_text, kl_divergence, teacher_forced_distributions
 from pykv import Llama
 from pykv.pull import pull
 
@@ -30,14 +29,7 @@ for pol, every in configs:
         llm.eval(prefix)
         dt = time.perf_counter() - t0
         peak = llm.kv_stats()["peak_bytes"] / 2**20
-        rows = []
-        for tok in follow:
-            z = llm.logits().astype(np.float64)
-            z -= z.max()
-            p = np.exp(z)
-            rows.append(p / p.sum())
-            llm.eval([tok])
-    rows = np.array(rows)
+        rows = teacher_forced_distributions(llm, follow)
     key = f"{pol}{'+every' if every else ''}"
     if pol == "full":
         full_rows = rows

@@ -117,20 +117,26 @@ def policy_spec(spec: str):
     return name, dict(a.split("=", 1) for a in args) or None
 
 
+def teacher_forced_distributions(llm, follow):
+    """The next-token distribution before each of the follow tokens, evaluated one at a time
+    after what llm already holds."""
+    rows = []
+    for t in follow:
+        z = llm.logits().astype(np.float64)
+        z -= z.max()
+        p = np.exp(z)
+        rows.append(p / p.sum())
+        llm.eval([t])
+    return np.array(rows)
+
+
 def next_token_distributions(model, policy, budget, prefix, follow, threads):
     """The next-token distribution before each teacher-forced token after a compressed prefix."""
     name, kwargs = policy_spec(policy)
     with Llama(model, n_ctx=len(prefix) + len(follow) + 8, n_threads=threads, policy=name, budget=budget,
                policy_kwargs=kwargs) as llm:
         llm.eval(prefix)
-        rows = []
-        for t in follow:
-            z = llm.logits().astype(np.float64)
-            z -= z.max()
-            p = np.exp(z)
-            rows.append(p / p.sum())
-            llm.eval([t])
-    return np.array(rows)
+        return teacher_forced_distributions(llm, follow)
 
 
 def kl_divergence(p, q):
