@@ -71,6 +71,7 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         ev.probe.q = n_probe ? b->q + (size_t)(T - n_probe) * q_dim : NULL;
         ev.probe.rope_inv_freq = b->rope_inv_freq;
         ev.T = T;
+        ev.wo = &w->wo;
         const int prefill_sums = T > 1 && (ops->needs & POLICY_NEEDS_ATTENTION_SUMS);   // decode steps write them anyway
         ev.attn_colsum = T == 1 || prefill_sums ? b->attn_colsum : NULL;
         ev.attn_colsum_stride = (int32_t)b->colsum_stride;

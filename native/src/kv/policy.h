@@ -9,6 +9,8 @@
 //   after_decode  - a single-token step is done (H2O, decode-time eviction)
 //   decode_list   - a decode step: one list has attended (per-list eviction, overlapped with
 //                   the attention of the layer's other lists)
+//   scoring_pass  - extra passes after a compressing prefill chunk, whose K/V are dropped
+//                   (KVzip's reconstruction of the context)
 // A NULL hook is never called. Policies see the cache and the context's configuration.
 #pragma once
 #include <stdint.h>
@@ -47,6 +49,7 @@ struct policy_config {
 };
 
 struct hparams;
+struct tensor;
 struct threadpool;
 
 // The task probe of a prefill chunk (policies with probe_len, e.g. TAKE): the last n of the
@@ -83,9 +86,24 @@ struct policy_event {
     int32_t               attn_colsum_stride;
     // after_layer only: the probe tokens (policies with probe_len, e.g. TAKE).
     struct policy_probe   probe;
+    // after_layer only: the layer's output projection (attn_output, ne = (n_head * head_dim,
+    // n_embd), possibly quantized), for policies that weigh a value by what it adds to the
+    // layer's output (criticalkv).
+    const struct tensor  *wo;
 };
 
 struct kv_policy;
+
+// What a policy's scoring passes (policy_ops.scoring_pass) are made from: the tokens read
+// since the cache was last compressed (the call's; the chunk's with evict_every_chunk), the
+// last n_tokens entries of every list, at positions [n_past - n_tokens, n_past).
+struct policy_replay {
+    const struct pykv_model *model;   // for pykv_tokenize (a pass's own text)
+    const pykv_token        *tokens;
+    int32_t                  n_tokens;
+    int32_t                  n_past;
+    int32_t                  cap;      // the most tokens one pass may hold
+};
 
 // What a policy needs the forward pass to compute or hold for it (policy_ops.needs).
 enum policy_needs {
@@ -123,6 +141,15 @@ struct policy_ops {
     // Probe tokens to append to every chunk but the last of a prefill of n_tokens (0: none).
     // They are the context's probe (pykv_set_probe) or else the call's last tokens.
     int32_t     (*probe_len)(const struct kv_policy *p, int32_t n_tokens);
+    // Scoring passes (KVzip's context reconstruction), NULL for none: after a prefill chunk that
+    // compresses (is_last_chunk) and before its after_chunk, the context asks for passes
+    // i = 0, 1, ... until one has no tokens: the policy writes pass i's tokens (at most
+    // in->cap) to out and their count to *n. A pass runs through the model at the positions
+    // after the sequence as a chunk made of probe tokens only (after_layer sees probe.n == T);
+    // its K/V are dropped and n_past stays. A pass that fails or is cancelled rolls the chunk
+    // back as a failed chunk does.
+    pykv_status (*scoring_pass)(struct kv_policy *p, const struct policy_replay *in, int32_t i, pykv_token *out,
+                                int32_t *n);
     // The cache was cleared (pykv_reset): forget per-entry state. NULL if there is none.
     void        (*reset)(struct kv_policy *p);
     // Saved states (pykv_state_save / load) of a policy that keeps state of its own between
