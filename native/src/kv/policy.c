@@ -21,6 +21,11 @@ extern const struct policy_ops policy_cake;
 extern const struct policy_ops policy_lava;
 extern const struct policy_ops policy_ems;
 extern const struct policy_ops policy_take;
+extern const struct policy_ops policy_knorm;
+extern const struct policy_ops policy_keydiff;
+extern const struct policy_ops policy_random;
+extern const struct policy_ops policy_tova;
+extern const struct policy_ops policy_lagkv;
 
 static const struct policy_ops *const registry[] = {
     &policy_full,
@@ -33,6 +38,11 @@ static const struct policy_ops *const registry[] = {
     &policy_lava,
     &policy_ems,
     &policy_take,
+    &policy_knorm,
+    &policy_keydiff,
+    &policy_random,
+    &policy_tova,
+    &policy_lagkv,
 };
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))
