@@ -34,6 +34,12 @@ def protected(policy: str, n: int, budget: int) -> set:
         return set(range(n - budget // 2, n))   # the recent half of the budget
     if policy == "take":
         return set()                            # TAKE protects no window (docs/policies.md#take)
+    if policy in ("knorm", "keydiff", "random"):
+        return set()                            # scored entry by entry, no window
+    if policy == "tova":
+        return {n - 1}                          # the newest entry
+    if policy == "lagkv":                       # n < sink + 2 lag: the sinks and the newest
+        return set(range(SINK)) | set(range(n - (budget - SINK), n))
     return set(range(n - W, n))   # window policies (default W = 32)
 
 
