@@ -175,18 +175,18 @@ def _match_positions(kept_k, kept_v, full_k, full_v, tol=1e-4, what="") -> np.nd
 
 def compression_ratio(budget: int, n_tokens: int) -> float:
     """kvpress's compression_ratio for which it keeps exactly ``budget`` of ``n_tokens``
-    entries per list (``int(n * (1 - r))`` == budget; the nearest float above 1 - B/n when
-    rounding would keep one fewer)."""
+    entries per list: 1 - (B + 1e-6) / n, so that n * (1 - r) lies a hair above B and both
+    ``int()`` (compute_n_kept, StreamingLLMPress) and ``round()`` (PyramidKVPress's
+    fallback) give B."""
     budget, n_tokens = int(budget), int(n_tokens)
     if not 0 < budget <= n_tokens:
         raise ValueError(f"budget {budget} must be in [1, {n_tokens}]")
-    ratio = 1.0 - budget / n_tokens
-    for _ in range(8):
-        kept = int(n_tokens * (1.0 - ratio))
-        if kept == budget:
-            return max(ratio, 0.0)
-        ratio = np.nextafter(ratio, -1.0 if kept < budget else 2.0)
-    raise AssertionError(f"no compression_ratio keeps {budget} of {n_tokens}")
+    if budget == n_tokens:
+        return 0.0
+    ratio = 1.0 - (budget + 1e-6) / n_tokens
+    kept = n_tokens * (1.0 - ratio)
+    assert int(kept) == budget and round(kept) == budget, (budget, n_tokens, ratio)
+    return ratio
 
 
 # ---- the two sides ----------------------------------------------------------------------
