@@ -13,7 +13,11 @@
 //   head first (only on later prefill calls, when lists have different lengths);
 //   head h keeps its own top b_h candidates plus the window.
 // Choices: alpha in [0, 1] (argument alpha; 1 = uniform = SnapKV); the kvpress
-// "protect" safeguard is not offered. If all heads together have <= K candidates nothing
+// "protect" safeguard is not offered: kvpress's AdaKVPress first gives each head its own top
+// int(alpha B) entries, then runs the joint selection over the rest, where this blends the
+// counts, so at alpha > 0 a head's count may differ by a few entries. With alpha=0 both are
+// the bare joint top-k and keep the same entries (tests/python/test_kvpress_existing.py).
+// If all heads together have <= K candidates nothing
 // is evicted. Scoring, defaults, schedule (end of a prefill call only, decode grows), ties and later prefill
 // calls are as SnapKV.
 #include "kv/policies/common/window-scores.h"

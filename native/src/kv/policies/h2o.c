@@ -4,6 +4,10 @@
 // generated), per KV head the mean over its query heads (GQA mean), accumulated in the order
 // of the queries; no normalisation by the number of queries that can see j (the
 // KVCache-Factory form, not kvpress's ObservedAttention average) and no pooling.
+// kvpress's ObservedAttentionPress divides each entry's sum by the n - j queries that see
+// it, which favours late entries, and has no recent window; changed to the plain sum and
+// the recent window below, it keeps the same entries as this policy
+// (tests/python/test_kvpress_existing.py).
 //
 // Schedule: scores accumulate after every layer of every chunk (the forward pass sums the
 // attention per entry: POLICY_NEEDS_ATTENTION_SUMS). At the end of a prefill call each list

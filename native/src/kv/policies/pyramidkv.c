@@ -13,6 +13,13 @@
 //    back), so the total is exactly L B'. A deficit would be handed out the same way,
 //    never above N - W.
 //  * Fallback to uniform (SnapKV) budgets when the pyramid is not defined: one layer.
+//  * The pyramid spans the selectable B - W, each layer keeping its window on top (the
+//    KVCache-Factory form). kvpress's PyramidKVPress spans the whole B with the window
+//    inside each layer's count (counts from 2B - B/beta down to B/beta) and falls back to
+//    uniform budgets when its smallest layer would hold fewer than W entries. Both keep
+//    L B entries per KV head in all and rank by the same score, so per list the smaller
+//    kept set lies inside the larger; at each layer's count here, kvpress's SnapKV keeps
+//    the same entries (tests/python/test_kvpress_existing.py).
 //  * beta (default 20, > 0) is the only extra argument; window, pool, kernel, gqa and all
 //    other behaviour (end of a prefill call only, decode grows, question-agnostic calls, ties) are SnapKV's.
 //  * On a later prefill call a list may hold fewer than b_l candidates: it keeps them all

@@ -11,6 +11,10 @@
 //  * A later multi-token call (eval(context) then eval(question)) is a new prefill and is
 //    compressed again at its end; its window is its last min(W, tokens) tokens.
 //  * No eviction while the sequence holds <= B tokens; ties go to the lower position.
+//  * kvpress's SnapKVPress defaults to W=64 and average pooling with kernel 5, and pools
+//    before the GQA mean: with average pooling the order does not matter (both are linear),
+//    with max pooling it does. With window=64, pool=avg, kernel=5 this policy keeps the
+//    entries SnapKVPress keeps (tests/python/test_kvpress_existing.py).
 #include "kv/policies/common/window-scores.h"
 #include "kv/policies/common/policy-make.h"
 #include "core/error.h"

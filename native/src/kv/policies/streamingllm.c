@@ -8,7 +8,8 @@
 //  * Evicts in after_layer: at the end of every multi-token call (the whole prompt is
 //    attended to in full first, chunk by chunk) and at every decode step (the list then
 //    holds S + R + 1 entries and loses its oldest non-sink entry).
-//  * Original positions are kept (no key re-rotation).
+//  * Original positions are kept (no key re-rotation), as kvpress's StreamingLLMPress
+//    (n_sink=4) does: the same kept entries.
 //  * With a fractional budget, B is fixed at each prefill call from the sequence length
 //    then; decode steps keep that B (saved states too); pykv_reset forgets it.
 #include "kv/policies/common/policy-make.h"
