@@ -26,6 +26,7 @@ extern const struct policy_ops policy_keydiff;
 extern const struct policy_ops policy_random;
 extern const struct policy_ops policy_tova;
 extern const struct policy_ops policy_lagkv;
+extern const struct policy_ops policy_chunkkv;
 
 static const struct policy_ops *const registry[] = {
     &policy_full,
@@ -43,6 +44,7 @@ static const struct policy_ops *const registry[] = {
     &policy_random,
     &policy_tova,
     &policy_lagkv,
+    &policy_chunkkv,
 };
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))
