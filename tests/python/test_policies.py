@@ -38,6 +38,8 @@ def protected(policy: str, n: int, budget: int) -> set:
         return set()                            # scored entry by entry, no window
     if policy == "tova":
         return {n - 1}                          # the newest entry
+    if policy == "expected_attention":
+        return set(range(SINK))                 # its sinks (default 4), no window
     if policy == "lagkv":                       # n < sink + 2 lag: the sinks and the newest
         return set(range(SINK)) | set(range(n - (budget - SINK), n))
     return set(range(n - W, n))   # window policies (default W = 32)

@@ -27,6 +27,7 @@ extern const struct policy_ops policy_random;
 extern const struct policy_ops policy_tova;
 extern const struct policy_ops policy_lagkv;
 extern const struct policy_ops policy_chunkkv;
+extern const struct policy_ops policy_expected_attention;
 
 static const struct policy_ops *const registry[] = {
     &policy_full,
@@ -45,6 +46,7 @@ static const struct policy_ops *const registry[] = {
     &policy_tova,
     &policy_lagkv,
     &policy_chunkkv,
+    &policy_expected_attention,
 };
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))
