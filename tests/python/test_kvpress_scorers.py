@@ -270,6 +270,15 @@ def test_tova_decode_budget_without_prefill(gqa):
         assert llm.kv_positions(0, 0)[-1] == 19
 
 
+def test_tova_generates_past_n_ctx(gqa):
+    """With evict_every_chunk the prompt may exceed n_ctx, and decoding keeps B entries."""
+    with Llama(str(gqa), n_ctx=128, n_batch=32, n_threads=2, policy="tova", budget=48, evict_every_chunk=True,
+               **EXACT) as llm:
+        res = llm.generate(random_tokens(200, 10), max_tokens=150, temperature=0.0, ignore_eos=True)
+        assert len(res.tokens) == 150
+        assert llm.kv_stats()["entries_per_head"] == [[48, 48], [48, 48]]
+
+
 # ---- 5. lagkv: its rule in NumPy, its tie rule against kvpress, short and small cases --------------
 
 def lag_weights(x, lag):
