@@ -96,6 +96,15 @@ def _forward(path, tokens):
     return out.logits[0].to(torch.float64).numpy()
 
 
+@lru_cache(maxsize=4)
+def _gguf_adds_bos(path: str):
+    """tokenizer.ggml.add_bos_token of the GGUF, or None when it does not say."""
+    import gguf
+
+    field = gguf.GGUFReader(path).fields.get("tokenizer.ggml.add_bos_token")
+    return None if field is None else bool(field.parts[field.data[0]][0])
+
+
 # ---- public API ---------------------------------------------------------------------
 
 def hf_tokenize(path, text: str) -> list:
@@ -106,7 +115,14 @@ def hf_tokenize(path, text: str) -> list:
     hit = _load(cp)
     if hit is not None:
         return hit["ids"].tolist()
-    ids = _tokenizer(os.fspath(path))(text)["input_ids"]
+    tok = _tokenizer(os.fspath(path))
+    adds_bos = _gguf_adds_bos(os.fspath(path))
+    if adds_bos is None:
+        ids = tok(text)["input_ids"]
+    else:   # the GGUF's word (transformers 5.2's GGUF tokenizer adds BOS whatever it says)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if adds_bos and tok.bos_token_id is not None:
+            ids = [tok.bos_token_id] + list(ids)
     _save(cp, ids=np.asarray(ids, dtype=np.int64))
     return list(ids)
 
