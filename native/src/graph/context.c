@@ -479,6 +479,27 @@ static pykv_status run_end(pykv_context *ctx, pykv_status st) {
     return st;
 }
 
+// The policy's scoring passes over the tokens read since the cache was last compressed: each
+// runs as a chunk of probe tokens only, at the positions after the sequence, and leaves no
+// entry behind (scoring_pass in policy.h).
+static pykv_status run_scoring_passes(pykv_context *ctx, int32_t first) {
+    const struct decode_run *r = &ctx->run;
+    int32_t longest = 0;
+    for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++)
+        if (ctx->cache.lists[i].n > longest) longest = ctx->cache.lists[i].n;
+    const int32_t room = ctx->cache.max_entries - longest;
+    const struct policy_replay in = { .model = ctx->model, .tokens = r->tokens + first, .n_tokens = r->done - first,
+                                      .n_past = ctx->n_past, .cap = room < ctx->n_ubatch ? room : ctx->n_ubatch };
+    for (int32_t i = 0;; i++) {
+        int32_t n = 0;
+        PYKV_TRY(ctx->policy->ops->scoring_pass(ctx->policy, &in, i, ctx->chunk_tokens, &n));
+        if (n <= 0) return PYKV_OK;
+        if (n > in.cap) return pykv_error(PYKV_ERR_INTERNAL, "policy '%s': a scoring pass of %d tokens passes its "
+                                          "room of %d", ctx->policy->ops->name, n, in.cap);
+        PYKV_TRY(forward_chunk(ctx, ctx->chunk_tokens, n, n, 0));
+    }
+}
+
 // The run's next chunk, with the policy's hooks and the progress callback after it:
 // PYKV_PENDING while chunks remain, PYKV_OK once the last is done, or an error that ends the
 // run (a failed or cancelled chunk is rolled back; the chunks before it stay).
@@ -505,6 +526,18 @@ static pykv_status run_step(pykv_context *ctx) {
     }
     ctx->n_past += T;
     r->done += T;
+    if (r->is_prefill && ctx->event.is_last_chunk && ops->scoring_pass) {
+        st = run_scoring_passes(ctx, ctx->evict_every_chunk ? r->done - T : 0);
+        if (st != PYKV_OK) {   // the chunk is undone, as one that failed
+            ctx->n_past -= T;
+            r->done -= T;
+            rollback_chunk(ctx);
+            ctx->has_logits = 0;
+            ctx->out.n = 0;
+            if (st == PYKV_ERR_CANCELLED) atomic_store(&ctx->cancel, 0);
+            return run_end(ctx, st);
+        }
+    }
     pykv_status hook = r->is_prefill ? run_hook(ctx, ops->after_chunk) : PYKV_OK;
     r->ms += perf_now_ms() - t0;   // the chunk and its hook; the progress callback is the caller's time
     if (hook != PYKV_OK) {

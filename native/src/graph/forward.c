@@ -42,9 +42,10 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
     // A chunk stops only where rolling it back (dropping what it appended) restores the
     // cache and the policy: before its first layer, or between any two layers when the
     // policy has no per-layer hook (one may already have scored, evicted from or merged
-    // into the lists of the layers before).
+    // into the lists of the layers before), or when the chunk is all probe (a scoring pass,
+    // which leaves no entry behind).
     const struct policy_ops *ops = ctx->policy->ops;
-    const int per_layer_hooks = ops->after_layer || ops->decode_list;
+    const int per_layer_hooks = (ops->after_layer || ops->decode_list) && n_probe < T;
     for (int layer = 0; layer < hp->n_layer; layer++) {
         const struct layer_weights *w = &m->layers[layer];
         if ((layer == 0 || !per_layer_hooks) && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
