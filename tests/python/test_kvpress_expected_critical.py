@@ -85,3 +85,100 @@ def test_expected_attention_comparison_tells_the_options_apart(model):
 def test_expected_attention_bad_arguments(model, kwargs, match):
     with pytest.raises(InvalidArgumentError, match=match):
         Llama(str(model), n_ctx=512, policy="expected_attention", **kwargs)
+
+
+# ---- criticalkv, criticaladakv ---------------------------------------------------------------
+
+SNAPKV_ARGS = {"window": 64, "pool": "avg", "kernel": 5, "gqa": "mean"}   # kvpress's SnapKVPress defaults
+
+
+def _snapkv(budget):
+    from kvpress import SnapKVPress
+
+    return SnapKVPress(compression_ratio=ref.compression_ratio(budget, N_TOKENS), window_size=64, kernel_size=5)
+
+
+@pytest.fixture(scope="module")
+def q4_output_model(tiny_model):
+    """The same model with its output projections stored as Q4_0 (what criticalkv weighs
+    values with): transformers reads them dequantized, pykv dequantizes them itself."""
+    ref.skip_without_kvpress()
+    return tiny_model("llama_q8_0_h8kv2", wtype="F32", tensor_types=(("attn_output", "Q4_0"),))
+
+
+@pytest.mark.parametrize("budget", BUDGETS)   # first stage: none at 100 (the window fills it), 36 at 200
+def test_criticalkv_matches_kvpress(model, budget):
+    from kvpress import CriticalKVPress
+
+    theirs = ref.kvpress_kept(model, TOKENS, CriticalKVPress(_snapkv(budget)))
+    ours = ref.pykv_kept(model, TOKENS, "criticalkv", budget, policy_kwargs=SNAPKV_ARGS)
+    assert all(len(v) == budget and set(range(N_TOKENS - 64, N_TOKENS)) <= set(v.tolist()) for v in ours.values())
+    _report(f"criticalkv B={budget}", ref.assert_overlap(ours, theirs, what=f"criticalkv B={budget}"))
+
+
+def test_criticalkv_options_and_chunked_prefill_match_kvpress(model):
+    from kvpress import CriticalKVPress
+
+    theirs = ref.kvpress_kept(model, TOKENS, CriticalKVPress(_snapkv(200), epsilon=0.01, first_stage_ratio=0.8))
+    ours = ref.pykv_kept(model, TOKENS, "criticalkv", 200, n_batch=96,
+                         policy_kwargs={**SNAPKV_ARGS, "epsilon": 0.01, "first_stage_ratio": 0.8})
+    _report("criticalkv options, n_batch=96", ref.assert_overlap(ours, theirs, what="criticalkv with options"))
+
+
+def test_criticalkv_quantized_output_projection_matches_kvpress(q4_output_model):
+    from kvpress import CriticalKVPress
+
+    theirs = ref.kvpress_kept(q4_output_model, TOKENS, CriticalKVPress(_snapkv(100)))
+    ours = ref.pykv_kept(q4_output_model, TOKENS, "criticalkv", 100, policy_kwargs=SNAPKV_ARGS)
+    _report("criticalkv Q4_0 W_o B=100", ref.assert_overlap(ours, theirs, what="criticalkv, Q4_0 output projection"))
+
+
+def test_criticalkv_weights_decide_the_entries(model):
+    """SnapKV's own choice (first_stage_ratio=1: the first stage takes everything) is far from
+    kvpress's CriticalKV: the overlap above comes from the value weights."""
+    from kvpress import CriticalKVPress
+
+    theirs = ref.kvpress_kept(model, TOKENS, CriticalKVPress(_snapkv(100)))
+    ours = ref.pykv_kept(model, TOKENS, "criticalkv", 100, policy_kwargs={**SNAPKV_ARGS, "first_stage_ratio": 1.0})
+    assert min(ref.ious(ours, theirs).values()) < 0.8
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("alpha", [0.0, 0.2])   # 0: the same head budgets as kvpress by construction
+def test_criticaladakv_matches_kvpress(model, budget, alpha):
+    from kvpress import CriticalAdaKVPress
+
+    theirs = ref.kvpress_kept(model, TOKENS, CriticalAdaKVPress(_snapkv(budget), alpha_safeguard=alpha))
+    ours = ref.pykv_kept(model, TOKENS, "criticaladakv", budget, policy_kwargs={**SNAPKV_ARGS, "alpha": alpha})
+    for layer in range(3):
+        assert sum(len(v) for (l, _), v in ours.items() if l == layer) == 2 * budget
+    _report(f"criticaladakv alpha={alpha} B={budget}",
+            ref.assert_overlap(ours, theirs, what=f"criticaladakv alpha={alpha} B={budget}"))
+
+
+def test_criticaladakv_head_budgets_are_adakvs(model):
+    """The documented choice: each head keeps as many entries as adakv gives it (its
+    safeguard's blend, not kvpress's per-head reserve) under the same scores and alpha."""
+    kw = {**SNAPKV_ARGS, "alpha": 0.2}
+    ours = ref.pykv_kept(model, TOKENS, "criticaladakv", 100, policy_kwargs=kw)
+    adakv = ref.pykv_kept(model, TOKENS, "adakv", 100, policy_kwargs=kw)
+    assert {k: len(v) for k, v in ours.items()} == {k: len(v) for k, v in adakv.items()}
+    assert len({len(v) for v in ours.values()}) > 1   # the heads' counts do differ
+
+
+@pytest.mark.parametrize("policy", ["criticalkv", "criticaladakv"])
+@pytest.mark.parametrize("kwargs,match", [
+    ({"budget": 32}, "larger than the window W=32"),
+    ({"budget": 64, "policy_kwargs": {"first_stage_ratio": 1.5}}, "first_stage_ratio"),
+    ({"budget": 64, "policy_kwargs": {"epsilon": -1}}, "epsilon"),
+    ({"budget": 64, "policy_kwargs": {"kernel": 4}}, "odd"),
+    ({"budget": 64, "policy_kwargs": {"beta": 1}}, "has no argument .beta."),
+])
+def test_critical_bad_arguments(model, policy, kwargs, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        Llama(str(model), n_ctx=512, policy=policy, **kwargs)
+
+
+def test_criticaladakv_alpha_out_of_range(model):
+    with pytest.raises(InvalidArgumentError, match="alpha"):
+        Llama(str(model), n_ctx=512, policy="criticaladakv", budget=64, policy_kwargs={"alpha": 1.5})

@@ -20,7 +20,7 @@ from pykv.errors import ContextOverflowError
 
 N_CTX, N_BATCH, BUDGET = 256, 64, 64
 EVICTING = ["streamingllm", "h2o", "snapkv", "pyramidkv", "adakv", "cake", "lava", "ems", "take",
-            "expected_attention"]
+            "expected_attention", "criticalkv", "criticaladakv", "kvzip"]
 MODEL = "llama_q8_0_h8kv2"   # 3 layers, 2 KV heads
 
 

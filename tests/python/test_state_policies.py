@@ -28,7 +28,8 @@ POLICIES = [("streamingllm", None, BUDGET), ("streamingllm", None, 0.25), ("h2o"
             ("snapkv", None, BUDGET), ("pyramidkv", None, BUDGET), ("adakv", None, BUDGET), ("cake", None, BUDGET),
             ("lava", None, BUDGET), ("ems", None, BUDGET), ("ems", {"tau": 0.0}, BUDGET), ("take", None, BUDGET),
             ("knorm", None, BUDGET), ("keydiff", None, BUDGET), ("random", None, BUDGET), ("tova", None, BUDGET),
-            ("tova", None, 0.25), ("lagkv", {"lag": 16}, BUDGET), ("expected_attention", None, BUDGET)]
+            ("tova", None, 0.25), ("lagkv", {"lag": 16}, BUDGET), ("expected_attention", None, BUDGET),
+            ("criticalkv", None, BUDGET), ("criticaladakv", None, BUDGET), ("kvzip", None, BUDGET)]
 
 
 def _llama(path, policy, kwargs, **extra):

@@ -28,6 +28,8 @@ extern const struct policy_ops policy_tova;
 extern const struct policy_ops policy_lagkv;
 extern const struct policy_ops policy_chunkkv;
 extern const struct policy_ops policy_expected_attention;
+extern const struct policy_ops policy_criticalkv;
+extern const struct policy_ops policy_criticaladakv;
 
 static const struct policy_ops *const registry[] = {
     &policy_full,
@@ -47,6 +49,8 @@ static const struct policy_ops *const registry[] = {
     &policy_lagkv,
     &policy_chunkkv,
     &policy_expected_attention,
+    &policy_criticalkv,
+    &policy_criticaladakv,
 };
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))

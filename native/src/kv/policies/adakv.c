@@ -20,7 +20,7 @@
 // If all heads together have <= K candidates nothing
 // is evicted. Scoring, defaults, schedule (end of a prefill call only, decode grows), ties and later prefill
 // calls are as SnapKV.
-#include "kv/policies/common/window-scores.h"
+#include "kv/policies/adakv.h"
 #include "kv/policies/common/policy-make.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -92,14 +92,13 @@ static void adakv_head_budgets(int hkv, const int64_t *c, const int32_t *n_cand,
     }
 }
 
-static pykv_status adakv_layer(const struct policy_event *ev, const struct ws_stats *st, const float *s,
-                               int64_t Bs, double alpha) {
+pykv_status adakv_layer_budgets(const struct ws_stats *st, const float *s, int64_t Bs, double alpha, int64_t *b) {
     const int hkv = st->n_head_kv;
     const int64_t K = (int64_t)hkv * Bs;
     int64_t *idx = malloc((size_t)(K > 0 ? K : 1) * sizeof(int64_t));
-    int64_t *c = calloc((size_t)hkv, sizeof(int64_t)), *b = calloc((size_t)hkv, sizeof(int64_t));
+    int64_t *c = calloc((size_t)hkv, sizeof(int64_t));
     pykv_status rc = PYKV_OK;
-    if (!idx || !c || !b) {
+    if (!idx || !c) {
         rc = pykv_error(PYKV_ERR_NOMEM, "out of memory");
         goto done;
     }
@@ -111,10 +110,19 @@ static pykv_status adakv_layer(const struct policy_event *ev, const struct ws_st
         c[h]++;
     }
     adakv_head_budgets(hkv, c, st->n_cand, Bs, alpha, b);
-    for (int h = 0; h < hkv && rc == PYKV_OK; h++)
-        rc = ws_keep_top(ev, h, s + st->offset_kv[h], st->n_cand[h], b[h]);
 done:
-    free(idx); free(c); free(b);
+    free(idx); free(c);
+    return rc;
+}
+
+static pykv_status adakv_layer(const struct policy_event *ev, const struct ws_stats *st, const float *s,
+                               int64_t Bs, double alpha) {
+    int64_t *b = calloc((size_t)st->n_head_kv, sizeof(int64_t));
+    if (!b) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+    pykv_status rc = adakv_layer_budgets(st, s, Bs, alpha, b);
+    for (int h = 0; h < st->n_head_kv && rc == PYKV_OK; h++)
+        rc = ws_keep_top(ev, h, s + st->offset_kv[h], st->n_cand[h], b[h]);
+    free(b);
     return rc;
 }
 
