@@ -14,8 +14,8 @@
 //   z_j    = mu' . k_j / sqrt(d) + k_j^T C' k_j / (2 d)   (log of E[exp(q . k_j / sqrt(d))] for
 //            a Gaussian q);
 //   a_j    = softmax over the list's entries past the sinks of z_j;
-// then per KV head: s_j = the mean of a_j over its query heads, times (s_j + epsilon) *
-// ||v_j||_2 with use_vnorm. The `sink` first positions are always kept; every list keeps its
+// then per KV head: s_j = the mean of a_j over its query heads, or with use_vnorm
+// (s_j + epsilon) * ||v_j||_2. The `sink` first positions are always kept; every list keeps its
 // B - sink best other entries.
 //
 // Options (defaults as kvpress): sink=4 (also the sink= constructor argument),
@@ -29,10 +29,11 @@
 //    computation, whatever the projection (bias included).
 //  * With chunked prefill the statistics are merged chunk by chunk over the whole call
 //    (Chan's pairwise update, in double), so they equal those of the prompt read at once.
-//    They live per layer and query head (d * (d + 1) doubles each) for the call.
-//  * The sinks are the entries at positions below `sink`, and the future positions start at
-//    the end of the call (n_past_end); for a first call both are kvpress's (its first `sink`
-//    tokens of the input, and positions from the input's length).
+//    They take d * (d + 1) doubles per layer and query head, held from the first prefill on.
+//  * The sinks are the entries at positions below `sink`; the statistics leave out the
+//    queries at those positions, and the future positions start at the end of the call
+//    (n_past_end). For a first call that is kvpress's rule; on a later prefill call kvpress
+//    leaves out the first `sink` tokens of its input and starts at the input's length.
 //  * Runs in after_layer of the last chunk of a multi-token call (of every chunk with
 //    evict_every_chunk, from the statistics of the call so far). Decode steps append
 //    without eviction. No eviction while a list holds <= B entries; ties go to the lower
