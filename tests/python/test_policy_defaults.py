@@ -18,7 +18,7 @@ from pykv import Llama
 from pykv.errors import InvalidArgumentError
 
 EVICTING = ["streamingllm", "h2o", "snapkv", "pyramidkv", "adakv", "cake", "lava", "ems", "take",
-            "knorm", "keydiff", "random", "tova", "lagkv"]
+            "knorm", "keydiff", "random", "tova", "lagkv", "chunkkv", "finch"]
 DEFAULT_FRAC, DEFAULT_MIN, FLOOR = 0.25, 256, 64
 
 
@@ -116,10 +116,10 @@ def test_policy_info_gives_every_policy_its_defaults():
         assert info["evicts"]
         assert (info["default_budget_frac"], info["default_budget_min"], info["budget_floor"]) == (0.25, 256, 64)
         assert info["choose"] and info["options"]
-    for name in (n for n in EVICTING if n != "take"):
+    for name in (n for n in EVICTING if n not in ("take", "finch")):
         assert "evict_every_chunk=0" in infos[name]["options"]
     assert infos["take"]["evicts_while_reading"]
-    assert [n for n, i in infos.items() if i["evicts_while_reading"]] == ["take"]
+    assert [n for n, i in infos.items() if i["evicts_while_reading"]] == ["take", "finch"]
     assert infos["snapkv"]["options"].startswith("window=32, pool=max, kernel=7, gqa=mean")
 
 

@@ -27,6 +27,7 @@ extern const struct policy_ops policy_random;
 extern const struct policy_ops policy_tova;
 extern const struct policy_ops policy_lagkv;
 extern const struct policy_ops policy_chunkkv;
+extern const struct policy_ops policy_finch;
 extern const struct policy_ops policy_expected_attention;
 extern const struct policy_ops policy_criticalkv;
 extern const struct policy_ops policy_criticaladakv;
@@ -48,6 +49,7 @@ static const struct policy_ops *const registry[] = {
     &policy_tova,
     &policy_lagkv,
     &policy_chunkkv,
+    &policy_finch,
     &policy_expected_attention,
     &policy_criticalkv,
     &policy_criticaladakv,

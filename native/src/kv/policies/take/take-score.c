@@ -70,6 +70,7 @@ struct score_job {
     const int64_t *mean_off;
     float         *scratch;  // per query head: max n_cols floats
     int32_t        max_cols;
+    enum take_row_weight weight;
 };
 
 static void score_head(const struct score_job *j, int32_t h) {
@@ -84,7 +85,8 @@ static void score_head(const struct score_job *j, int32_t h) {
         while (vis > 0 && l->pos[vis - 1] > j->pos0 + r) vis--;   // causal by position
         if (vis == 0) continue;
         attention_weights(q, 1, l, vis, hd, z);
-        for (int32_t c = 0; c < vis; c++) mean[c] += z[c];
+        const float w = j->weight == TAKE_ROWS_BY_SEEN ? (float)vis : 1.0f;
+        for (int32_t c = 0; c < vis; c++) mean[c] += w * z[c];
     }
     const float inv = 1.0f / (float)j->rows;
     for (int32_t c = 0; c < n; c++) mean[c] *= inv;
@@ -98,7 +100,8 @@ static void score_task(void *arg, int ith, int nth) {
 }
 
 pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                              const int32_t *n_cols, const int64_t *offset, int32_t kernel, float *scores) {
+                              const int32_t *n_cols, const int64_t *offset, int32_t kernel,
+                              enum take_row_weight weight, float *scores) {
     const struct hparams *hp = ev->hp;
     const int32_t G = hp->n_head / hp->n_head_kv;
     int32_t max_cols = 1;
@@ -116,7 +119,7 @@ pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, in
         return pykv_error(PYKV_ERR_NOMEM, "out of memory scoring the TAKE probe (%lld entries)", (long long)total);
     }
     for (int32_t h = 0; h < hp->n_head; h++) mean_off[h] = offset[h / G] * G + (int64_t)(h % G) * n_cols[h / G];
-    struct score_job job = { ev, qa, rows, pos0, n_cols, mean, mean_off, scratch, max_cols };
+    struct score_job job = { ev, qa, rows, pos0, n_cols, mean, mean_off, scratch, max_cols, weight };
     if (ev->pool) threadpool_run(ev->pool, score_task, &job);
     else score_task(&job, 0, 1);
     for (int32_t g = 0; g < hp->n_head_kv; g++) {

@@ -41,7 +41,15 @@ struct take_ema {
 pykv_status take_ema_update(struct take_ema *e, const float *now, int32_t rows, int32_t pos0, double alpha,
                             const struct policy_event *ev, float *out);
 
+// How each probe row's attention counts in the mean over the rows.
+enum take_row_weight {
+    TAKE_ROWS_EQUAL = 0,     // every row alike (TAKE)
+    TAKE_ROWS_BY_SEEN = 1,   // each row times the number of columns it sees: a row that spreads its
+                             // attention over more entries counts as much as a shorter one (FINCH)
+};
+
 // Scores of one layer: for KV head g, n_cols[g] values at scores + offset[g] (offset is
 // the running sum of n_cols). qa: (rows, n_head, head_dim) post-RoPE probe at pos0...
 pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                              const int32_t *n_cols, const int64_t *offset, int32_t kernel, float *scores);
+                              const int32_t *n_cols, const int64_t *offset, int32_t kernel,
+                              enum take_row_weight weight, float *scores);

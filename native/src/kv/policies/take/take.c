@@ -186,7 +186,8 @@ static pykv_status evict_layer(struct take *p, const struct policy_event *ev, co
     int32_t *want = malloc((size_t)max_n * sizeof(int32_t));
     pykv_status st = (scores && chosen && keep && want) ? PYKV_OK
                    : pykv_error(PYKV_ERR_NOMEM, "out of memory in TAKE eviction (%lld entries)", (long long)total);
-    if (st == PYKV_OK) st = take_layer_scores(ev, qa, rows, pos0, n_cols, offset, p->kernel, scores);
+    if (st == PYKV_OK)
+        st = take_layer_scores(ev, qa, rows, pos0, n_cols, offset, p->kernel, TAKE_ROWS_EQUAL, scores);
     for (int32_t g = 0; g < Hkv && st == PYKV_OK; g++) {
         struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
         int64_t n_chosen = 0;
