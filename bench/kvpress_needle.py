@@ -1,53 +1,68 @@
-"""Needle-in-a-haystack with NVIDIA kvpress 0.5.5, on the same token ids as bench/needle.py.
+"""Needle-in-a-haystack with NVIDIA kvpress 0.5.5 on the samples of a `pykv eval needle` run.
 
+    pykv eval needle --lengths 2k,4k --budgets 10%,25% --samples 20 --out runs/needle
     bash bench/setup_kvpress.sh                       # venv at /tmp/kvpress-venv (path as $1)
-    /tmp/kvpress-venv/bin/python bench/kvpress_needle.py --lengths 2048,4096,7168 --budgets 2,5,10,25 --samples 5 --json kvpress.json
-    /tmp/kvpress-venv/bin/python bench/kvpress_needle.py --lengths 1024 --budgets 25 --samples 2 --presses full,snapkv
+    /tmp/kvpress-venv/bin/python bench/kvpress_needle.py runs/needle --budgets 10%,25% --out runs/kvpress
+    pykv eval compare runs/kvpress/results.json runs/needle/results.json
 
-The tasks (haystack, passkey, depth, question, chat template) are needle.py's Task objects,
-tokenized by a pykv Llama exactly as needle.py does, so both benchmarks see identical ids.
-The same GGUF is loaded into transformers, dequantized to float32, and run on CPU.
+The token ids come from the run's samples.json (made by pykv with the model's chat template),
+so kvpress sees exactly the prompts pykv saw; the same GGUF is loaded into transformers,
+dequantized to float32, and run on the CPU. Results go to OUT/results.json in pykv eval's record
+format, under pykv's policy names (the press each stands for is in the records' "press"), so
+`pykv eval compare` puts the two side by side cell by cell; a stopped run resumes from OUT.
 
-Per sample, mirroring kvpress's KVPressTextGenerationPipeline (pipeline.py):
+Per sample, as kvpress's KVPressTextGenerationPipeline does:
   aware    - the whole prompt (context + question) is prefilled under the press;
-  agnostic - the context is prefilled under the press, then the question is fed without it,
-             at its original positions (position_ids = context length + i, as the pipeline does).
-Then greedy decoding of up to 24 tokens without the press, positions continuing from the
-uncompressed prompt length, stopping at an end-of-generation token; a hit is Task.hit.
-A budget of p percent is kvpress's compression_ratio = 1 - p/100 of the prefilled tokens.
-
-Attention: sdpa, except ObservedAttentionPress, which needs eager (it scores with the attention
-weights); AdaKVPress refuses eager. A press that raises is reported as an error cell.
-Results print as markdown tables in needle.py's layout (plus wall seconds per cell) and, with
---json, as one JSON object ("kept": mean physical KV entries per layer / prefill length).
+  agnostic - the context is prefilled under the press, then the question without it, at its
+             own positions.
+Then greedy decoding of up to 24 tokens without the press, stopping at an end-of-generation
+token. A budget of B entries (pykv's: a share of the context, rounded) is kvpress's
+compression_ratio = 1 - B / prefilled tokens, so both keep the same number of entries.
+Attention: sdpa, except ObservedAttentionPress (eager: it scores with the attention weights).
 """
 import argparse
-import os
+import json
 import sys
 import time
-from importlib.metadata import version
 from contextlib import nullcontext
+from importlib.metadata import version
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import needle  # noqa: E402  (Task, tokenizer-side helpers; imports pykv)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from kvpress import (AdaKVPress, ObservedAttentionPress, PyramidKVPress,  # noqa: E402
-                     SnapKVPress, StreamingLLMPress)
-from pykv import Llama  # noqa: E402
-from pykv.pull import pull  # noqa: E402
+import kvpress  # noqa: E402
 
+from pykv import Llama  # noqa: E402
+from pykv.eval import parse_budgets, parse_lengths, parse_settings  # noqa: E402
+from pykv.eval.grid import run_grid  # noqa: E402
+from pykv.eval.results import ResultStore  # noqa: E402
+from pykv.eval.samples import SampleSet  # noqa: E402
+
+ANSWER_TOKENS = 24
+
+
+def _snap(cr):
+    return kvpress.SnapKVPress(compression_ratio=cr)
+
+
+# pykv's policy name -> the kvpress press it stands for (built for a compression ratio)
 PRESSES = {
-    "full": None,
-    "streaming_llm": lambda cr: StreamingLLMPress(compression_ratio=cr),
-    "snapkv": lambda cr: SnapKVPress(compression_ratio=cr),
-    "adakv_snapkv": lambda cr: AdaKVPress(SnapKVPress(compression_ratio=cr)),
-    "pyramidkv": lambda cr: PyramidKVPress(compression_ratio=cr),
-    "observed_attention": lambda cr: ObservedAttentionPress(compression_ratio=cr),
+    "streamingllm": lambda cr: kvpress.StreamingLLMPress(compression_ratio=cr),
+    "h2o": lambda cr: kvpress.ObservedAttentionPress(compression_ratio=cr),
+    "snapkv": _snap,
+    "pyramidkv": lambda cr: kvpress.PyramidKVPress(compression_ratio=cr),
+    "adakv": lambda cr: kvpress.AdaKVPress(_snap(cr)),
+    "knorm": lambda cr: kvpress.KnormPress(compression_ratio=cr),
+    "keydiff": lambda cr: kvpress.KeyDiffPress(compression_ratio=cr),
+    "tova": lambda cr: kvpress.TOVAPress(compression_ratio=cr),
+    "lagkv": lambda cr: kvpress.LagKVPress(compression_ratio=cr),
+    "random": lambda cr: kvpress.RandomPress(compression_ratio=cr),
+    "expected_attention": lambda cr: kvpress.ExpectedAttentionPress(compression_ratio=cr),
+    "criticalkv": lambda cr: kvpress.CriticalKVPress(_snap(cr)),
+    "criticaladakv": lambda cr: kvpress.CriticalAdaKVPress(_snap(cr)),
+    "chunkkv": lambda cr: kvpress.ChunkKVPress(_snap(cr)),
 }
-EAGER = {"observed_attention"}
+EAGER = {"h2o"}
 
 
 def load_model(path: str):
@@ -58,117 +73,94 @@ def load_model(path: str):
 
 
 @torch.no_grad()
-def answer(model, llm, task, press, aware: bool, n_new: int = 24):
+def answer(model, llm, sample, press, aware: bool):
     """Greedy answer and the fraction of prefill entries physically kept (mean over layers)."""
     for layer in model.model.layers:            # AdaKV leaves its mask on the modules
         layer.self_attn.masked_key_indices = None
     cache = transformers.DynamicCache()
-    prompt = task.context + task.question
+    prompt = sample.context + sample.question
     with press(model) if press is not None else nullcontext():
         if aware:
             out = model(input_ids=torch.tensor([prompt]), past_key_values=cache, logits_to_keep=1)
         else:
-            model.model(input_ids=torch.tensor([task.context]), past_key_values=cache)
-    n_pre = len(prompt) if aware else len(task.context)
-    kept = sum(layer.keys.shape[2] for layer in cache.layers) / len(cache.layers) / n_pre
-    if not aware:                               # the question, uncompressed, at its true positions
-        pos = torch.arange(len(task.context), len(prompt)).unsqueeze(0)
-        out = model(input_ids=torch.tensor([task.question]), past_key_values=cache,
+            model.model(input_ids=torch.tensor([sample.context]), past_key_values=cache)
+    if not aware:                               # the question, uncompressed, at its own positions
+        pos = torch.arange(len(sample.context), len(prompt)).unsqueeze(0)
+        out = model(input_ids=torch.tensor([sample.question]), past_key_values=cache,
                     position_ids=pos, logits_to_keep=1)
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
     toks = []
-    for i in range(n_new):
+    for i in range(ANSWER_TOKENS):
         tok = int(out.logits[0, -1].argmax())
-        if llm.is_eog(tok) or tok in eos:
+        if llm.is_eog(tok):
             break
         toks.append(tok)
         out = model(input_ids=torch.tensor([[tok]]), past_key_values=cache,
                     position_ids=torch.tensor([[len(prompt) + i]]))
-    return llm.detokenize(toks).decode("utf-8", "replace"), kept
-
-
-def print_tables(results, presses, budgets, lengths, settings):
-    """needle.py's table layout; an error cell reads 'err N' with the message below the table."""
-    for setting in settings:
-        for title, table, fmt in (("Needle retrieval", "accuracy", lambda v: f"{100 * v:.0f}%"),
-                                  ("Wall seconds per cell", "seconds", lambda v: f"{v:.0f}")):
-            print(f"\n### kvpress {results['kvpress']}: {title}, question-{setting} "
-                  f"({results['samples']} samples per cell)\n")
-            cols = [f"{n} @ {b}%" for n in lengths for b in budgets]
-            print("| press | " + " | ".join(cols) + " |")
-            print("|---|" + "---|" * len(cols))
-            notes = []
-            for press in presses:
-                cells = []
-                for n in lengths:
-                    for b in budgets:
-                        key = f"{press}|{None if press == 'full' else b}|{n}|{setting}"
-                        v = results[table].get(key)
-                        if key in results["errors"] and table == "accuracy":
-                            notes.append(f"{key}: {results['errors'][key]}")
-                            cells.append(f"err {len(notes)}")
-                        else:
-                            cells.append("-" if v is None else fmt(v))
-                print(f"| {press} | " + " | ".join(cells) + " |")
-            for i, note in enumerate(notes, 1):
-                print(f"\nerr {i}: {note}")
+    return llm.detokenize(toks).decode("utf-8", "replace")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="GGUF path (default: pykv pull smollm2)")
-    ap.add_argument("--lengths", default="2048,4096,7168")
-    ap.add_argument("--budgets", default="2,5,10,25", help="percent of the prefill kept")
-    ap.add_argument("--presses", default=",".join(PRESSES))
-    ap.add_argument("--samples", type=int, default=5)
-    ap.add_argument("--first-sample", type=int, default=0, help="sample index to start at (as needle.py)")
-    ap.add_argument("--settings", default="aware,agnostic")
+    ap.add_argument("run", help="a pykv eval needle output folder (its samples.json and model)")
+    ap.add_argument("--model", default=None, help="the GGUF (default: the pulled file of the run's model)")
+    ap.add_argument("--lengths", default=None, help="only these lengths (default: all of the run's)")
+    ap.add_argument("--budgets", default="10%,25%")
+    ap.add_argument("--policies", default=",".join(PRESSES), help="pykv names of the presses to run")
+    ap.add_argument("--setting", default="aware,agnostic")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", help="write all results to this file")
+    ap.add_argument("--out", required=True, help="results folder (resumed when it holds results)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    model_path = args.model or str(pull("smollm2"))
-    lengths = [int(x) for x in args.lengths.split(",")]
-    budgets = [float(x) for x in args.budgets.split(",")]
-    presses = args.presses.split(",")
-    settings = args.settings.split(",")
-    samples = range(args.first_sample, args.first_sample + args.samples)
-    results = {"model": os.path.basename(model_path), "samples": args.samples, "sample_ids": list(samples),
-               "kvpress": version("kvpress"), "transformers": transformers.__version__, "torch": torch.__version__,
-               "threads": args.threads, "accuracy": {}, "hits": {}, "errors": {}, "seconds": {}, "kept": {}}
-    t0 = time.time()
+    run = Path(args.run)
+    meta = json.loads((run / "samples.json").read_text())
+    model_path = args.model or str(Path.home() / ".cache" / "pykv" / "models" / meta["model"])
+    samples = list(SampleSet(run / "samples.json", meta["model"]).needle.values())
+    if args.lengths:
+        keep = set(parse_lengths(args.lengths))
+        samples = [s for s in samples if s.length in keep]
+    budgets, settings = parse_budgets(args.budgets), parse_settings(args.setting)
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in PRESSES and p != "full"]
+    if unknown:
+        sys.exit(f"no kvpress press for {', '.join(unknown)} (known: {', '.join(PRESSES)})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    versions = {"kvpress": version("kvpress"), "transformers": transformers.__version__, "torch": torch.__version__}
+    store = ResultStore(out / "results.json", "needle", meta["model"], meta={"runtime": "kvpress", **versions})
     model = load_model(model_path)
-    with Llama(model_path, n_ctx=max(lengths) + 64, n_threads=args.threads) as llm:
-        tasks = {n: [needle.Task(llm, n, s) for s in samples] for n in lengths}
-        for name in presses:
-            model.set_attn_implementation("eager" if name in EAGER else "sdpa")
-            for pct in ([None] if name == "full" else budgets):
-                for n in lengths:
+
+    with Llama(model_path, n_ctx=64, vocab_only=True) as llm:
+        def measure(record, sample, policy):
+            n_pre = sample.n_prompt if record["setting"] == "aware" else len(sample.context)
+            press = None
+            if policy != "full":
+                press = PRESSES[policy]((n_pre - record["budget_entries"]) / n_pre)
+            model.set_attn_implementation("eager" if policy in EAGER else "sdpa")
+            t0 = time.perf_counter()
+            text = answer(model, llm, sample, press, record["setting"] == "aware")
+            record.update(hit=sample.hit(text), answer=text, seconds=round(time.perf_counter() - t0, 3))
+            return record
+
+        jobs = []
+        for sample in sorted(samples, key=lambda s: (s.length, s.index)):
+            for policy in ["full"] + [p for p in policies if p != "full"]:
+                for budget in ([None] if policy == "full" else budgets):
                     for setting in settings:
-                        key, t1 = f"{name}|{pct}|{n}|{setting}", time.time()
-                        hit_ids, kept = [], []
-                        for sample, task in zip(samples, tasks[n]):
-                            press = None if pct is None else PRESSES[name](1 - pct / 100)
-                            try:
-                                text, k = answer(model, llm, task, press, setting == "aware")
-                                if task.hit(text):
-                                    hit_ids.append(sample)
-                                kept.append(k)
-                            except Exception as e:   # kvpress limitations: reported, not fatal
-                                results["errors"][key] = f"{type(e).__name__}: {str(e)[:300]}"
-                        if kept:
-                            results["accuracy"][key] = len(hit_ids) / len(tasks[n])
-                            results["hits"][key] = hit_ids
-                            results["kept"][key] = sum(kept) / len(kept)
-                        results["seconds"][key] = time.time() - t1
-                        status = results["errors"].get(key, f"{len(hit_ids)}/{len(tasks[n])} {hit_ids}")
-                        print(f"{key}: {status}  ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
-                        needle.save(args.json, results)   # a long run that is stopped keeps what it measured
-    print_tables(results, presses, budgets, lengths, settings)
-    needle.save(args.json, results)
+                        record = {"kind": "needle", "model": meta["model"], "policy": policy, "press": "none" if policy == "full" else
+                                  type(PRESSES[policy](0.5)).__name__, "args": {},
+                                  "budget": budget.label if budget else None,
+                                  "budget_entries": budget.of(len(sample.context)) if budget else None,
+                                  "length": sample.length, "n_context": len(sample.context),
+                                  "n_prompt": sample.n_prompt, "setting": setting, "sample": sample.index,
+                                  "seed": sample.seed, "depth": sample.depth, "passkey": sample.passkey}
+                        jobs.append((record, sample.n_prompt,
+                                     lambda r, sample=sample, policy=policy: measure(r, sample, policy)))
+        per_cell = max(1, len({(s.length, s.index) for s in samples}) // max(1, len({s.length for s in samples})))
+        run_grid(store, jobs, len(jobs), sum(t for _, t, _ in jobs), per_cell)
+    from pykv.eval import tables
+    print(tables(store.records))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""The ``pykv`` command: ``pykv generate|chat|perplexity|embed|serve|info|pull|convert|bench ...``
+"""The ``pykv`` command: ``pykv generate|chat|perplexity|embed|serve|info|pull|convert|bench|eval ...``
 (llama.cpp flag spellings).
 
 Exit codes: 0 ok, 1 usage error, 2 model or IO error, 3 runtime error, 130 interrupted.
 Errors print one line ``pykv: error: <message>`` on stderr (``-v`` adds the traceback).
-The subcommands live in generate.py, chat.py, perplexity.py, embed.py, serve.py, info.py and
-bench.py beside this file, pull and convert here; this file builds the parser and turns
+The subcommands live in generate.py, chat.py, perplexity.py, embed.py, serve.py, info.py,
+bench.py and eval.py beside this file, pull and convert here; this file builds the parser and turns
 exceptions into exit codes.
 """
 
@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(sub)
     from .bench import add_bench_parser
     add_bench_parser(sub)
+    from .eval import add_eval_parser
+    add_eval_parser(sub, _Parser)
     return parser
 
 
@@ -272,6 +274,9 @@ def _dispatch(args) -> int:
     if args.run == "perplexity":
         from .perplexity import run_perplexity
         return run_perplexity(args)
+    if args.run == "eval":
+        from .eval import run_eval
+        return run_eval(args)
     if args.run == "info":
         from .info import run_info
         return run_info(args)
