@@ -204,7 +204,7 @@ def test_kvzip_cancel_during_passes_rolls_back(model):
     its only one), as a cancelled chunk is undone; one that lands later reports the call
     cancelled with its tokens evaluated and compressed. Either way the context stays usable:
     the same tokens evaluated again give the uncancelled result."""
-    toks = random_tokens(1500, seed=5)
+    toks = random_tokens(1000, seed=5)
     with Llama(str(model), n_ctx=2048, n_batch=2048, n_threads=1, policy="kvzip", budget=200) as llm:
         llm.eval(toks)
         llm.reset()
@@ -213,7 +213,7 @@ def test_kvzip_cancel_during_passes_rolls_back(model):
         whole = time.perf_counter() - t0
         expected = _positions(llm)
         rolled_back = 0
-        for frac in (0.6, 0.7, 0.8, 0.9):
+        for frac in (0.55, 0.7, 0.85):
             llm.reset()
             timer = threading.Timer(whole * frac, llm.cancel)
             timer.start()
@@ -251,3 +251,31 @@ def test_kvzip_no_room_for_the_pass(model):
     with Llama(str(model), n_ctx=256, n_batch=16, policy="kvzip", budget=64) as llm:
         with pytest.raises(ContextOverflowError, match="no room for its reconstruction pass"):
             llm.eval(TOKENS[:100])
+
+
+# ---- the question-agnostic needle on SmolLM2 -------------------------------------------------
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_kvzip_finds_the_needle_agnostic_more_often_than_snapkv(smollm2_path):
+    """1K-token licence-text haystacks with a passkey (bench/needle.py), the context
+    compressed to 25% before the question comes (eval(context), then eval(question)): kvzip
+    keeps what repeating the text needs, the passkey included; snapkv's window is the end of
+    the document, which does not point at the passkey."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import needle
+
+    with Llama(smollm2_path, n_ctx=1100, vocab_only=True) as llm:
+        tasks = [needle.Task(llm, 1024, sample) for sample in (0, 1)]
+    hits = {}
+    for policy in ("kvzip", "snapkv"):
+        hits[policy] = []
+        for task in tasks:
+            budget = round(len(task.context) * 0.25)
+            with Llama(smollm2_path, n_ctx=1100, n_threads=2, policy=policy, budget=budget) as llm:
+                hits[policy].append(task.hit(needle.answer(llm, task, aware=False)))
+    assert sum(hits["kvzip"]) > sum(hits["snapkv"]), hits
+    assert all(hits["kvzip"]), hits

@@ -39,6 +39,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "cpu/attention.h"
+#include "cpu/ops.h"
 #include "model/model.h"
 #include "kv/policy.h"
 #include "kv/policies/common/policy-make.h"
@@ -249,18 +250,9 @@ static void pass_row(const struct pass_job *job, int hq, int t, float *z, float 
     key_dots(q, l, 0, ns, d, z);
     key_dots(q, l, job->c0[g], w, d, z + ns);
     key_dots(q, l, job->self0[g], t + 1, d, z + ns + w);
-    float m = -INFINITY;
-    for (int32_t j = 0; j < n; j++) {
-        z[j] *= scale;
-        m = z[j] > m ? z[j] : m;
-    }
-    float sum = 0.0f;
-    for (int32_t j = 0; j < n; j++) sum += z[j] = expf(z[j] - m);
-    const float inv = 1.0f / sum;
-    for (int32_t j = 0; j < w; j++) {
-        const float pj = z[ns + j] * inv;
-        if (pj > best[j]) best[j] = pj;
-    }
+    for (int32_t j = 0; j < n; j++) z[j] *= scale;
+    softmax(z, n);
+    for (int32_t j = 0; j < w; j++) best[j] = z[ns + j] > best[j] ? z[ns + j] : best[j];
 }
 
 static void pass_task(void *arg, int ith, int nth) {
