@@ -36,6 +36,8 @@ def protected(policy: str, n: int, budget: int) -> set:
         return set()                            # TAKE protects no window (docs/policies.md#take)
     if policy in ("knorm", "keydiff", "random"):
         return set()                            # scored entry by entry, no window
+    if policy == "kvzip":
+        return set(range(SINK))                 # its sinks; no window (docs/policies.md#kvzip)
     if policy == "tova":
         return {n - 1}                          # the newest entry
     if policy == "expected_attention":

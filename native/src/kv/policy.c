@@ -31,6 +31,7 @@ extern const struct policy_ops policy_finch;
 extern const struct policy_ops policy_expected_attention;
 extern const struct policy_ops policy_criticalkv;
 extern const struct policy_ops policy_criticaladakv;
+extern const struct policy_ops policy_kvzip;
 
 static const struct policy_ops *const registry[] = {
     &policy_full,
@@ -53,6 +54,7 @@ static const struct policy_ops *const registry[] = {
     &policy_expected_attention,
     &policy_criticalkv,
     &policy_criticaladakv,
+    &policy_kvzip,
 };
 
 #define N_POLICIES ((int)(sizeof(registry) / sizeof(registry[0])))
