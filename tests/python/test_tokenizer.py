@@ -66,10 +66,26 @@ def smol(smollm2_path):
 
 @pytest.fixture(scope="module")
 def smol_hf(smollm2_path):
-    """The tokenizer transformers builds from the SmolLM2 GGUF, as it builds it."""
+    """The tokenizer transformers builds from the SmolLM2 GGUF, as it builds it; transformers
+    5.2 (the one kvpress 0.5.5 allows) builds a BPE GGUF's tokenizer the SentencePiece way
+    (byte fallback, an unknown token, BOS added whatever the GGUF says), so that one is
+    rebuilt as the byte-level BPE later versions build."""
+    import json
+
     transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
     path = Path(smollm2_path)
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    if spec["model"].get("byte_fallback"):
+        spec["model"].update(byte_fallback=False, unk_token=None, fuse_unk=False,
+                             continuing_subword_prefix="", end_of_word_suffix="")
+        spec["normalizer"] = spec["post_processor"] = None
+        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+        tok._tokenizer = Tokenizer.from_str(json.dumps(spec))
+        tok.add_bos_token = False
+    return tok
 
 
 @pytest.fixture(scope="module")
