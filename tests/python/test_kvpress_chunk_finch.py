@@ -107,6 +107,21 @@ def test_chunkkv_chunked_prefill_keeps_the_one_chunk_selection(model, n_batch):
     assert all(np.array_equal(one[key], chunked[key]) for key in one)
 
 
+def test_chunkkv_evict_every_chunk_reads_a_prompt_longer_than_the_cache(model):
+    """evict_every_chunk=1: every chunk is compressed as a prompt's end is, so 400 tokens go
+    through a 160-entry cache; every list then holds whole chunks, at most B entries."""
+    from pykv import Llama
+
+    with Llama(str(model), n_ctx=160, n_batch=64, n_threads=2, policy="chunkkv", budget=80,
+               evict_every_chunk=True) as llm:
+        assert llm.cache_bounded
+        llm.eval(TOKENS)
+        per_head = llm.kv_stats()["entries_per_head"]
+        kept = {(l, h): np.asarray(llm.kv_positions(l, h)) for l in range(N_LAYER) for h in range(N_HEAD_KV)}
+    assert max(n for layer in per_head for n in layer) <= 80
+    _whole_chunks(kept, N_TOKENS)
+
+
 def test_chunkkv_bad_arguments_are_clear_errors(model):
     from pykv import InvalidArgumentError, Llama
 
@@ -294,6 +309,18 @@ def test_finch_reads_a_prompt_longer_than_the_cache(model):
         assert st["peak_bytes"] <= (100 + 128) * n_lists * per_entry
         llm.eval([5])   # a decode step appends
         assert {n for layer in llm.kv_stats()["entries_per_head"] for n in layer} == {101}
+
+
+def test_finch_question_agnostic_compresses_each_call(model):
+    """eval(context) then eval(question): the context is compressed by its own last W tokens,
+    then the question's call is a new FINCH prefill over the compressed context, keeping the
+    question."""
+    with _finch_llama(model) as llm:
+        llm.eval(TOKENS)
+        assert all(len(p) == 100 and p[-24:] == list(range(N_TOKENS - 24, N_TOKENS))
+                   for layer in _positions(llm) for p in layer)
+        llm.eval(QUESTION)
+        assert all(len(p) == 100 and p[-24:] == list(range(N_TOKENS, N_ALL)) for layer in _positions(llm) for p in layer)
 
 
 def test_finch_bad_arguments_are_clear_errors(model):
