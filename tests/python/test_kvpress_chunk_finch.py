@@ -334,3 +334,7 @@ def test_finch_bad_arguments_are_clear_errors(model):
         kwargs.setdefault("budget", 100)
         with pytest.raises(InvalidArgumentError, match=match):
             Llama(str(model), n_ctx=512, policy="finch", **kwargs)
+    with _finch_llama(model, budget=32) as llm:   # a probe longer than W is the question kept: B must exceed it
+        llm.set_probe(random_tokens(40, seed=49))
+        with pytest.raises(InvalidArgumentError, match="larger than the window W=40"):
+            llm.eval(TOKENS)

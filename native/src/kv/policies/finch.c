@@ -34,8 +34,8 @@
 //    context; pykv keeps the distances the model saw. The kept entries are the same: the
 //    rotation comes after the selection.
 //  * normalize multiplies a row by the number of entries it sees (its non-zero weights);
-//    kvpress multiplies by its position, one less in an uncompressed cache, which changes
-//    the weights by under 1 / W of a row at the positions a window reaches.
+//    kvpress multiplies by the row's position, one less in an uncompressed cache (a
+//    relative difference of 1 / (position + 1) between rows' weights).
 //  * The question's length: kvpress finds it from a delimiter token it adds to the
 //    vocabulary; pykv takes the call's last W tokens, or the probe's length when a probe
 //    longer than W was appended.
@@ -171,6 +171,8 @@ static pykv_status finch_after_layer(struct kv_policy *base, const struct policy
     const int32_t B = ws_budget(&base->cfg, ev);
     PYKV_TRY(ws_check_budget("finch", B, p->window));
     const struct question qn = question_of(p, ev);
+    if (ev->probe.n == 0 && qn.kept > p->window)   // a probe longer than W: the question kept is longer
+        PYKV_TRY(ws_check_budget("finch", B, qn.kept));
     const int64_t k = ev->probe.n > 0 ? B : (int64_t)B - qn.kept;
     int any = 0;
     for (int32_t g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n - qn.kept > k;
