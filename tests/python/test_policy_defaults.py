@@ -19,7 +19,7 @@ from pykv.errors import InvalidArgumentError
 
 EVICTING = ["streamingllm", "h2o", "snapkv", "pyramidkv", "adakv", "cake", "lava", "ems", "take",
             "knorm", "keydiff", "random", "tova", "lagkv", "chunkkv", "finch", "expected_attention", "criticalkv",
-            "criticaladakv"]
+            "criticaladakv", "kvzip"]
 DEFAULT_FRAC, DEFAULT_MIN, FLOOR = 0.25, 256, 64
 
 
