@@ -5,11 +5,13 @@ kvpress side: the GGUF's weights in transformers (float32, CPU, loaded by transf
 GGUF reader, as in _torch_reference.py), the prompt run once through the model under the
 press (``with press(model): model.model(ids, past_key_values=DynamicCache())``, as kvpress's
 pipeline prefills a context). The kept positions are then read from the compressed cache:
-each kept (key, value) row is matched against the rows of the same prompt run without a
-press, per (layer, KV head). That recovers positions whatever order a press gathers its
-entries in (score order for ScorerPress, position order for others); a press that rotates
-its kept keys to new positions (KeyRerotationPress, FinchPress) is matched on its values
-instead. Presses that mask rather than remove (AdaKVPress and the other head-wise presses:
+each kept key row is matched against the rows of the same prompt run without a press, per
+(layer, KV head). That recovers positions whatever order a press gathers its entries in
+(score order for ScorerPress, position order for others). A press that rotates its kept keys
+to new positions (KeyRerotationPress, FinchPress) has its indices taken where it hands them
+to ``KeyRerotationPress.rerotate_keys`` (the values at those positions are checked against
+the cache); failing both, rows are matched on their values, which must then be unique.
+Presses that mask rather than remove (AdaKVPress and the other head-wise presses:
 ``module.masked_key_indices``) leave every row in the cache; the masked rows are taken out.
 
 pykv side: ``Llama(..., exact_matmul=True, kv_type="f32", policy=..., budget=...)``, the
@@ -33,6 +35,7 @@ kvpress pay nothing for this module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -112,11 +115,28 @@ def _clear_masks(model) -> None:
         module.masked_key_indices = None
 
 
+@contextlib.contextmanager
+def _rerotated_indices(found: dict):
+    """Record, per layer, the kept indices a press hands to KeyRerotationPress.rerotate_keys
+    (KeyRerotationPress and FinchPress call it through the class)."""
+    from kvpress.presses.key_rerotation_press import KeyRerotationPress
+
+    original = KeyRerotationPress.__dict__["rerotate_keys"]
+
+    def recording(module, indices, keys):
+        found[module.layer_idx] = indices[0].detach().cpu().numpy().astype(np.int64)
+        return original.__func__(module, indices, keys)
+
+    KeyRerotationPress.rerotate_keys = staticmethod(recording)
+    try:
+        yield found
+    finally:
+        KeyRerotationPress.rerotate_keys = original
+
+
 def _prefill(model, ids, press=None):
     """The cache after one forward of ``ids`` (under ``press`` when given) and the attention
     modules' masked_key_indices then."""
-    import contextlib
-
     import torch
     from transformers import DynamicCache
 
@@ -151,23 +171,30 @@ def _nearest(rows: np.ndarray, table: np.ndarray):
     return best, dist / scale
 
 
-def _match_positions(kept_k, kept_v, full_k, full_v, tol=1e-4, what="") -> np.ndarray:
-    """Positions (in the full cache) of the kept rows, in the kept rows' order."""
+def _relative_gap(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.sum((rows - table) ** 2, axis=1)) / (np.sqrt(np.sum(table * table, axis=1)) + 1e-30)
+
+
+def _match_positions(kept_k, kept_v, full_k, full_v, indices=None, tol=1e-4, what="") -> np.ndarray:
+    """Positions (in the full cache) of the kept rows, in the kept rows' order; ``indices``:
+    the positions a re-rotating press reported, checked here against the values."""
+    if indices is not None:
+        gap = _relative_gap(kept_v, full_v[indices]) if len(indices) == len(kept_v) else None
+        if gap is None or np.any(gap > tol):
+            raise AssertionError(f"the re-rotated entries' values are not those of their reported positions {what}")
+        return indices
     pos, rel = _nearest(kept_k, full_k)
     if np.all(rel <= tol) and len(np.unique(pos)) == len(pos):
         return pos
-    # keys moved (re-rotated): match values; rows with equal values (the same token in
-    # layer 0) take the candidates in position order, as re-rotating presses keep them
+    # keys moved: match the values, which must then name one position each
     out = np.empty(len(kept_v), dtype=np.int64)
-    used = set()
     for j, row in enumerate(kept_v):
-        rel_v = np.sqrt(np.sum((full_v - row) ** 2, axis=1)) / (np.sqrt(np.sum(row * row)) + 1e-30)
-        cands = [int(i) for i in np.flatnonzero(rel_v <= tol) if int(i) not in used]
-        if not cands:
-            raise AssertionError(f"kvpress kept an entry that matches no position of the prompt {what}"
-                                 f"(nearest key {rel[j]:.2e}, nearest value {rel_v.min():.2e} relative)")
+        cands = np.flatnonzero(_relative_gap(full_v, row[None, :]) <= tol)
+        if len(cands) != 1:
+            raise AssertionError(f"a kept entry matches {len(cands)} positions of the prompt {what}"
+                                 f"(nearest key {rel[j]:.2e} relative); a press that moves keys must go "
+                                 "through KeyRerotationPress.rerotate_keys to be read back")
         out[j] = cands[0]
-        used.add(cands[0])
     return out
 
 
@@ -205,12 +232,14 @@ def kvpress_kept(gguf_path, tokens, press, *, attn: str = "sdpa", question=None)
     model = hf_model(path)
     _set_attention(model, attn)
     full = _full_cache(path, os.stat(path).st_mtime_ns, tuple(ids), attn)
-    layers, masks = _prefill(model, ids, press)
+    with _rerotated_indices({}) as rerotated:
+        layers, masks = _prefill(model, ids, press)
     out = {}
     for layer, ((keys, values), (full_k, full_v), mask) in enumerate(zip(layers, full, masks)):
         for head in range(keys.shape[0]):
             what = f"(layer {layer}, KV head {head}) "
-            pos = _match_positions(keys[head], values[head], full_k[head], full_v[head], what=what)
+            indices = rerotated[layer][head] if layer in rerotated else None
+            pos = _match_positions(keys[head], values[head], full_k[head], full_v[head], indices, what=what)
             if mask is not None:
                 _, heads, seq = (np.asarray(t) for t in mask)
                 masked = set(seq[heads == head].tolist())

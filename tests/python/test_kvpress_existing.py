@@ -41,6 +41,29 @@ def _counts(kept, layer):
     return {len(v) for (l, _), v in kept.items() if l == layer}
 
 
+# ---- the harness itself ---------------------------------------------------------------------
+
+def test_compression_ratio_keeps_the_budget():
+    for n in range(2, 600, 7):
+        for budget in range(1, n + 1):
+            kept = n * (1 - ref.compression_ratio(budget, n))
+            assert int(kept) == budget == round(kept), (budget, n)
+
+
+@pytest.mark.parametrize("rerotate", [False, True])
+def test_kvpress_kept_recovers_positions(model, rerotate):
+    """StreamingLLMPress keeps the first 4 and the last B - 4 positions: read back from its
+    cache as it gathers them, and after KeyRerotationPress has moved the keys (matched on the
+    values then)."""
+    from kvpress import KeyRerotationPress, StreamingLLMPress
+
+    press = StreamingLLMPress(compression_ratio=ref.compression_ratio(100, N_TOKENS))
+    kept = ref.kvpress_kept(model, TOKENS, KeyRerotationPress(press) if rerotate else press)
+    expected = list(range(4)) + list(range(N_TOKENS - 96, N_TOKENS))
+    assert sorted(kept) == [(layer, head) for layer in range(N_LAYER) for head in range(2)]
+    assert all(v.tolist() == expected for v in kept.values())
+
+
 # ---- snapkv, streamingllm, adakv: the same entries ---------------------------------------
 
 @pytest.mark.parametrize("budget", BUDGETS)
