@@ -53,8 +53,9 @@ def test_compression_ratio_keeps_the_budget():
 @pytest.mark.parametrize("rerotate", [False, True])
 def test_kvpress_kept_recovers_positions(model, rerotate):
     """StreamingLLMPress keeps the first 4 and the last B - 4 positions: read back from its
-    cache as it gathers them, and after KeyRerotationPress has moved the keys (matched on the
-    values then)."""
+    cache as it gathers them, and after KeyRerotationPress has moved the keys (the indices it
+    re-rotates, checked against the values; layer 0 repeats tokens, so values alone would not
+    do)."""
     from kvpress import KeyRerotationPress, StreamingLLMPress
 
     press = StreamingLLMPress(compression_ratio=ref.compression_ratio(100, N_TOKENS))
