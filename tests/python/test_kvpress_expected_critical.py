@@ -98,12 +98,16 @@ def _snapkv(budget):
     return SnapKVPress(compression_ratio=ref.compression_ratio(budget, N_TOKENS), window_size=64, kernel_size=5)
 
 
-@pytest.fixture(scope="module")
-def q4_output_model(tiny_model):
-    """The same model with its output projections stored as Q4_0 (what criticalkv weighs
-    values with): transformers reads them dequantized, pykv dequantizes them itself."""
+@pytest.fixture(scope="module", params=["Q4_0", "Q5_K"])
+def quantized_output_model(request, tiny_model):
+    """Output projections (what criticalkv weighs values with) stored quantized: transformers
+    reads them dequantized, pykv dequantizes them itself. Q4_0: the model above with only
+    attn_output quantized; Q5_K: the K-quant tiny model (4 query heads over 2 KV heads, head
+    dim 64), where one 256-value block holds the columns of four heads."""
     ref.skip_without_kvpress()
-    return tiny_model("llama_q8_0_h8kv2", wtype="F32", tensor_types=(("attn_output", "Q4_0"),))
+    if request.param == "Q4_0":
+        return tiny_model("llama_q8_0_h8kv2", wtype="F32", tensor_types=(("attn_output", "Q4_0"),))
+    return tiny_model("llama_kquants_h4kv2")
 
 
 @pytest.mark.parametrize("budget", BUDGETS)   # first stage: none at 100 (the window fills it), 36 at 200
@@ -125,12 +129,13 @@ def test_criticalkv_options_and_chunked_prefill_match_kvpress(model):
     _report("criticalkv options, n_batch=96", ref.assert_overlap(ours, theirs, what="criticalkv with options"))
 
 
-def test_criticalkv_quantized_output_projection_matches_kvpress(q4_output_model):
+def test_criticalkv_quantized_output_projection_matches_kvpress(quantized_output_model):
     from kvpress import CriticalKVPress
 
-    theirs = ref.kvpress_kept(q4_output_model, TOKENS, CriticalKVPress(_snapkv(100)))
-    ours = ref.pykv_kept(q4_output_model, TOKENS, "criticalkv", 100, policy_kwargs=SNAPKV_ARGS)
-    _report("criticalkv Q4_0 W_o B=100", ref.assert_overlap(ours, theirs, what="criticalkv, Q4_0 output projection"))
+    theirs = ref.kvpress_kept(quantized_output_model, TOKENS, CriticalKVPress(_snapkv(100)))
+    ours = ref.pykv_kept(quantized_output_model, TOKENS, "criticalkv", 100, policy_kwargs=SNAPKV_ARGS)
+    _report("criticalkv quantized W_o B=100",
+            ref.assert_overlap(ours, theirs, what="criticalkv, quantized output projection"))
 
 
 def test_criticalkv_weights_decide_the_entries(model):
