@@ -21,12 +21,15 @@
 // shared by its heads. Ties go to the lower layer, head and position.
 //
 // Options: n_sink=4, chunk_size=2048 (C), layerwise=0, evict_every_chunk=0 (1: every
-// prefill chunk is reconstructed and the cache compressed after it). The passes cost about
-// one more prefill of the prompt.
+// prefill chunk is reconstructed and the cache compressed after it). The passes read the
+// prompt once more, each over the whole cache: a prefill under kvzip takes two to three
+// times as long.
 //
 // Choices where pykv departs from kvpress (KVzipPress):
-//  * The repeat prompt is plain text tokenized by the model's tokenizer; kvpress wraps it in
-//    the model's chat template when it has one (pykv renders no template in C).
+//  * The repeat prompt is plain text tokenized by the model's tokenizer. For a model with a
+//    chat template kvpress takes the context to be a user turn of it: it leaves the
+//    template's opening tokens out of the reconstruction and ends the repeat prompt with the
+//    assistant's header (pykv renders no template in C). Without one the two are the same.
 //  * A pass must fit in one prefill chunk: C is at most n_ubatch less the prompt's tokens
 //    (and the room the lists have left), so with the default n_ubatch (512) chunks are
 //    shorter than kvpress's 2048, and the restricted softmax sees fewer entries.
