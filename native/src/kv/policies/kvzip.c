@@ -59,7 +59,7 @@ extern const struct policy_ops policy_kvzip;
 
 #define KVZIP_ARGS "n_sink, chunk_size, layerwise (0|1)"
 #define KVZIP_PREV_TAIL 8          // tokens of the chunk before that a later pass repeats
-#define KVZIP_PROMPT_MAX 64        // room for each tokenized prompt
+#define KVZIP_PROMPT_MAX 256       // room for each tokenized prompt (a byte per token at worst)
 #define KVZIP_UNSCORED FLT_MAX     // an entry no pass reconstructed (a decode step's): kept
 
 static const char *const kvzip_first_text = "\n\nRepeat the previous context exactly.";
