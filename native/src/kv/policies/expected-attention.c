@@ -29,7 +29,7 @@
 //    computation, whatever the projection (bias included).
 //  * With chunked prefill the statistics are merged chunk by chunk over the whole call
 //    (Chan's pairwise update, in double), so they equal those of the prompt read at once.
-//    They take d * (d + 1) doubles per layer and query head, held from the first prefill on.
+//    They take d * (d + 1) doubles per layer and query head while a prefill call runs.
 //  * The sinks are the entries at positions below `sink`; the statistics leave out the
 //    queries at those positions, and the future positions start at the end of the call
 //    (n_past_end). For a first call that is kvpress's rule; on a later prefill call kvpress
@@ -43,6 +43,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "cpu/gemm.h"
+#include "cpu/ops.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -54,6 +55,15 @@ extern const struct policy_ops policy_expected_attention;
 
 #define EA_KEYS "sink, n_future_positions, use_covariance (0|1), use_vnorm (0|1), epsilon"
 
+// The query statistics of one layer in the current prefill call: its query heads' means
+// (n_head, d) and sums of outer products of deviations from the mean (n_head, d, d), over
+// `count` queries; allocated at the call's first chunk, freed at its last.
+struct ea_stats {
+    int64_t count;
+    double *mean;
+    double *m2;
+};
+
 struct expected_attention {
     struct kv_policy base;
     int32_t          sink;
@@ -61,13 +71,8 @@ struct expected_attention {
     int32_t          use_cov;
     int32_t          use_vnorm;
     double           epsilon;
-    // The query statistics of the current prefill call, per layer and query head (made at
-    // the first multi-token call): count[layer], mean (d each), m2 (d * d each: the sum of
-    // outer products of deviations from the mean).
     int32_t          n_layer, n_head, d;
-    int64_t         *count;
-    double          *mean;
-    double          *m2;
+    struct ea_stats *stats;   // (n_layer), made at the first prefill
 };
 
 static const struct policy_opt ea_opts[] = {
@@ -123,25 +128,40 @@ static pykv_status ea_init(const struct policy_config *cfg, struct kv_policy **o
 static void ea_free(struct kv_policy *base) {
     struct expected_attention *p = (struct expected_attention *)base;
     if (!p) return;
-    free(p->count); free(p->mean); free(p->m2);
+    for (int32_t l = 0; p->stats && l < p->n_layer; l++) {
+        free(p->stats[l].mean);
+        free(p->stats[l].m2);
+    }
+    free(p->stats);
     free(p);
 }
 
-static pykv_status ea_alloc_stats(struct expected_attention *p, const struct hparams *hp) {
-    if (p->count) return PYKV_OK;
-    const size_t heads = (size_t)hp->n_layer * hp->n_head, d = (size_t)hp->head_dim;
-    p->count = calloc((size_t)hp->n_layer, sizeof(int64_t));
-    p->mean = calloc(heads * d, sizeof(double));
-    p->m2 = calloc(heads * d * d, sizeof(double));
-    if (!p->count || !p->mean || !p->m2) {
-        free(p->count); free(p->mean); free(p->m2);
-        p->count = NULL; p->mean = NULL; p->m2 = NULL;
-        return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
+// The layer's statistics, emptied (allocated when absent).
+static pykv_status ea_stats_begin(struct expected_attention *p, const struct hparams *hp, int layer) {
+    if (!p->stats) {
+        p->stats = calloc((size_t)hp->n_layer, sizeof(struct ea_stats));
+        if (!p->stats) return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
+        p->n_layer = hp->n_layer;
+        p->n_head = hp->n_head;
+        p->d = hp->head_dim;
     }
-    p->n_layer = hp->n_layer;
-    p->n_head = hp->n_head;
-    p->d = hp->head_dim;
+    struct ea_stats *st = &p->stats[layer];
+    const size_t n_mean = (size_t)p->n_head * p->d, n_m2 = n_mean * p->d;
+    if (!st->mean) st->mean = malloc(n_mean * sizeof(double));
+    if (!st->m2) st->m2 = malloc(n_m2 * sizeof(double));
+    if (!st->mean || !st->m2)
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
+    st->count = 0;
+    memset(st->mean, 0, n_mean * sizeof(double));
+    memset(st->m2, 0, n_m2 * sizeof(double));
     return PYKV_OK;
+}
+
+static void ea_stats_end(struct expected_attention *p, int layer) {
+    struct ea_stats *st = &p->stats[layer];
+    free(st->mean);
+    free(st->m2);
+    memset(st, 0, sizeof(*st));
 }
 
 // ---- query statistics ----------------------------------------------------------------
@@ -150,7 +170,7 @@ struct stats_job {
     const struct policy_event *ev;
     struct expected_attention *p;
     int32_t                    t0, rows;    // chunk rows t0 .. t0 + rows - 1 count
-    int32_t                    pos0;        // the position of chunk row t0
+    float                     *cs;          // (rows, n_rot): each row's RoPE cos and sin
     float                     *scratch;     // per thread: d * rows (the rows, transposed) + d * d
 };
 
@@ -158,12 +178,11 @@ struct stats_job {
 static void unrotated_rows(const struct stats_job *job, int hq, float *xt) {
     const struct hparams *hp = job->ev->hp;
     const int d = hp->head_dim, n_rot = hp->n_rot, rows = job->rows;
-    const float *inv_freq = job->ev->probe.rope_inv_freq;
     for (int r = 0; r < rows; r++) {
         const float *q = job->ev->q + ((size_t)(job->t0 + r) * hp->n_head + hq) * d;
-        const float pos = (float)(job->pos0 + r);
-        for (int i = 0; i < n_rot / 2; i++) {   // the forward pass's angles, rotated back
-            const float theta = pos * inv_freq[i], c = cosf(theta), s = sinf(theta);
+        const float *cs = job->cs + (size_t)r * n_rot;
+        for (int i = 0; i < n_rot / 2; i++) {   // the forward pass's rotation, undone
+            const float c = cs[2 * i], s = cs[2 * i + 1];
             const float a = q[2 * i], b = q[2 * i + 1];
             xt[(size_t)(2 * i) * rows + r] = a * c + b * s;
             xt[(size_t)(2 * i + 1) * rows + r] = b * c - a * s;
@@ -177,9 +196,10 @@ static void stats_head(const struct stats_job *job, int hq, float *xt, float *ou
     struct expected_attention *p = job->p;
     const int d = p->d, rows = job->rows, layer = job->ev->layer;
     unrotated_rows(job, hq, xt);
-    double *mean = p->mean + ((size_t)layer * p->n_head + hq) * d;
-    double *m2 = p->m2 + ((size_t)layer * p->n_head + hq) * d * d;
-    const double na = (double)p->count[layer], nb = (double)rows, n = na + nb;
+    const struct ea_stats *st = &p->stats[layer];
+    double *mean = st->mean + (size_t)hq * d;
+    double *m2 = st->m2 + (size_t)hq * d * d;
+    const double na = (double)st->count, nb = (double)rows, n = na + nb;
     double chunk_mean[PYKV_MAX_HEAD_DIM];
     for (int i = 0; i < d; i++) {
         float *x = xt + (size_t)i * rows;
@@ -212,23 +232,26 @@ static void stats_task(void *arg, int ith, int nth) {
 // Add this chunk's queries (positions >= sink) to the layer's statistics; a call's first
 // chunk starts them afresh.
 static pykv_status ea_add_chunk(struct expected_attention *p, const struct policy_event *ev) {
-    PYKV_TRY(ea_alloc_stats(p, ev->hp));
-    const int layer = ev->layer, d = p->d;
-    if (ev->is_first_chunk) {
-        p->count[layer] = 0;
-        memset(p->mean + (size_t)layer * p->n_head * d, 0, (size_t)p->n_head * d * sizeof(double));
-        memset(p->m2 + (size_t)layer * p->n_head * d * d, 0, (size_t)p->n_head * d * d * sizeof(double));
-    }
+    const int layer = ev->layer;
+    if (ev->is_first_chunk || !p->stats || !p->stats[layer].mean) PYKV_TRY(ea_stats_begin(p, ev->hp, layer));
+    const int d = p->d, n_rot = ev->hp->n_rot;
     const int32_t T = ev->T - ev->probe.n, first_pos = ev->n_past - T;
     const int32_t t0 = first_pos >= p->sink ? 0 : (p->sink - first_pos < T ? p->sink - first_pos : T);
-    struct stats_job job = { .ev = ev, .p = p, .t0 = t0, .rows = T - t0, .pos0 = first_pos + t0 };
+    struct stats_job job = { .ev = ev, .p = p, .t0 = t0, .rows = T - t0 };
     if (job.rows <= 0) return PYKV_OK;
     const int nth = threadpool_size(ev->pool);
+    job.cs = malloc((size_t)job.rows * (n_rot ? n_rot : 1) * sizeof(float));
     job.scratch = malloc((size_t)nth * ((size_t)d * job.rows + (size_t)d * d) * sizeof(float));
-    if (!job.scratch) return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
+    if (!job.cs || !job.scratch) {
+        free(job.cs); free(job.scratch);
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
+    }
+    for (int32_t r = 0; r < job.rows; r++)   // the angles the forward pass rotated by
+        rope_angles(job.cs + (size_t)r * n_rot, n_rot, first_pos + t0 + r, ev->probe.rope_inv_freq);
     threadpool_run(ev->pool, stats_task, &job);
+    free(job.cs);
     free(job.scratch);
-    p->count[layer] += job.rows;
+    p->stats[layer].count += job.rows;
     return PYKV_OK;
 }
 
@@ -274,9 +297,10 @@ struct score_job {
 static void future_query(const struct score_job *job, int hq, float *m, float *A, double *dm, double *dC) {
     const struct expected_attention *p = job->p;
     const int d = p->d, n_rot = job->ev->hp->n_rot, layer = job->ev->layer;
-    const int64_t count = p->count[layer];
-    const double *mean = p->mean + ((size_t)layer * p->n_head + hq) * d;
-    const double *m2 = p->m2 + ((size_t)layer * p->n_head + hq) * d * d;
+    const struct ea_stats *st = &p->stats[layer];
+    const int64_t count = st->count;
+    const double *mean = st->mean + (size_t)hq * d;
+    const double *m2 = st->m2 + (size_t)hq * d * d;
     memcpy(dm, mean, (size_t)d * sizeof(double));
     rotate(dm, 1, n_rot, job->cos_avg, job->sin_avg);
     for (int i = 0; i < d; i++) m[i] = (float)(dm[i] / sqrt((double)d));
@@ -409,14 +433,18 @@ static pykv_status ea_after_layer(struct kv_policy *base, const struct policy_ev
     struct expected_attention *p = (struct expected_attention *)base;
     if (ev->layer < 0 || ev->n_prompt <= 1 || !ev->q) return PYKV_OK;   // decode steps: no statistics
     PYKV_TRY(ea_add_chunk(p, ev));
-    if (!ws_is_prefill_end(ev)) return PYKV_OK;
-    const int32_t B = ws_budget(&base->cfg, ev);
-    if (B <= p->sink)
-        return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'expected_attention': the budget (%d entries per layer and KV "
-                          "head) must be larger than the %d sink tokens it includes", B, p->sink);
-    int any = 0;
-    for (int g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n > B;
-    return any ? ea_compress_layer(p, ev, B) : PYKV_OK;
+    pykv_status rc = PYKV_OK;
+    if (ws_is_prefill_end(ev)) {
+        const int32_t B = ws_budget(&base->cfg, ev);
+        if (B <= p->sink)
+            return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'expected_attention': the budget (%d entries per layer "
+                              "and KV head) must be larger than the %d sink tokens it includes", B, p->sink);
+        int any = 0;
+        for (int g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n > B;
+        if (any) rc = ea_compress_layer(p, ev, B);
+    }
+    if (ev->n_past >= ev->n_past_end) ea_stats_end(p, ev->layer);   // the call's last chunk
+    return rc;
 }
 
 static int32_t ea_min_budget(const struct kv_policy *base) {
