@@ -73,6 +73,20 @@ def test_expected_attention_comparison_tells_the_options_apart(model):
     assert min(ref.ious(ours, theirs).values()) < 0.8
 
 
+def test_expected_attention_sink_from_the_constructor(model):
+    """sink= (the constructor's, also --sink) is the policy argument sink=, kvpress's n_sink;
+    both given must agree."""
+    by_constructor = ref.pykv_kept(model, TOKENS, "expected_attention", 100, sink=6)
+    by_argument = ref.pykv_kept(model, TOKENS, "expected_attention", 100, policy_kwargs={"sink": 6})
+    assert by_constructor.keys() == by_argument.keys()
+    assert all(np.array_equal(by_constructor[k], by_argument[k]) for k in by_argument)
+    assert all(set(range(6)) <= set(v.tolist()) for v in by_argument.values())
+    theirs = ref.kvpress_kept(model, TOKENS, _expected_attention(100, n_sink=6))
+    _report("expected_attention sink=6", ref.assert_overlap(by_constructor, theirs, what="expected_attention sink=6"))
+    with pytest.raises(InvalidArgumentError, match="disagree"):
+        Llama(str(model), n_ctx=512, policy="expected_attention", budget=64, sink=6, policy_kwargs={"sink": 4})
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"budget": 4}, "larger than the 4 sink tokens"),
     ({"budget": 10, "policy_kwargs": {"sink": 10}}, "larger than the 10 sink tokens"),
