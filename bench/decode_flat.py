@@ -30,10 +30,10 @@ from pathlib import Path
 
 from pykv import Llama
 from pykv.cli import KV_CACHE_TYPES
+from pykv.eval.config import split_spec
 from pykv.pull import pull
 
 from compare_llamacpp import raise_priority   # bench/ is the script's directory
-from needle import policy_spec
 
 
 def tokens(n, n_vocab, seed):
@@ -51,8 +51,8 @@ def timed_steps(llm, toks):
 def measure(model, policy, args):
     budget = None if policy == "full" else args.budget
     n_steps = args.blocks * args.steps
-    name, kwargs = policy_spec(policy)
-    kw = dict(n_threads=args.threads, policy=name, budget=budget, policy_kwargs=kwargs, kv_type=args.cache_type)
+    name, kwargs = split_spec(policy)
+    kw = dict(n_threads=args.threads, policy=name, budget=budget, policy_kwargs=kwargs or None, kv_type=args.cache_type)
     deep_ctx = args.depth + (args.steps if args.refill else n_steps + args.steps) + 16
     with Llama(model, n_ctx=deep_ctx, **kw) as deep, Llama(model, n_ctx=args.steps + 16, **kw) as shallow:
         context = tokens(args.depth, deep.n_vocab, 1)

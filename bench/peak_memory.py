@@ -17,8 +17,7 @@ from pathlib import Path
 
 def child(args):
     from pykv import Llama
-    sys.path.insert(0, str(Path(__file__).parent))
-    from needle import haystack_text
+    from pykv.eval import haystack_text
     with Llama(args.model, n_ctx=args.n_prompt + 16, n_threads=args.threads, n_batch=args.n_batch,
                policy=args.policy, budget=None if args.policy == "full" else args.budget) as llm:
         tokens = llm.tokenize(haystack_text() * 4, add_bos=True)[: args.n_prompt]

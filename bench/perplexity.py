@@ -3,7 +3,7 @@
     python bench/perplexity.py --model M.gguf --llamacpp-python /tmp/lcpp-venv/bin/python \\
         --chunk 1024 --chunks 4 --budgets 128,256 --threads 2
 
-The text is the licence files of /usr/share/common-licenses (as bench/needle.py), cut into
+The text is pykv eval's haystack (pykv/eval/data), cut into
 llama-perplexity's chunks (pykv.perplexity). llama.cpp's figure comes from llama-cpp-python
 on the same GGUF and tokens (logits_all=True, each chunk from an empty context, its second
 half scored), computed the same way: the two full-cache figures should agree to the
@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compare_llamacpp import raise_priority  # noqa: E402
-from needle import haystack_text  # noqa: E402
 
 from pykv import Llama, list_policies  # noqa: E402
+from pykv.eval import haystack_text  # noqa: E402
 from pykv.perplexity import perplexity  # noqa: E402
 
 LLAMACPP_SCRIPT = r"""

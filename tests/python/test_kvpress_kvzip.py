@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -260,24 +259,22 @@ def test_kvzip_no_room_for_the_pass(model):
 @pytest.mark.model
 @pytest.mark.slow
 def test_kvzip_finds_the_needle_agnostic_more_often_than_snapkv(smollm2_path):
-    """1K-token licence-text haystacks with a passkey (bench/needle.py), the context
-    compressed to 25% before the question comes (eval(context), then eval(question)): kvzip
-    keeps what repeating the text needs, the passkey included; snapkv's window is the end of
-    the document, which does not point at the passkey."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import needle
+    """1K-token needle samples of pykv eval, the context compressed to 25% before the
+    question comes (eval(context), then eval(question)): kvzip keeps what repeating the text
+    needs, the passkey included; snapkv's window is the end of the document, which does not
+    point at the passkey."""
+    from pykv.eval.needle import answer
+    from pykv.eval.samples import make_needle_sample
 
     with Llama(smollm2_path, n_ctx=1100, vocab_only=True) as llm:
-        tasks = [needle.Task(llm, 1024, sample) for sample in (0, 1)]
+        samples = [make_needle_sample(llm, 1024, i, depth, seed=0) for i, depth in ((0, 0.1), (1, 0.3))]
     hits = {}
     for policy in ("kvzip", "snapkv"):
         hits[policy] = []
-        for task in tasks:
-            budget = round(len(task.context) * 0.25)
+        for sample in samples:
+            budget = round(len(sample.context) * 0.25)
             with Llama(smollm2_path, n_ctx=1100, n_threads=2, policy=policy, budget=budget) as llm:
-                hits[policy].append(task.hit(needle.answer(llm, task, aware=False)))
+                hits[policy].append(sample.hit(answer(llm, sample, "agnostic", 24)[0]))
     assert sum(hits["kvzip"]) > sum(hits["snapkv"]), hits
     assert all(hits["kvzip"]), hits
 
@@ -286,7 +283,7 @@ def test_kvzip_finds_the_needle_agnostic_more_often_than_snapkv(smollm2_path):
 @pytest.mark.slow
 def test_kvzip_matches_kvpress_on_smollm2(smollm2_path, monkeypatch):
     """The same comparison on the real model (30 layers, 9 query heads over 3 KV heads, its BPE
-    tokenizer), 300 tokens of licence text, the repeat prompt without the chat template (the
+    tokenizer), 300 tokens of pykv eval's haystack text, the repeat prompt without the chat template (the
     documented difference: kvpress would use SmolLM2's)."""
     ref.skip_without_kvpress()
     from kvpress import KVzipPress
@@ -295,9 +292,8 @@ def test_kvzip_matches_kvpress_on_smollm2(smollm2_path, monkeypatch):
     tokenizer = _PykvTokenizer(smollm2_path)
     monkeypatch.setattr(module, "AutoTokenizer", type("Auto", (), {
         "from_pretrained": staticmethod(lambda *_args, **_kwargs: tokenizer)}))
-    licence = Path("/usr/share/common-licenses/GPL-3")
-    text = licence.read_text(errors="replace") if licence.is_file() else "each licensee may copy the work " * 100
-    tokens = tokenizer.encode(text)[:300]
+    from pykv.eval import haystack_text
+    tokens = tokenizer.encode(haystack_text())[:300]
     budget, n_lists = 75, 30 * 3
     theirs = ref.kvpress_kept(smollm2_path, tokens,
                               KVzipPress(compression_ratio=global_ratio(budget, len(tokens), n_lists)))
