@@ -12,7 +12,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 
 def child(args):
