@@ -118,7 +118,7 @@ def final_ints(x, caps, total):
 # ---- CAKE ---------------------------------------------------------------------------
 
 
-def cake_layer(q, k, W, gamma=200.0, tau1=1.0, tau2=1.0, kernel=5):
+def cake_layer(q, k, W, gamma=200.0, tau1=1.0, tau2=1.0, kernel=7, pool="max"):
     """(log P_l, indicator (Hkv, n)) of one layer (CAKE's layer preference and indicator)."""
     N, H, _ = q.shape
     Hkv = k.shape[1]
@@ -128,7 +128,7 @@ def cake_layer(q, k, W, gamma=200.0, tau1=1.0, tau2=1.0, kernel=5):
     var = A.var(axis=1, ddof=1)                       # (H, n)
     V = var.sum()
     logp = math.log(Hent) / tau1 + math.log(V) / tau2 if Hent > 0 and V > 0 else -math.inf
-    ind = pool1d(A.mean(axis=1) + gamma * var, kernel, "avg")   # per query head
+    ind = pool1d(A.mean(axis=1) + gamma * var, kernel, pool)    # per query head
     ind = ind.reshape(Hkv, H // Hkv, n).mean(axis=1)            # GQA mean
     return logp, ind
 
@@ -216,16 +216,16 @@ def lava_select(qkv, B, W=32, alpha=0.2, cascade=True, kernel=7):
     return dict(layer_K=K, kept=kept, entropy=np.array(es), scores=scores, keep=keep, n_cand=n)
 
 
-def cake_decode_scores(q, keys, W, kernel=5):
+def cake_decode_scores(q, keys, W, kernel=7, pool="max"):
     """CAKE decode rule (position order): q (Hq, D) of the new token,
     keys[h] (n_h, D) = KV head h's list (new token last). Returns per KV head the scores of
-    its first n_h - W entries: attention row of each query head -> avg pool -> GQA mean."""
+    its first n_h - W entries: attention row of each query head -> GQA mean -> pool."""
     Hq, D = q.shape
     Hkv = len(keys)
     rep = Hq // Hkv
     out = []
     for h in range(Hkv):
         n = keys[h].shape[0] - W
-        rows = [pool1d(_softmax(keys[h] @ q[hq] / np.sqrt(D))[:n], kernel, "avg") for hq in range(h * rep, (h + 1) * rep)]
-        out.append(np.mean(rows, axis=0))
+        rows = [_softmax(keys[h] @ q[hq] / np.sqrt(D))[:n] for hq in range(h * rep, (h + 1) * rep)]
+        out.append(pool1d(np.mean(rows, axis=0), kernel, pool))
     return out

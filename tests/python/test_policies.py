@@ -261,8 +261,9 @@ def test_chunked_prefill_same_as_one_shot(gqa_model, policy):
 
 def test_bad_values(tiny_model):
     path = tiny_model()
-    with pytest.raises(InvalidArgumentError, match="unknown KV policy 'nope'.*snapkv"):
+    with pytest.raises(InvalidArgumentError, match="unknown KV policy 'nope'.*snapkv") as err:
         Llama(path, n_ctx=N_CTX, policy="nope", budget=64)
+    assert str(err.value).endswith(f"(available: {', '.join(list_policies())})")   # every name, none cut
     for bad in (0, -3, "abc", "150%", "0%"):
         with pytest.raises(InvalidArgumentError, match="budget"):
             Llama(path, n_ctx=N_CTX, policy="snapkv", budget=bad)

@@ -235,7 +235,8 @@ def test_cake_decode_keeps_budget(tiny4):
             s = scores[h]
             order = np.lexsort((np.arange(len(s)), -s))
             drop = order[-1]
-            assert abs(s[order[-2]] - s[drop]) > 1e-6 * np.max(s), "near-tie in the reference; pick other tokens"
+            gap = abs(s[order[-2]] - s[drop])   # 0: max pooling copied one value (ties -> lower position kept)
+            assert gap == 0 or gap > 1e-6 * np.max(s), "near-tie in the reference; pick other tokens"
             del lists[h][drop]
     for h in range(H):
         assert llm.kv_positions(0, h) == lists[h]

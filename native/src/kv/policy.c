@@ -64,7 +64,7 @@ const struct policy_ops *policy_registry_get(int i) { return (i >= 0 && i < N_PO
 const struct policy_ops *policy_find(const char *name) {
     for (int i = 0; i < N_POLICIES; i++)
         if (strcmp(registry[i]->name, name) == 0) return registry[i];
-    char names[256] = "";
+    char names[640] = "";   // every name (the message buffer holds 1024)
     for (int i = 0; i < N_POLICIES; i++) {
         if (i) strncat(names, ", ", sizeof(names) - strlen(names) - 1);
         strncat(names, registry[i]->name, sizeof(names) - strlen(names) - 1);

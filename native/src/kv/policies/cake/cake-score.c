@@ -2,7 +2,7 @@
 //
 //   H_l = - sum_{hq, window row i, candidate j} A log(A + 1e-10)     (rows not renormalized)
 //   V_l =   sum_{hq, candidate j} var_i(A)                           (unbiased, as torch.var)
-//   I[hq, j] = mean_i A + gamma var_i A  ->  pool (avg 5) per query head  ->  GQA mean
+//   I[hq, j] = mean_i A + gamma var_i A  ->  pool (max 7) per query head  ->  GQA mean
 // The entropy needs every probability, not only the column moments, so it takes its own
 // pass over the window rows with the softmax arithmetic of window-scores.c (fp32 scores,
 // max subtracted, double sum). Query heads are split across threads; each head's sum runs

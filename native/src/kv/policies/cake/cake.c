@@ -4,17 +4,20 @@
 //
 // At the end of a prefill call, in after_layer of layer m (last chunk):
 //   1. score layer m (cake-score.c): P_m = H_m^(1/tau1) V_m^(1/tau2) and the indicator
-//      I = mean + gamma var -> avg pool 5 (per query head) -> GQA mean, per KV head;
+//      I = mean + gamma var -> max pool 7 (per query head) -> GQA mean, per KV head;
 //   2. cascade=1: split T = (B - W) L over layers 0..m by P (cake-budget.c) and shrink every
 //      layer l <= m to its share, re-selecting by its stored indicator (compacted with the
 //      list, never recomputed). cascade=0: keep everything until m = L - 1, then split once.
 // Choices ([decide] / [ours]):
 //  * Defaults: W = 32, gamma = 200, tau1 = tau2 = 1 (the cakekv fallback; the paper tunes
-//    tau per model, so no universal value exists), avg pool kernel 5, GQA mean, cascade=1,
+//    tau per model, so no universal value exists), max pool kernel 7, GQA mean, cascade=1,
 //    decode_evict=fixed. Arguments: window, pool, kernel, gqa, gamma (>= 0), tau1, tau2
 //    (> 0), cascade (0|1), decode_evict (fixed|none).
 //  * The pool runs over the candidates only (window excluded, PyTorch zero padding), per
-//    query head, before the GQA mean (the cakekv order).
+//    query head, before the GQA mean (the cakekv order). [decide] Max pooling with kernel 7
+//    (snapkv's), not cakekv's average pooling with kernel 5: on small models the average
+//    smooths a short fact (a five-digit passkey) below its neighbours and loses it
+//    (BENCHMARKS.md, the needle's development samples); pool=avg,kernel=5 restores cakekv's.
 //  * The split is water-filling (proportional redistribution of the excess of layers
 //    capped at their candidate count), not cakekv's even spread, so the real shares only
 //    shrink as layers are added (Prop. 1 holds exactly). Intermediate cascade steps shrink
@@ -37,11 +40,11 @@
 //    In a decode step, as soon as a list has attended (decode_list), a list longer than its
 //    size S keeps its top S - Wd of the first n - Wd entries (Wd = min(W, S); the last Wd
 //    entries are protected) ranked by the new token's attention row over the whole list
-//    (the step's own fp32 softmax), GQA mean, then avg pool 5 over the position-sorted
+//    (the step's own fp32 softmax), GQA mean, then the pool over the position-sorted
 //    candidates: one entry per list per step. This is the cakekv last-query rule, except
 //    that pooling runs over position order instead of cakekv's slot order (slots are
-//    reused as entries leave), and the GQA mean precedes the (linear) pool. decode_evict=none lets the
-//    cache grow.
+//    reused as entries leave), and the GQA mean precedes the pool (one pool per list, not
+//    per query head; the same for the linear average). decode_evict=none lets the cache grow.
 #include "kv/policies/cake/cake-budget.h"
 #include "kv/policies/cake/cake-score.h"
 #include "kv/policies/common/policy-make.h"
@@ -99,8 +102,8 @@ static void cake_defaults(struct kv_policy *base) {
     p->gamma = 200.0;
     p->tau1 = p->tau2 = 1.0;
     p->cascade = 1;
-    p->o.pool = WS_POOL_AVG;
-    p->o.kernel = 5;
+    p->o.pool = WS_POOL_MAX;
+    p->o.kernel = 7;
 }
 
 static const struct policy_maker cake_maker = {
@@ -277,10 +280,9 @@ const struct policy_ops policy_cake = {
     .state_read = cake_state_read,
     .needs = POLICY_NEEDS_DECODE_ATTENTION_SUMS | POLICY_NEEDS_STEP_ROOM,
     .min_budget = ws_min_budget,
-    .options = "window=32, pool=avg, kernel=5, gqa=mean, gamma=200, tau1=1, tau2=1, cascade=1, "
+    .options = "window=32, pool=max, kernel=7, gqa=mean, gamma=200, tau1=1, tau2=1, cascade=1, "
                "decode_evict=fixed, evict_every_chunk=0",
-    .choose = "long generations in a fixed memory, with layer budgets from attention; on small models give it "
-              "pool=max,kernel=7",
+    .choose = "long generations in a fixed memory, with layer budgets from attention",
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
