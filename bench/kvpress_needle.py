@@ -104,6 +104,7 @@ def main():
     ap.add_argument("run", help="a pykv eval needle output folder (its samples.json and model)")
     ap.add_argument("--model", default=None, help="the GGUF (default: the pulled file of the run's model)")
     ap.add_argument("--lengths", default=None, help="only these lengths (default: all of the run's)")
+    ap.add_argument("--samples", type=int, default=None, help="only the first N samples of each length")
     ap.add_argument("--budgets", default="10%,25%")
     ap.add_argument("--policies", default=",".join(PRESSES), help="pykv names of the presses to run")
     ap.add_argument("--setting", default="aware,agnostic")
@@ -120,6 +121,8 @@ def main():
     if args.lengths:
         keep = set(parse_lengths(args.lengths))
         samples = [s for s in samples if s.length in keep]
+    if args.samples is not None:
+        samples = [s for s in samples if s.index < args.samples]
     budgets, settings = parse_budgets(args.budgets), parse_settings(args.setting)
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in PRESSES and p != "full"]

