@@ -48,6 +48,16 @@ KVPRESS_VERSION = "0.5.5"
 Kept = Dict[Tuple[int, int], np.ndarray]
 
 
+# kvpress's SnapKVPress defaults, as pykv policy arguments
+SNAPKV_ARGS = {"window": 64, "pool": "avg", "kernel": 5, "gqa": "mean"}
+
+
+def report(what: str, found: Dict[Tuple[int, int], float]):
+    """Print a comparison's least and mean IoU (shown with pytest -s) and return found."""
+    print(f"{what}: min IoU {min(found.values()):.4f}, mean {np.mean(list(found.values())):.4f}")
+    return found
+
+
 # ---- availability -------------------------------------------------------------------
 
 @lru_cache(maxsize=1)

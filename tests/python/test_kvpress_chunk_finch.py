@@ -22,8 +22,6 @@ TOKENS = random_tokens(N_TOKENS, seed=47)
 N_LAYER = 3
 N_HEAD_KV = 2
 CHUNK = 20   # ChunkKVPress's chunk_length default
-# kvpress's SnapKVPress defaults, as pykv policy arguments
-SNAPKV_ARGS = {"window": 64, "pool": "avg", "kernel": 5, "gqa": "mean"}
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +29,6 @@ def model(tiny_model):
     ref.skip_without_kvpress()
     return tiny_model("llama_q8_0_h8kv2", wtype="F32")
 
-
-def _report(what, found):
-    print(f"{what}: min IoU {min(found.values()):.4f}, mean {np.mean(list(found.values())):.4f}")
-    return found
 
 
 def _chunks_of(positions, chunk=CHUNK):
@@ -65,10 +59,10 @@ def _chunkkv_press(budget, n_tokens, chunk=CHUNK):
 @pytest.mark.parametrize("budget", (100, 200))
 def test_chunkkv_matches_kvpress(model, budget):
     theirs = ref.kvpress_kept(model, TOKENS, _chunkkv_press(budget, N_TOKENS))
-    ours = ref.pykv_kept(model, TOKENS, "chunkkv", budget, policy_kwargs=SNAPKV_ARGS)
+    ours = ref.pykv_kept(model, TOKENS, "chunkkv", budget, policy_kwargs=ref.SNAPKV_ARGS)
     assert all(len(v) == budget for v in ours.values())
     _whole_chunks(ours, N_TOKENS)
-    _report(f"chunkkv B={budget}", ref.assert_overlap(ours, theirs, what=f"chunkkv B={budget}"))
+    ref.report(f"chunkkv B={budget}", ref.assert_overlap(ours, theirs, what=f"chunkkv B={budget}"))
 
 
 def test_chunkkv_question_aware_with_a_short_last_chunk_matches_kvpress(model):
@@ -77,10 +71,10 @@ def test_chunkkv_question_aware_with_a_short_last_chunk_matches_kvpress(model):
     question = random_tokens(24, seed=48)
     n = N_TOKENS + len(question)
     theirs = ref.kvpress_kept(model, TOKENS, _chunkkv_press(100, n), question=question)
-    ours = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs=SNAPKV_ARGS, question=question)
+    ours = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs=ref.SNAPKV_ARGS, question=question)
     _whole_chunks(ours, n)
     assert all(set(range(n - 4, n)) <= set(v.tolist()) and len(v) == 84 for v in ours.values())
-    _report("chunkkv aware B=100", ref.assert_overlap(ours, theirs, what="chunkkv with a question"))
+    ref.report("chunkkv aware B=100", ref.assert_overlap(ours, theirs, what="chunkkv with a question"))
 
 
 def test_chunkkv_layer_index_reuse_is_the_rule_over_kvpress_selection(model):
@@ -90,11 +84,11 @@ def test_chunkkv_layer_index_reuse_is_the_rule_over_kvpress_selection(model):
     kvpress's per-layer selections is the expected result."""
     theirs = ref.kvpress_kept(model, TOKENS, _chunkkv_press(100, N_TOKENS))
     expected = {(layer, head): theirs[(layer - layer % 2, head)] for (layer, head) in theirs}
-    ours = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs={**SNAPKV_ARGS, "reuse": 2})
+    ours = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs={**ref.SNAPKV_ARGS, "reuse": 2})
     _whole_chunks(ours, N_TOKENS)
     assert _chunks_of(theirs[(1, 0)]) != _chunks_of(theirs[(0, 0)]), "layers 0 and 1 agree: reuse is not tested"
-    _report("chunkkv reuse=2 B=100", ref.assert_overlap(ours, expected, what="chunkkv reuse=2"))
-    with_reuse_3 = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs={**SNAPKV_ARGS, "reuse": 3})
+    ref.report("chunkkv reuse=2 B=100", ref.assert_overlap(ours, expected, what="chunkkv reuse=2"))
+    with_reuse_3 = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs={**ref.SNAPKV_ARGS, "reuse": 3})
     assert all(np.array_equal(with_reuse_3[(layer, h)], theirs[(0, h)]) for (layer, h) in theirs)
 
 
@@ -102,8 +96,8 @@ def test_chunkkv_layer_index_reuse_is_the_rule_over_kvpress_selection(model):
 def test_chunkkv_chunked_prefill_keeps_the_one_chunk_selection(model, n_batch):
     """A prompt read in chunks of n_batch tokens is compressed once at its end, with the same
     result as one chunk (the window's queries arrive in the last chunk)."""
-    one = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs=SNAPKV_ARGS)
-    chunked = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs=SNAPKV_ARGS, n_batch=n_batch)
+    one = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs=ref.SNAPKV_ARGS)
+    chunked = ref.pykv_kept(model, TOKENS, "chunkkv", 100, policy_kwargs=ref.SNAPKV_ARGS, n_batch=n_batch)
     assert all(np.array_equal(one[key], chunked[key]) for key in one)
 
 
@@ -156,7 +150,7 @@ def test_finch_one_chunk_matches_kvpress(model, budget):
     theirs = ref.kvpress_kept(model, TOKENS, _finch_press(budget, rerotate_keys=False), question=QUESTION)
     ours = ref.pykv_kept(model, TOKENS, "finch", budget, policy_kwargs=FINCH_ARGS, question=QUESTION)
     assert all(len(v) == budget and set(range(N_TOKENS, N_ALL)) <= set(v.tolist()) for v in ours.values())
-    _report(f"finch B={budget}", ref.assert_overlap(ours, theirs, what=f"finch B={budget}"))
+    ref.report(f"finch B={budget}", ref.assert_overlap(ours, theirs, what=f"finch B={budget}"))
 
 
 def test_finch_without_normalize_matches_kvpress(model):
@@ -164,7 +158,7 @@ def test_finch_without_normalize_matches_kvpress(model):
                               question=QUESTION)
     ours = ref.pykv_kept(model, TOKENS, "finch", 100, policy_kwargs={**FINCH_ARGS, "normalize": 0},
                          question=QUESTION)
-    _report("finch normalize=0 B=100", ref.assert_overlap(ours, theirs, what="finch normalize=0"))
+    ref.report("finch normalize=0 B=100", ref.assert_overlap(ours, theirs, what="finch normalize=0"))
 
 
 def test_finch_key_rerotation_keeps_the_same_entries(model):
@@ -265,7 +259,7 @@ def test_finch_chunked_prefill_layer0_is_the_per_chunk_rule(model):
                 kept += list(range(N_TOKENS, N_ALL))
         found[(0, head)] = np.asarray(kept)
     got = {key: v for key, v in ours.items() if key[0] == 0}
-    _report("finch n_batch=128 layer 0 vs the rule", ref.assert_overlap(got, found, what="finch chunked, layer 0"))
+    ref.report("finch n_batch=128 layer 0 vs the rule", ref.assert_overlap(got, found, what="finch chunked, layer 0"))
 
 
 def _finch_llama(model, **kwargs):

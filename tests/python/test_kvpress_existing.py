@@ -22,8 +22,6 @@ N_TOKENS = 400
 TOKENS = random_tokens(N_TOKENS, seed=47)
 BUDGETS = (100, 200)   # 25% and 50% of the prompt, entries per (layer, KV head)
 N_LAYER = 3
-# kvpress's SnapKVPress defaults, as pykv policy arguments
-SNAPKV_ARGS = {"window": 64, "pool": "avg", "kernel": 5, "gqa": "mean"}
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +29,6 @@ def model(tiny_model):
     ref.skip_without_kvpress()
     return tiny_model("llama_q8_0_h8kv2", wtype="F32")
 
-
-def _report(what, found):
-    print(f"{what}: min IoU {min(found.values()):.4f}, mean {np.mean(list(found.values())):.4f}")
-    return found
 
 
 def _counts(kept, layer):
@@ -73,9 +67,9 @@ def test_snapkv_matches_kvpress(model, budget):
 
     press = SnapKVPress(compression_ratio=ref.compression_ratio(budget, N_TOKENS), window_size=64, kernel_size=5)
     theirs = ref.kvpress_kept(model, TOKENS, press)
-    ours = ref.pykv_kept(model, TOKENS, "snapkv", budget, policy_kwargs=SNAPKV_ARGS)
+    ours = ref.pykv_kept(model, TOKENS, "snapkv", budget, policy_kwargs=ref.SNAPKV_ARGS)
     assert all(len(v) == budget for v in ours.values())
-    _report(f"snapkv B={budget}", ref.assert_overlap(ours, theirs, what=f"snapkv B={budget}"))
+    ref.report(f"snapkv B={budget}", ref.assert_overlap(ours, theirs, what=f"snapkv B={budget}"))
 
 
 def test_snapkv_question_aware_matches_kvpress(model):
@@ -86,9 +80,9 @@ def test_snapkv_question_aware_matches_kvpress(model):
     n = N_TOKENS + len(question)
     press = SnapKVPress(compression_ratio=ref.compression_ratio(100, n), window_size=64, kernel_size=5)
     theirs = ref.kvpress_kept(model, TOKENS, press, question=question)
-    ours = ref.pykv_kept(model, TOKENS, "snapkv", 100, policy_kwargs=SNAPKV_ARGS, question=question)
+    ours = ref.pykv_kept(model, TOKENS, "snapkv", 100, policy_kwargs=ref.SNAPKV_ARGS, question=question)
     assert all(set(range(n - 64, n)) <= set(v.tolist()) for v in ours.values())
-    _report("snapkv aware B=100", ref.assert_overlap(ours, theirs, what="snapkv with a question"))
+    ref.report("snapkv aware B=100", ref.assert_overlap(ours, theirs, what="snapkv with a question"))
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -100,7 +94,7 @@ def test_streamingllm_matches_kvpress(model, budget):
     ours = ref.pykv_kept(model, TOKENS, "streamingllm", budget)   # sink=4
     expected = list(range(4)) + list(range(N_TOKENS - (budget - 4), N_TOKENS))   # the rule written out
     assert all(v.tolist() == expected for v in ours.values())
-    _report(f"streamingllm B={budget}", ref.assert_overlap(ours, theirs, what=f"streamingllm B={budget}"))
+    ref.report(f"streamingllm B={budget}", ref.assert_overlap(ours, theirs, what=f"streamingllm B={budget}"))
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -111,10 +105,10 @@ def test_adakv_matches_kvpress(model, budget):
 
     inner = SnapKVPress(compression_ratio=ref.compression_ratio(budget, N_TOKENS), window_size=64, kernel_size=5)
     theirs = ref.kvpress_kept(model, TOKENS, AdaKVPress(inner))
-    ours = ref.pykv_kept(model, TOKENS, "adakv", budget, policy_kwargs=SNAPKV_ARGS)
+    ours = ref.pykv_kept(model, TOKENS, "adakv", budget, policy_kwargs=ref.SNAPKV_ARGS)
     for layer in range(N_LAYER):   # each layer's heads share its budget
         assert sum(len(v) for (l, _), v in ours.items() if l == layer) == 2 * budget
-    _report(f"adakv B={budget}", ref.assert_overlap(ours, theirs, what=f"adakv B={budget}"))
+    ref.report(f"adakv B={budget}", ref.assert_overlap(ours, theirs, what=f"adakv B={budget}"))
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -124,9 +118,9 @@ def test_adakv_joint_selection_without_safeguard(model, budget):
 
     inner = SnapKVPress(compression_ratio=ref.compression_ratio(budget, N_TOKENS), window_size=64, kernel_size=5)
     theirs = ref.kvpress_kept(model, TOKENS, AdaKVPress(inner, alpha_safeguard=0.0))
-    ours = ref.pykv_kept(model, TOKENS, "adakv", budget, policy_kwargs={**SNAPKV_ARGS, "alpha": 0})
+    ours = ref.pykv_kept(model, TOKENS, "adakv", budget, policy_kwargs={**ref.SNAPKV_ARGS, "alpha": 0})
     found = ref.assert_overlap(ours, theirs, what=f"adakv alpha=0 B={budget}")
-    _report(f"adakv alpha=0 B={budget}", found)
+    ref.report(f"adakv alpha=0 B={budget}", found)
 
 
 # ---- pyramidkv: the same scores, a different split of the budget over layers ------------
@@ -157,12 +151,12 @@ def test_pyramidkv_selection_matches_kvpress_at_its_layer_budgets(model, budget)
     from kvpress.presses.per_layer_compression_press import PerLayerCompressionPress
 
     counts = _pyramid_kept_counts(budget, N_TOKENS, window=64, beta=20)
-    ours = ref.pykv_kept(model, TOKENS, "pyramidkv", budget, policy_kwargs={**SNAPKV_ARGS, "beta": 20})
+    ours = ref.pykv_kept(model, TOKENS, "pyramidkv", budget, policy_kwargs={**ref.SNAPKV_ARGS, "beta": 20})
     assert [_counts(ours, layer) for layer in range(N_LAYER)] == [{c} for c in counts]
     press = PerLayerCompressionPress(SnapKVPress(window_size=64, kernel_size=5),
                                      compression_ratios=[ref.compression_ratio(c, N_TOKENS) for c in counts])
     theirs = ref.kvpress_kept(model, TOKENS, press)
-    _report(f"pyramidkv at its layer budgets B={budget}",
+    ref.report(f"pyramidkv at its layer budgets B={budget}",
             ref.assert_overlap(ours, theirs, what=f"pyramidkv per-layer B={budget}"))
 
 
@@ -179,7 +173,7 @@ def test_pyramidkv_against_pyramidkvpress(model, budget):
     press = PyramidKVPress(compression_ratio=ref.compression_ratio(budget, N_TOKENS), window_size=64,
                            kernel_size=5, beta=20)
     theirs = ref.kvpress_kept(model, TOKENS, press)
-    ours = ref.pykv_kept(model, TOKENS, "pyramidkv", budget, policy_kwargs={**SNAPKV_ARGS, "beta": 20})
+    ours = ref.pykv_kept(model, TOKENS, "pyramidkv", budget, policy_kwargs={**ref.SNAPKV_ARGS, "beta": 20})
     for key in ours:
         small, large = sorted((set(ours[key].tolist()), set(theirs[key].tolist())), key=len)
         assert len(small - large) <= 0.02 * len(small), (key, len(small - large))
@@ -191,7 +185,7 @@ def test_pyramidkv_against_pyramidkvpress(model, budget):
         assert kvpress_counts == [{budget}] * N_LAYER   # its uniform fallback
     else:
         assert max(kvpress_counts[0]) > budget > max(kvpress_counts[-1])   # a pyramid
-    _report(f"pyramidkv vs PyramidKVPress B={budget}", ref.ious(ours, theirs))
+    ref.report(f"pyramidkv vs PyramidKVPress B={budget}", ref.ious(ours, theirs))
 
 
 # ---- h2o: a different score and a recent window -------------------------------------------
@@ -221,7 +215,7 @@ def test_h2o_matches_kvpress_with_its_choices(model, budget):
     theirs = ref.kvpress_kept(model, TOKENS, _summed_attention_press(ratio, budget // 2), attn="eager")
     ours = ref.pykv_kept(model, TOKENS, "h2o", budget)
     assert all(set(range(N_TOKENS - budget // 2, N_TOKENS)) <= set(v.tolist()) for v in ours.values())
-    _report(f"h2o B={budget} vs summed-attention press", ref.assert_overlap(ours, theirs, what=f"h2o B={budget}"))
+    ref.report(f"h2o B={budget} vs summed-attention press", ref.assert_overlap(ours, theirs, what=f"h2o B={budget}"))
 
 
 def test_h2o_score_without_recent_window(model):
@@ -230,7 +224,7 @@ def test_h2o_score_without_recent_window(model):
     theirs = ref.kvpress_kept(model, TOKENS, _summed_attention_press(ref.compression_ratio(budget, N_TOKENS), 0),
                               attn="eager")
     ours = ref.pykv_kept(model, TOKENS, "h2o", budget, policy_kwargs={"recent": 0})
-    _report("h2o recent=0 vs summed-attention press", ref.assert_overlap(ours, theirs, what="h2o recent=0"))
+    ref.report("h2o recent=0 vs summed-attention press", ref.assert_overlap(ours, theirs, what="h2o recent=0"))
 
 
 def test_h2o_differs_from_observed_attention_as_documented(model):
@@ -243,7 +237,7 @@ def test_h2o_differs_from_observed_attention_as_documented(model):
     theirs = ref.kvpress_kept(model, TOKENS, ObservedAttentionPress(ref.compression_ratio(budget, N_TOKENS)),
                               attn="eager")
     ours = ref.pykv_kept(model, TOKENS, "h2o", budget, policy_kwargs={"recent": 0})
-    found = _report("h2o recent=0 vs ObservedAttentionPress", ref.ious(ours, theirs))
+    found = ref.report("h2o recent=0 vs ObservedAttentionPress", ref.ious(ours, theirs))
     assert max(found.values()) < 0.95
     mean_pos = lambda sets: np.mean([v.mean() for v in sets.values()])   # noqa: E731
     assert mean_pos(theirs) > mean_pos(ours)

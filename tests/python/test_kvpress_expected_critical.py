@@ -29,10 +29,6 @@ def model(tiny_model):
     return tiny_model("llama_q8_0_h8kv2", wtype="F32")
 
 
-def _report(what, found):
-    print(f"{what}: min IoU {min(found.values()):.4f}, mean {np.mean(list(found.values())):.4f}")
-    return found
-
 
 # ---- expected_attention ---------------------------------------------------------------------
 
@@ -47,14 +43,14 @@ def test_expected_attention_matches_kvpress(model, budget):
     theirs = ref.kvpress_kept(model, TOKENS, _expected_attention(budget))
     ours = ref.pykv_kept(model, TOKENS, "expected_attention", budget)
     assert all(len(v) == budget and set(range(4)) <= set(v.tolist()) for v in ours.values())   # the 4 sinks
-    _report(f"expected_attention B={budget}", ref.assert_overlap(ours, theirs, what=f"expected_attention B={budget}"))
+    ref.report(f"expected_attention B={budget}", ref.assert_overlap(ours, theirs, what=f"expected_attention B={budget}"))
 
 
 def test_expected_attention_chunked_prefill_matches_kvpress(model):
     """Query statistics merged chunk by chunk equal those of the whole prompt."""
     theirs = ref.kvpress_kept(model, TOKENS, _expected_attention(100))
     ours = ref.pykv_kept(model, TOKENS, "expected_attention", 100, n_batch=96)
-    _report("expected_attention B=100 n_batch=96", ref.assert_overlap(ours, theirs, what="chunked expected_attention"))
+    ref.report("expected_attention B=100 n_batch=96", ref.assert_overlap(ours, theirs, what="chunked expected_attention"))
 
 
 def test_expected_attention_options_match_kvpress(model):
@@ -62,7 +58,7 @@ def test_expected_attention_options_match_kvpress(model):
                                                                   n_sink=2, use_vnorm=True, epsilon=0.01))
     ours = ref.pykv_kept(model, TOKENS, "expected_attention", 100,
                          policy_kwargs={"use_covariance": 0, "n_future_positions": 64, "sink": 2, "epsilon": 0.01})
-    _report("expected_attention options", ref.assert_overlap(ours, theirs, what="expected_attention with options"))
+    ref.report("expected_attention options", ref.assert_overlap(ours, theirs, what="expected_attention with options"))
 
 
 def test_expected_attention_comparison_tells_the_options_apart(model):
@@ -82,7 +78,7 @@ def test_expected_attention_sink_from_the_constructor(model):
     assert all(np.array_equal(by_constructor[k], by_argument[k]) for k in by_argument)
     assert all(set(range(6)) <= set(v.tolist()) for v in by_argument.values())
     theirs = ref.kvpress_kept(model, TOKENS, _expected_attention(100, n_sink=6))
-    _report("expected_attention sink=6", ref.assert_overlap(by_constructor, theirs, what="expected_attention sink=6"))
+    ref.report("expected_attention sink=6", ref.assert_overlap(by_constructor, theirs, what="expected_attention sink=6"))
     with pytest.raises(InvalidArgumentError, match="disagree"):
         Llama(str(model), n_ctx=512, policy="expected_attention", budget=64, sink=6, policy_kwargs={"sink": 4})
 
@@ -103,7 +99,6 @@ def test_expected_attention_bad_arguments(model, kwargs, match):
 
 # ---- criticalkv, criticaladakv ---------------------------------------------------------------
 
-SNAPKV_ARGS = {"window": 64, "pool": "avg", "kernel": 5, "gqa": "mean"}   # kvpress's SnapKVPress defaults
 
 
 def _snapkv(budget):
@@ -129,9 +124,9 @@ def test_criticalkv_matches_kvpress(model, budget):
     from kvpress import CriticalKVPress
 
     theirs = ref.kvpress_kept(model, TOKENS, CriticalKVPress(_snapkv(budget)))
-    ours = ref.pykv_kept(model, TOKENS, "criticalkv", budget, policy_kwargs=SNAPKV_ARGS)
+    ours = ref.pykv_kept(model, TOKENS, "criticalkv", budget, policy_kwargs=ref.SNAPKV_ARGS)
     assert all(len(v) == budget and set(range(N_TOKENS - 64, N_TOKENS)) <= set(v.tolist()) for v in ours.values())
-    _report(f"criticalkv B={budget}", ref.assert_overlap(ours, theirs, what=f"criticalkv B={budget}"))
+    ref.report(f"criticalkv B={budget}", ref.assert_overlap(ours, theirs, what=f"criticalkv B={budget}"))
 
 
 def test_criticalkv_options_and_chunked_prefill_match_kvpress(model):
@@ -139,16 +134,16 @@ def test_criticalkv_options_and_chunked_prefill_match_kvpress(model):
 
     theirs = ref.kvpress_kept(model, TOKENS, CriticalKVPress(_snapkv(200), epsilon=0.01, first_stage_ratio=0.8))
     ours = ref.pykv_kept(model, TOKENS, "criticalkv", 200, n_batch=96,
-                         policy_kwargs={**SNAPKV_ARGS, "epsilon": 0.01, "first_stage_ratio": 0.8})
-    _report("criticalkv options, n_batch=96", ref.assert_overlap(ours, theirs, what="criticalkv with options"))
+                         policy_kwargs={**ref.SNAPKV_ARGS, "epsilon": 0.01, "first_stage_ratio": 0.8})
+    ref.report("criticalkv options, n_batch=96", ref.assert_overlap(ours, theirs, what="criticalkv with options"))
 
 
 def test_criticalkv_quantized_output_projection_matches_kvpress(quantized_output_model):
     from kvpress import CriticalKVPress
 
     theirs = ref.kvpress_kept(quantized_output_model, TOKENS, CriticalKVPress(_snapkv(100)))
-    ours = ref.pykv_kept(quantized_output_model, TOKENS, "criticalkv", 100, policy_kwargs=SNAPKV_ARGS)
-    _report("criticalkv quantized W_o B=100",
+    ours = ref.pykv_kept(quantized_output_model, TOKENS, "criticalkv", 100, policy_kwargs=ref.SNAPKV_ARGS)
+    ref.report("criticalkv quantized W_o B=100",
             ref.assert_overlap(ours, theirs, what="criticalkv, quantized output projection"))
 
 
@@ -158,7 +153,7 @@ def test_criticalkv_weights_decide_the_entries(model):
     from kvpress import CriticalKVPress
 
     theirs = ref.kvpress_kept(model, TOKENS, CriticalKVPress(_snapkv(100)))
-    ours = ref.pykv_kept(model, TOKENS, "criticalkv", 100, policy_kwargs={**SNAPKV_ARGS, "first_stage_ratio": 1.0})
+    ours = ref.pykv_kept(model, TOKENS, "criticalkv", 100, policy_kwargs={**ref.SNAPKV_ARGS, "first_stage_ratio": 1.0})
     assert min(ref.ious(ours, theirs).values()) < 0.8
 
 
@@ -168,17 +163,17 @@ def test_criticaladakv_matches_kvpress(model, budget, alpha):
     from kvpress import CriticalAdaKVPress
 
     theirs = ref.kvpress_kept(model, TOKENS, CriticalAdaKVPress(_snapkv(budget), alpha_safeguard=alpha))
-    ours = ref.pykv_kept(model, TOKENS, "criticaladakv", budget, policy_kwargs={**SNAPKV_ARGS, "alpha": alpha})
+    ours = ref.pykv_kept(model, TOKENS, "criticaladakv", budget, policy_kwargs={**ref.SNAPKV_ARGS, "alpha": alpha})
     for layer in range(3):
         assert sum(len(v) for (l, _), v in ours.items() if l == layer) == 2 * budget
-    _report(f"criticaladakv alpha={alpha} B={budget}",
+    ref.report(f"criticaladakv alpha={alpha} B={budget}",
             ref.assert_overlap(ours, theirs, what=f"criticaladakv alpha={alpha} B={budget}"))
 
 
 def test_criticaladakv_head_budgets_are_adakvs(model):
     """The documented choice: each head keeps as many entries as adakv gives it (its
     safeguard's blend, not kvpress's per-head reserve) under the same scores and alpha."""
-    kw = {**SNAPKV_ARGS, "alpha": 0.2}
+    kw = {**ref.SNAPKV_ARGS, "alpha": 0.2}
     ours = ref.pykv_kept(model, TOKENS, "criticaladakv", 100, policy_kwargs=kw)
     adakv = ref.pykv_kept(model, TOKENS, "adakv", 100, policy_kwargs=kw)
     assert {k: len(v) for k, v in ours.items()} == {k: len(v) for k, v in adakv.items()}

@@ -98,11 +98,6 @@ def pass_overhead(tokenizer):
     return max(first + suffix, nxt + PREV_TAIL + suffix)
 
 
-def _report(what, found):
-    print(f"{what}: min IoU {min(found.values()):.4f}, mean {np.mean(list(found.values())):.4f}")
-    return found
-
-
 def _total(kept):
     return sum(len(v) for v in kept.values())
 
@@ -118,7 +113,7 @@ def test_kvzip_matches_kvpress(model, kvzip_press, budget):
     assert len({len(v) for v in ours.values()}) > 1, "the global ranking gave every list the same share"
     for kept in ours.values():
         assert set(range(4)) <= set(kept.tolist()), "a sink was evicted"
-    _report(f"kvzip B={budget}", ref.assert_overlap(ours, theirs, what=f"kvzip B={budget}"))
+    ref.report(f"kvzip B={budget}", ref.assert_overlap(ours, theirs, what=f"kvzip B={budget}"))
 
 
 def test_kvzip_layerwise_matches_kvpress(model, kvzip_press):
@@ -128,7 +123,7 @@ def test_kvzip_layerwise_matches_kvpress(model, kvzip_press):
     ours = ref.pykv_kept(model, TOKENS, "kvzip", budget, n_ctx=1024, n_batch=512, policy_kwargs={"layerwise": 1})
     for layer in range(N_LAYER):
         assert sum(len(ours[(layer, h)]) for h in range(N_HEAD_KV)) == budget * N_HEAD_KV
-    _report("kvzip layerwise", ref.assert_overlap(ours, theirs, what="kvzip layerwise"))
+    ref.report("kvzip layerwise", ref.assert_overlap(ours, theirs, what="kvzip layerwise"))
 
 
 def test_kvzip_several_chunks_match_kvpress(model, kvzip_press):
@@ -138,7 +133,7 @@ def test_kvzip_several_chunks_match_kvpress(model, kvzip_press):
     theirs = ref.kvpress_kept(model, TOKENS, kvzip_press(compression_ratio=global_ratio(budget, N_TOKENS),
                                                          chunk_size=64))
     ours = ref.pykv_kept(model, TOKENS, "kvzip", budget, n_ctx=1024, n_batch=512, policy_kwargs={"chunk_size": 64})
-    _report("kvzip chunk 64", ref.assert_overlap(ours, theirs, what="kvzip chunk_size=64"))
+    ref.report("kvzip chunk 64", ref.assert_overlap(ours, theirs, what="kvzip chunk_size=64"))
 
 
 def test_kvzip_pass_bounded_by_prefill_chunk(model, kvzip_press, tokenizer):
@@ -150,7 +145,7 @@ def test_kvzip_pass_bounded_by_prefill_chunk(model, kvzip_press, tokenizer):
     theirs = ref.kvpress_kept(model, TOKENS, kvzip_press(compression_ratio=global_ratio(budget, N_TOKENS),
                                                          chunk_size=chunk))
     ours = ref.pykv_kept(model, TOKENS, "kvzip", budget, n_ctx=1024, n_batch=n_batch)
-    _report(f"kvzip n_batch={n_batch}", ref.assert_overlap(ours, theirs, what=f"kvzip n_batch={n_batch}"))
+    ref.report(f"kvzip n_batch={n_batch}", ref.assert_overlap(ours, theirs, what=f"kvzip n_batch={n_batch}"))
     default = ref.kvpress_kept(model, TOKENS, kvzip_press(compression_ratio=global_ratio(budget, N_TOKENS)))
     assert np.mean(list(ref.ious(ours, default).values())) < 0.99, "the chunk bound made no difference here"
 
@@ -298,4 +293,4 @@ def test_kvzip_matches_kvpress_on_smollm2(smollm2_path, monkeypatch):
     theirs = ref.kvpress_kept(smollm2_path, tokens,
                               KVzipPress(compression_ratio=global_ratio(budget, len(tokens), n_lists)))
     ours = ref.pykv_kept(smollm2_path, tokens, "kvzip", budget, n_ctx=1024, n_batch=512)
-    _report("kvzip SmolLM2", ref.assert_overlap(ours, theirs, what="kvzip SmolLM2"))
+    ref.report("kvzip SmolLM2", ref.assert_overlap(ours, theirs, what="kvzip SmolLM2"))
