@@ -99,11 +99,6 @@ class Cell:
     se: float
     n: int
 
-    def text(self, scale: float = 1.0, digits: int = 0, unit: str = "") -> str:
-        if self.n == 0:
-            return "-"
-        return f"{self.mean * scale:.{digits}f}{unit} ± {self.se * scale:.{digits}f}"
-
 
 def estimate(values: Iterable[float], binary: bool = False) -> Cell:
     """Mean and standard error of the mean. For hits (binary), sqrt(p (1 - p) / n): zero when
