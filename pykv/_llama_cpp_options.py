@@ -27,9 +27,10 @@ from . import errors
 # ggml_type numbers of the cache types pykv stores
 _GGML_CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}
 # taken and left to pykv: its prefill attention is always block-wise (flash style), one
-# thread count serves prefill and decode, nothing is offloaded, quantised weights always
-# take integer dot products unless exact_matmul, and timings are always kept
-_IGNORED = ("flash_attn", "n_threads_batch", "offload_kqv", "main_gpu", "split_mode", "tensor_split",
+# thread count serves prefill and decode, an offloaded layer's KV cache is on its GPU, one GPU
+# holds every offloaded layer, quantised weights always take integer dot products unless
+# exact_matmul, and timings are always kept
+_IGNORED = ("flash_attn", "n_threads_batch", "offload_kqv", "split_mode", "tensor_split",
             "mul_mat_q", "op_offload", "swa_full", "no_perf", "lora_base", "lora_scale")
 # keyword: (its default, what pykv does instead when another value is given)
 _WARNED = {
@@ -47,7 +48,7 @@ _WARNED = {
     "yarn_beta_slow": (1.0, "pykv does not implement YaRN"),
     "yarn_orig_ctx": (0, "pykv does not implement YaRN"),
 }
-_OWN = ("type_k", "type_v", "n_gpu_layers", "chat_format", "rope_freq_base", "rope_freq_scale",
+_OWN = ("type_k", "type_v", "chat_format", "rope_freq_base", "rope_freq_scale",
         "rope_scaling_type", "kv_overrides", "last_n_tokens_size", "lora_path")
 # llama.cpp's rope scaling types: -1 unspecified (the model's), 0 none, 1 linear, 2 YaRN, 3 LongRoPE
 _ROPE_SCALING_TYPES = {-1: "unspecified", 0: "none", 1: "linear", 2: "yarn", 3: "longrope"}
@@ -106,11 +107,6 @@ def resolve(options: dict, kv_type: Optional[str], kv_type_v: Optional[str],
     out = Options()
     out.kv_type = _fold("kv_type", kv_type, "type_k", options.get("type_k")) or "f16"
     out.kv_type_v = _fold("kv_type_v", kv_type_v, "type_v", options.get("type_v"))
-    layers = options.get("n_gpu_layers", 0)
-    if isinstance(layers, bool) or not isinstance(layers, int):
-        raise errors.InvalidArgumentError(f"n_gpu_layers must be an integer, got {layers!r}")
-    if layers != 0:
-        _warn(f"n_gpu_layers={layers}: pykv runs every layer on the CPU")
     for name, (default, why) in _WARNED.items():
         if name in options and options[name] != default and options[name] is not None:
             _warn(f"{name if options[name] is True else f'{name}={options[name]!r}'}: {why}")

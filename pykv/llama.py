@@ -105,6 +105,16 @@ def _resolve_model_path(model_path) -> str:
     raise errors.ModelLoadError(f"model file '{path}' does not exist")
 
 
+def _gpu_absence() -> str:
+    """Why a model asked for GPU layers got none: no CUDA backend, or its reason for no GPU."""
+    import re
+    info = ffi.string(lib.pykv_system_info()).decode()
+    found = re.search(r"CUDA = 0 \(([^)]*)\)", info)
+    if found:
+        return found.group(1)
+    return "this pykv was built without CUDA (reinstall with CMAKE_ARGS=\"-DPYKV_CUDA=ON\")"
+
+
 def _physical_cores() -> int:
     """The thread count of n_threads=0: the physical cores pykv_system_info reports."""
     import re
@@ -182,6 +192,7 @@ class Llama:
                  exact_matmul: bool = False, kv_type: Optional[str] = None, kv_type_v: Optional[str] = None,
                  logits_all: bool = False,
                  embedding: bool = False, pooling_type=None, chat_template: Optional[str] = None,
+                 n_gpu_layers: int = 0, main_gpu: int = 0,
                  **llama_cpp_options):
         self._model = None
         self._ctx = None
@@ -204,12 +215,21 @@ class Llama:
         mparams = new_params("struct pykv_model_params", lib.pykv_model_default_params)
         mparams.use_mmap = int(bool(use_mmap))
         mparams.vocab_only = int(bool(vocab_only))
+        for name, value in (("n_gpu_layers", n_gpu_layers), ("main_gpu", main_gpu)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (-1 if name == "n_gpu_layers" else 0):
+                raise errors.InvalidArgumentError(
+                    f"{name} must be an integer >= {-1 if name == 'n_gpu_layers' else 0}, got {value!r}")
+        mparams.n_gpu_layers = n_gpu_layers
+        mparams.main_gpu = main_gpu
         out = ffi.new("pykv_model **")
         check(lib.pykv_model_load(self.model_path.encode(), mparams, out))
         self._model = out[0]
         # a mapped file cut short later would crash an evaluation (SIGBUS): eval() checks it
         self._mapped_file = _mapped_file.identity(self.model_path) if use_mmap else None
         self._info = self._read_info()
+        if n_gpu_layers and not vocab_only and not self._info["n_gpu_layers"]:
+            warnings.warn(f"n_gpu_layers={n_gpu_layers}: {_gpu_absence()}; every layer runs on the CPU",
+                          RuntimeWarning, stacklevel=2)
         self.n_vocab = Count(self._info["n_vocab"])
         self.input_ids: List[int] = []   # the tokens evaluated in the context, in order
         self._after_prompt = None        # called by generate() once the prompt is evaluated
@@ -256,6 +276,7 @@ class Llama:
             self.close()
             check(status)
         self._ctx = cout[0]
+        self._relay_warnings(self._ctx)   # a context that keeps the GPU layers on the CPU says why
         self.n_threads = n_threads or _physical_cores()   # the count the C library uses for 0
         self.logits_all = bool(logits_all)
         self.embedding = bool(embedding)
@@ -352,7 +373,7 @@ class Llama:
         check(lib.pykv_model_get_info(self._model, info))
         names = ("n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim",
                  "n_ff", "rope_freq_base", "rms_eps", "tied_output", "n_params", "n_bytes",
-                 "gguf_version", "vocab_only")
+                 "gguf_version", "vocab_only", "n_gpu_layers", "gpu_output", "gpu_device", "gpu_bytes")
         return {name: getattr(info, name) for name in names}
 
     @property
@@ -660,6 +681,7 @@ class Llama:
             "entries_per_head": [[lib.pykv_kv_head_entries(ctx, layer, head) for head in range(stats.n_head_kv)]
                                  for layer in range(stats.n_layer)],
             "bytes": stats.bytes,
+            "device_bytes": stats.device_bytes,   # the part in GPU memory (offloaded layers)
             "peak_bytes": stats.peak_bytes,
             "evicted": stats.evicted,
             "merged": stats.merged,

@@ -26,6 +26,20 @@ cmake --build "$ASAN_BUILD" -j "$JOBS"
 (cd "$ASAN_BUILD" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --output-on-failure -j "$JOBS")
 
+echo "==> the CUDA build: compiles, and runs on the CPU where there is no GPU"
+# nvcc from this machine, else CUDA 13.0's compiler wheels (tests/cuda-toolchain.sh). One
+# architecture by default to keep CI short (PYKV_CI_CUDA_ARCHS="" builds CMake's default list).
+# Without a GPU the kernel tests skip, the host twins of the device code run, and the Python
+# checks see layers asked of a GPU run on the CPU with one warning.
+CUDA_BUILD=build/ctest-cuda
+CUDA_ARCHS=${PYKV_CI_CUDA_ARCHS-90}
+cmake -S . -B "$CUDA_BUILD" -DPYKV_CUDA=ON -DPYKV_BUILD_TESTS=ON -DCMAKE_CUDA_COMPILER="$(bash tests/cuda-toolchain.sh)" \
+    ${CUDA_ARCHS:+"-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS"} >/dev/null
+cmake --build "$CUDA_BUILD" -j "$JOBS"
+(cd "$CUDA_BUILD" && ctest --output-on-failure -j "$JOBS" -R cuda)
+PYKV_LIBRARY="$PWD/$CUDA_BUILD/libpykv.so" "$PYTHON" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py \
+    tests/python/test_compat.py tests/python/test_forward_tiny.py
+
 echo "==> damaged models, saved states and grammars through the C API (ASan + UBSan, tiny models)"
 # Seeded mutations (tests/c/fuzz_inputs.c): most iterations must end in a clean error, the rest
 # run; any sanitizer report fails the step.

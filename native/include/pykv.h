@@ -40,7 +40,7 @@ extern "C" {
 
 /* --- cffi begin --- */
 
-#define PYKV_ABI_VERSION 5
+#define PYKV_ABI_VERSION 6
 #define PYKV_DEFAULT_SEED 4294967295
 
 typedef int32_t pykv_token;
@@ -102,6 +102,12 @@ struct pykv_model_params {
     size_t  struct_size;
     int32_t use_mmap;    /* 1 (default): map the file; 0: read it into memory */
     int32_t vocab_only;  /* 1: load metadata and tokenizer only, no weights */
+    int32_t n_gpu_layers;/* layers on the GPU, as llama.cpp's -ngl: the last N of the model's
+                            layers, with their KV cache; more than n_layer also puts the output
+                            norm and classifier there; -1 = all of it. 0 (default) = none. A
+                            build without CUDA, or a machine without a GPU, runs every layer on
+                            the CPU and says so once (a warning in the log) */
+    int32_t main_gpu;    /* the CUDA device the layers go to (default 0) */
 };
 
 PYKV_API void        pykv_model_default_params(struct pykv_model_params *params);
@@ -126,6 +132,10 @@ struct pykv_model_info {
     int64_t n_bytes;       /* bytes of tensor data in the file */
     int32_t gguf_version;
     int32_t vocab_only;
+    int32_t n_gpu_layers;  /* layers whose weights and KV cache are on the GPU (0: all on the CPU) */
+    int32_t gpu_output;    /* 1 when the output norm and classifier are on the GPU too */
+    int32_t gpu_device;    /* the CUDA device they are on, -1 when none */
+    int64_t gpu_bytes;     /* GPU memory the weights take */
 };
 PYKV_API pykv_status pykv_model_get_info(const pykv_model *model, struct pykv_model_info *info);
 
@@ -351,6 +361,7 @@ struct pykv_kv_stats {
     const char *policy;       /* owned by ctx */
     int32_t     kv_type;      /* the keys': PYKV_TYPE_F16, PYKV_TYPE_F32 or PYKV_TYPE_Q8_0 */
     int32_t     kv_type_v;    /* the values' */
+    int64_t     device_bytes; /* the part of bytes held in GPU memory (the offloaded layers' K and V) */
 };
 PYKV_API pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *stats);
 /* Resident entries of (layer, KV head). */

@@ -39,6 +39,9 @@ def add_bench_parser(sub):
     p.add_argument("-r", "--repetitions", type=int, default=5, help="runs per test (default 5)")
     p.add_argument("-t", "--threads", default=None, help="thread counts (default: physical cores)")
     p.add_argument("-b", "--batch-size", default="512", help="prefill chunk sizes (default 512)")
+    p.add_argument("-ngl", "--n-gpu-layers", default="0",
+                   help="layers on the GPU, as llama-bench's -ngl (default 0; 99 = all of the model)")
+    p.add_argument("-mg", "--main-gpu", type=int, default=0, help="the CUDA device (default 0)")
     p.add_argument("--policy", default="full", help="policies (default full)")
     p.add_argument("--budget", default="", help="budgets for evicting policies (entries or N%%); "
                    "separate several with commas")
@@ -91,6 +94,7 @@ def run_bench(args, model_path: str) -> int:
     prompts, gens = _ints(args.n_prompt, "-p"), _ints(args.n_gen, "-n")
     depths, batches = _ints(args.n_depth, "-d"), _ints(args.batch_size, "-b")
     threads = _ints(args.threads, "-t") if args.threads else [None]
+    gpu_layers = _ints(args.n_gpu_layers, "-ngl") or [0]
     policies = [p for p in args.policy.split(",") if p]
     budgets = [b for b in args.budget.split(",") if b] or [None]
     from .main import KV_CACHE_TYPES, UsageError
@@ -110,14 +114,14 @@ def run_bench(args, model_path: str) -> int:
     rows = []
     for policy, (kv_type, kv_type_v) in ((p, c) for p in policies for c in pairs):
         for budget in (budgets if policy != "full" else [None]):
-            for n_threads in threads:
+            for n_threads, ngl in ((t, g) for t in threads for g in gpu_layers):
                 for n_batch in batches:
                     for depth in depths:
                         n_ctx = depth + max([n for _, n in tests] or [1]) + 16
                         every_chunk = args.evict_every_chunk and policy != "full"
                         with Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
                                    policy=policy, budget=budget, kv_type=kv_type, kv_type_v=kv_type_v,
-                                   evict_every_chunk=every_chunk) as llm:
+                                   evict_every_chunk=every_chunk, n_gpu_layers=ngl, main_gpu=args.main_gpu) as llm:
                             if not args.no_warmup:
                                 llm.eval(_tokens(min(16, n_ctx - 1), llm.n_vocab, 99))
                             for kind, size in tests:
@@ -130,9 +134,10 @@ def run_bench(args, model_path: str) -> int:
                                               f"{speeds[-1]:.1f} t/s", file=sys.stderr)
                                 kv = llm.kv_stats()
                                 rows.append({
+                                    "model": llm.model_path.rsplit("/", 1)[-1],
                                     "test": f"{kind}{size}" + (f" @ d{depth}" if depth else ""),
                                     "policy": policy + ("+chunk" if every_chunk else ""), "budget": budget, "type_k": kv_type, "type_v": kv_type_v,
-                                    "threads": llm.n_threads,
+                                    "threads": llm.n_threads, "n_gpu_layers": llm.model_info["n_gpu_layers"],
                                     "n_batch": n_batch, "t_s": statistics.mean(speeds),
                                     "t_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
                                     "t_s_median": statistics.median(speeds),
@@ -153,7 +158,8 @@ def _print(rows, form):
         return
     # a column only when not the default, as llama-bench
     types = [t for t in ("type_k", "type_v") if any(r[t] != "f16" for r in rows)]
-    print("| test | policy | budget | " + "".join(f"{t} | " for t in types) +
+    types += ["n_gpu_layers"] if any(r["n_gpu_layers"] for r in rows) else []
+    print("| test | policy | budget | " + "".join(f"{'ngl' if t == 'n_gpu_layers' else t} | " for t in types) +
           "threads | n_batch | t/s | median | kv_MiB | evicted | peak_RSS_MiB |")
     print("|---|---|---|" + "---|" * len(types) + "---|---|---|---|---|---|---|")
     for r in rows:

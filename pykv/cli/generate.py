@@ -136,7 +136,8 @@ def load_model(args, path, **extra):
     kv_type, kv_type_v = cache_types_arg(args)
     return Llama(str(path), chat_template=chat_template_arg(args), n_ctx=args.ctx_size, n_threads=args.threads,
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, seed=args.seed, verbose=args.verbose,
-                 use_mmap=not args.no_mmap, policy=args.policy, budget=args.budget,
+                 use_mmap=not args.no_mmap, n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu,
+                 policy=args.policy, budget=args.budget,
                  window=args.window, sink=args.sink, exact_matmul=args.exact_matmul, kv_type=kv_type,
                  kv_type_v=kv_type_v, policy_kwargs=parse_policy_args(args.policy_arg) or None,
                  evict_every_chunk=getattr(args, "evict_every_chunk", False), **extra)

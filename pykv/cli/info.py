@@ -80,10 +80,16 @@ def _print_policies() -> None:
             print(f"  {'':<{width}}    {line}")
 
 
-def load_info(path) -> dict:
-    """Everything `pykv info` shows, read through the pykv.Llama API."""
+def load_info(path, n_gpu_layers: int = 0, main_gpu: int = 0) -> dict:
+    """Everything `pykv info` shows, read through the pykv.Llama API; with n_gpu_layers the
+    weights are loaded and offloaded too, to show what goes to the GPU."""
+    import warnings
+
     from .. import Llama
-    llm = Llama(str(path), vocab_only=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # print_info says why nothing was offloaded
+        llm = (Llama(str(path), n_ctx=16, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu) if n_gpu_layers
+               else Llama(str(path), vocab_only=True))
     try:
         info = dict(llm.model_info)
         return {
@@ -93,6 +99,7 @@ def load_info(path) -> dict:
             "tensors": list(llm.tensors),
             "chat_template": llm.chat_template,
             "kv_estimate": kv_estimates(info),
+            "gpu_layers_asked": n_gpu_layers,
         }
     finally:
         llm.close()
@@ -115,6 +122,15 @@ def print_info(d: dict, out=sys.stdout) -> None:
                 "n_ff", "rope_freq_base", "rms_eps", "tied_output"):
         if key in info:
             w(f"  {key:<15} {info[key]}")
+    if d.get("gpu_layers_asked"):
+        w()
+        w(f"GPU offload (-ngl {d['gpu_layers_asked']}):")
+        if info.get("n_gpu_layers"):
+            w(f"  {info['n_gpu_layers']} of {info['n_layer']} layers{' and the classifier' if info['gpu_output'] else ''} "
+              f"on CUDA device {info['gpu_device']}: {_mib(int(info['gpu_bytes']))} of weights")
+        else:
+            from ..llama import _gpu_absence
+            w(f"  none: {_gpu_absence()}")
     w()
     w(f"tensors ({len(tensors)}):")
     nw = max((len(t["name"]) for t in tensors), default=4)
@@ -155,7 +171,7 @@ def run_info(args) -> int:
     if model is None and (args.system or args.policies):
         return EXIT_OK
     path = pull(model) if model else default_model_path()
-    d = load_info(path)
+    d = load_info(path, args.n_gpu_layers, args.main_gpu)
     if args.json:
         print(json.dumps(d, default=str, ensure_ascii=False, indent=1))
     else:

@@ -50,6 +50,10 @@ def _add_model_flags(p):
     g.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
                    help="physical prefill chunk; overrides -b when given")
     g.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=0, metavar="N",
+                   help="layers on the GPU, as llama.cpp: the last N layers and their KV cache; more than the "
+                        "model has (99) or -1 puts all of it there (default 0; needs a CUDA build)")
+    g.add_argument("-mg", "--main-gpu", type=int, default=0, metavar="I", help="the CUDA device to use (default 0)")
     g.add_argument("--exact-matmul", action="store_true",
                    help="float activations in every matrix product (slower; by default decode steps and "
                         "prefill chunks quantise them to 8 bits, as llama.cpp does)")
@@ -176,6 +180,9 @@ def _add_info(sub):
     p.add_argument("-m", "--model", help="same as MODEL")
     p.add_argument("--system", action="store_true", help="print the native library's system info")
     p.add_argument("--policies", action="store_true", help="list the KV eviction policies")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
+                   help="also load the weights and show what -ngl N puts on the GPU")
+    p.add_argument("-mg", "--main-gpu", type=int, default=0, metavar="I", help="the CUDA device (default 0)")
     p.add_argument("--json", action="store_true", help="print the model information as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     p.set_defaults(run="info")

@@ -18,3 +18,7 @@ static inline int check_report(const char *name) {
     printf("%s: %d checks, %d failed\n", name, check_count, check_failures);
     return check_failures ? 1 : 0;
 }
+
+// Exit code of a test that cannot run here (a CUDA test without a GPU): CTest reports it as
+// skipped (SKIP_RETURN_CODE in tests/c/CMakeLists.txt).
+#define CHECK_SKIP 77

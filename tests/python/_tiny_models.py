@@ -38,8 +38,9 @@ def random_tokens(n: int, seed: int) -> list:
     return np.random.default_rng(seed).integers(0, N_VOCAB, n).tolist()
 
 
-def tiny_vocab():
-    """Return (tokens, scores, token_types) of the tiny SentencePiece vocabulary."""
+def tiny_vocab(n_vocab: int = N_VOCAB):
+    """Return (tokens, scores, token_types) of the tiny SentencePiece vocabulary, padded with
+    never-chosen pieces to n_vocab entries (a model of a real vocabulary's size)."""
     tokens = ["<unk>", "<s>", "</s>"]
     types = [TT_UNKNOWN, TT_CONTROL, TT_CONTROL]
     scores = [0.0, 0.0, 0.0]
@@ -52,6 +53,10 @@ def tiny_vocab():
         types.append(TT_NORMAL)
         scores.append(-float(i + 1))  # earlier pieces are preferred
     assert len(tokens) == N_VOCAB
+    for i in range(n_vocab - N_VOCAB):
+        tokens.append(f"<extra_{i}>")
+        types.append(TT_NORMAL)
+        scores.append(-1e4)
     return tokens, scores, types
 
 
@@ -76,6 +81,7 @@ class TinySpec:
     tensor_types: tuple = ()    # (name part, type): the first pair whose part is in a tensor's name wins
     pooling_type: int | None = None   # llama.pooling_type, when given (llama.cpp's enum)
     fim: tuple = ()             # (prefix, suffix, middle) token ids written as the FIM markers
+    vocab_size: int = 0         # more than the tiny vocabulary's 300: padded to this size
 
     @property
     def head_dim(self) -> int:
@@ -83,7 +89,7 @@ class TinySpec:
 
     @property
     def n_vocab(self) -> int:
-        return N_VOCAB
+        return max(N_VOCAB, self.vocab_size)
 
 
 VARIANTS = {
@@ -232,7 +238,7 @@ def write_tiny_gguf(spec: TinySpec, path) -> Path:
     for role, token in zip(("pre", "suf", "mid"), spec.fim):
         wr.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", token)
 
-    tokens, scores, types = tiny_vocab()
+    tokens, scores, types = tiny_vocab(spec.n_vocab)
     wr.add_tokenizer_model("llama")
     wr.add_token_list(tokens)
     wr.add_token_scores(scores)

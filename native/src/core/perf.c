@@ -3,6 +3,9 @@
 #include "pykv.h"
 #include "cpu/gemm-q8.h"
 #include "cpu/quant.h"
+#ifdef PYKV_CUDA
+#include "ggml-cuda/device.h"
+#endif
 
 #include <stdio.h>
 #include <string.h>
@@ -41,8 +44,28 @@ int perf_physical_cores(void) {
     return n_seen > 0 ? n_seen : (int)n_cpu;
 }
 
+// " | CUDA = 1 | GPU 0 = NVIDIA H100 80GB HBM3 (sm_90, ...)" for each device of a CUDA build,
+// " | CUDA = 0 (why)" for a CUDA build that finds none, " | CUDA = 0" without the backend.
+static void describe_cuda(char *buf, size_t cap) {
+#ifdef PYKV_CUDA
+    const int n = cuda_device_count();
+    if (n == 0) {
+        snprintf(buf, cap, " | CUDA = 0 (%s)", cuda_unavailable_reason());
+        return;
+    }
+    size_t used = (size_t)snprintf(buf, cap, " | CUDA = 1");
+    for (int d = 0; d < n && used < cap; d++) {
+        char name[192];
+        if (cuda_device_describe(d, name, sizeof(name)) != PYKV_OK) snprintf(name, sizeof(name), "%s", pykv_last_error());
+        used += (size_t)snprintf(buf + used, cap - used, " | GPU %d = %s", d, name);
+    }
+#else
+    snprintf(buf, cap, " | CUDA = 0");
+#endif
+}
+
 const char *pykv_system_info(void) {
-    static char info[256];
+    static char info[1024];
     if (!info[0]) {
         int avx2 = 0, fma = 0, f16c = 0, avx512 = 0, vnni = 0;
 #if defined(__x86_64__) || defined(__i386__)
@@ -56,9 +79,11 @@ const char *pykv_system_info(void) {
         // "vnni" among the kernels: the prefill GEMM takes AVX-512 VNNI (gemm-q8.h)
         snprintf(info, sizeof(info),
                  "AVX2 = %d | FMA = %d | F16C = %d | AVX512 = %d | AVX512_VNNI = %d | kernels = %s%s | "
-                 "physical cores = %d | CUDA = 0",
+                 "physical cores = %d",
                  avx2, fma, f16c, avx512, vnni, quant_simd_name(), gemm_q8_has_vnni() ? " vnni" : "",
                  perf_physical_cores());
+        const size_t used = strlen(info);
+        describe_cuda(info + used, sizeof(info) - used);
     }
     return info;
 }

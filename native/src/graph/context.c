@@ -1,5 +1,6 @@
 // context.c - creating a context and the decode loop: chunking, policy hooks, rollback.
 #include "graph/context.h"
+#include "graph/forward-gpu.h"
 #include "cpu/attention.h"
 #include "core/error.h"
 #include "cpu/gemm-q8.h"
@@ -186,7 +187,7 @@ static pykv_status context_setup(pykv_context *ctx, const struct pykv_context_pa
                            kv_format_of_type(p->kv_type), kv_format_of_type(type_v)));
     PYKV_TRY(alloc_scratch(ctx));
     apply_rope_params(ctx, p);
-    return PYKV_OK;
+    return gpu_run_init(ctx);
 }
 
 static void context_destroy(pykv_context *ctx);
@@ -223,6 +224,7 @@ static void context_destroy(pykv_context *ctx) {
     if (ctx->pool) threadpool_free(ctx->pool);
     if (ctx->policy) ctx->policy->ops->free(ctx->policy);
     kv_cache_free(&ctx->cache);
+    gpu_run_free(ctx);   // after the cache: it gives the device memory the lists held back too
     free_scratch(&ctx->buf);
     free(ctx->logits);
     outputs_free(&ctx->out);
@@ -696,6 +698,7 @@ pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *s) {
     s->policy = ctx->policy->ops->name;
     s->kv_type = kv_format_type(ctx->cache.fmt_k);
     s->kv_type_v = kv_format_type(ctx->cache.fmt_v);
+    s->device_bytes = ctx->cache.device_bytes;
     return PYKV_OK;
 }
 

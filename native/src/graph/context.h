@@ -76,6 +76,7 @@ struct pykv_context {
     struct policy_notices notices;      // warnings given once (pykv_take_warning)
     int32_t           *chunk_start_n;   // (n_layer * n_head_kv) list lengths before a chunk
     struct scratch     buf;
+    struct gpu_run    *gpu;             // the device side of the offloaded layers (forward-gpu.h), or NULL
     int32_t            n_past;
     float             *logits;          // (n_vocab)
     int                has_logits;

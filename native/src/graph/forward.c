@@ -6,11 +6,14 @@
 // policy's after_layer hook -> output projection -> residual -> RMSNorm -> SwiGLU FFN ->
 // residual }, final norm, classifier. Only the matrix multiplies, attention
 // and the policies' scoring run on the pool (the attention's schedule: attention-schedule.c).
+// Layers offloaded to the GPU (the model's last ones) take the same steps in forward-gpu.c.
 #include "graph/attention-schedule.h"
 #include "graph/context.h"
+#include "graph/forward-gpu.h"
 #include "core/error.h"
 #include "cpu/ops.h"
 #include "cpu/quant.h"
+#include "model/offload.h"
 
 #include <stdatomic.h>
 
@@ -46,10 +49,15 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
     // which leaves no entry behind).
     const struct policy_ops *ops = ctx->policy->ops;
     const int per_layer_hooks = (ops->after_layer || ops->decode_list) && n_probe < T;
+    const int first_gpu = gpu_first_layer(ctx);
     for (int layer = 0; layer < hp->n_layer; layer++) {
         const struct layer_weights *w = &m->layers[layer];
         if ((layer == 0 || !per_layer_hooks) && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
             return pykv_error(PYKV_ERR_CANCELLED, "cancelled");
+        if (layer >= first_gpu) {
+            PYKV_TRY(gpu_forward_layer(ctx, layer, T, n_probe));
+            continue;
+        }
 
         // attention
         for (int t = 0; t < T; t++) rmsnorm(b->xb + (size_t)t * dim, b->x + (size_t)t * dim, w->attn_norm, dim, hp->rms_eps);
@@ -101,6 +109,15 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
     }
 
+    if (first_gpu < hp->n_layer) {   // the residual stream comes back unless only the GPU's logits are wanted
+        int logits_done = 0;
+        const int want_x = ctx->out.logits_all || ctx->out.embeddings || (want_logits && !m->gpu->output);
+        PYKV_TRY(gpu_finish_chunk(ctx, T, want_x, want_logits, &logits_done));
+        if (logits_done) {
+            ctx->has_logits = 1;
+            want_logits = 0;
+        }
+    }
     outputs_write(ctx, T - n_probe);
     if (want_logits) {
         rmsnorm(b->xb, b->x + (size_t)(T - 1) * dim, m->output_norm, dim, hp->rms_eps);

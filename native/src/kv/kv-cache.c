@@ -4,6 +4,7 @@
 #include "core/pages.h"
 #include "cpu/quant-blocks.h"
 #include "cpu/quant.h"
+#include "kv/kv-device.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -63,11 +64,29 @@ static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t c
     return PYKV_OK;
 }
 
+// A device list's keys and values are resized in GPU memory (kv-device.h).
+static pykv_status device_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
+    const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
+    PYKV_TRY(kv_device_resize(c->device, &l->k, (size_t)l->cap * kb, (size_t)cap * kb));
+    pykv_status st = kv_device_resize(c->device, &l->v, (size_t)l->cap * vb, (size_t)cap * vb);
+    if (st != PYKV_OK) {   // k already has the new size: bring it back so both agree with cap
+        kv_device_resize(c->device, &l->k, (size_t)cap * kb, (size_t)l->cap * kb);
+        return st;
+    }
+    c->device_bytes += (int64_t)(cap - l->cap) * (int64_t)(kb + vb);
+    return PYKV_OK;
+}
+
 static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
     if (cap == l->cap) return PYKV_OK;
+    if (l->on_device) PYKV_TRY(device_resize(c, l, cap));
     if (cap == 0) {
         if (l->member_pool) pool_free(c, l);
-        pages_free(l->k); pages_free(l->v); pages_free(l->pos);
+        if (!l->on_device) {
+            pages_free(l->k);
+            pages_free(l->v);
+        }
+        pages_free(l->pos);
         free(l->n_members); free(l->member_at);
         l->k = l->v = NULL;
         l->pos = NULL;
@@ -77,12 +96,14 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
         l->cap = 0;
         return PYKV_OK;
     }
-    void *k = pages_realloc(l->k, (size_t)cap * kv_cache_key_bytes(c));
-    if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
-    l->k = k;
-    void *v = pages_realloc(l->v, (size_t)cap * kv_cache_value_bytes(c));
-    if (!v) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
-    l->v = v;
+    if (!l->on_device) {
+        void *k = pages_realloc(l->k, (size_t)cap * kv_cache_key_bytes(c));
+        if (!k) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
+        l->k = k;
+        void *v = pages_realloc(l->v, (size_t)cap * kv_cache_value_bytes(c));
+        if (!v) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
+        l->v = v;
+    }
     int32_t *pos = pages_realloc(l->pos, (size_t)cap * sizeof(int32_t));
     if (!pos) return pykv_error(PYKV_ERR_NOMEM, "out of memory growing the KV cache to %d entries per head", cap);
     l->pos = pos;
@@ -130,6 +151,7 @@ void kv_cache_clear(struct kv_cache *c) {
         c->lists[i].n = 0;
     }
     c->bytes = 0;
+    c->device_bytes = 0;
     c->peak_bytes = 0;
     c->evicted = 0;
     c->merged = 0;
@@ -210,6 +232,34 @@ void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const f
     l->pos[l->n] = pos;
     if (l->n_members) l->n_members[l->n] = 1;
     l->n++;
+}
+
+void kv_list_push_positions(struct kv_list *l, int32_t pos0, int32_t T) {
+    for (int32_t t = 0; t < T; t++) l->pos[l->n + t] = pos0 + t;
+    if (l->n_members)
+        for (int32_t t = 0; t < T; t++) l->n_members[l->n + t] = 1;
+    l->n += T;
+}
+
+void kv_cache_set_device(struct kv_cache *c, int first_layer, int device) {
+    c->device = device;
+    for (int i = first_layer * c->n_head_kv; i < c->n_layer * c->n_head_kv; i++) c->lists[i].on_device = 1;
+}
+
+pykv_status kv_list_read_rows(const struct kv_cache *c, const struct kv_list *l, int values, int32_t n, void *dst) {
+    const size_t bytes = (size_t)n * (values ? kv_cache_value_bytes(c) : kv_cache_key_bytes(c));
+    const void *src = values ? l->v : l->k;
+    if (l->on_device) return kv_device_read(dst, src, bytes);
+    if (bytes) memcpy(dst, src, bytes);
+    return PYKV_OK;
+}
+
+pykv_status kv_list_write_rows(const struct kv_cache *c, struct kv_list *l, int values, int32_t n, const void *src) {
+    const size_t bytes = (size_t)n * (values ? kv_cache_value_bytes(c) : kv_cache_key_bytes(c));
+    void *dst = values ? l->v : l->k;
+    if (l->on_device) return kv_device_write(dst, src, bytes);
+    if (bytes) memcpy(dst, src, bytes);
+    return PYKV_OK;
 }
 
 pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l) {
@@ -303,6 +353,7 @@ void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t 
 }
 
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
+    if (l->on_device) return pykv_error(PYKV_ERR_UNSUPPORTED, "evicting from a KV list in GPU memory is not supported");
     for (int32_t j = 0; j < n_keep; j++)   // checked first, so that a bad list changes nothing
         if (keep[j] < j || keep[j] >= l->n || (j > 0 && keep[j] <= keep[j - 1]))
             return pykv_error(PYKV_ERR_INTERNAL, "kv_list_retain: keep indices must be ascending and in range");
@@ -327,6 +378,7 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
 
 pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
     if (j < 0 || j >= l->n || tail < 0) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
+    if (l->on_device) return pykv_error(PYKV_ERR_UNSUPPORTED, "evicting from a KV list in GPU memory is not supported");
     free_members(c, l, j);
     kv_drop_row(l->k, kv_cache_key_bytes(c), l->n, j, tail);
     kv_drop_row(l->v, kv_cache_value_bytes(c), l->n, j, tail);

@@ -74,6 +74,10 @@ struct kv_list {
     int32_t  pool_live;     // floats that belong to entries (the rest are gaps)
     int32_t  fmt_k;         // enum kv_format of the cache's keys, copied here for the kernels
     int32_t  fmt_v;         // and of its values
+    // An offloaded layer's list: k and v are GPU memory (kv-device.h), written and read by
+    // the CUDA kernels only; pos and the counts stay here. Set by kv_cache_set_device on an
+    // empty list.
+    int32_t  on_device;
 };
 
 struct kv_cache {
@@ -89,6 +93,8 @@ struct kv_cache {
     _Atomic int64_t peak_bytes;
     _Atomic int64_t evicted;
     _Atomic int64_t merged;
+    _Atomic int64_t device_bytes;   // the part of bytes in GPU memory (device lists' keys and values)
+    int32_t         device;         // the CUDA device of the device lists
 };
 
 pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries,
@@ -143,8 +149,19 @@ float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d);
 // Overwrite entry j's key and value (d floats each, stored in the list's type).
 void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v, int32_t d);
 
-// Append one entry (copies head_dim floats of k and v).
+// Append one entry (copies head_dim floats of k and v). Host lists only.
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos);
+// A device list's bookkeeping for the T entries a kernel has just stored after its last one:
+// their positions pos0, pos0 + 1, ...
+void kv_list_push_positions(struct kv_list *l, int32_t pos0, int32_t T);
+
+// Keep the keys and values of every list of layers [first_layer, n_layer) in the memory of
+// CUDA device `device`. The cache must be empty.
+void kv_cache_set_device(struct kv_cache *c, int first_layer, int device);
+// Copy n entries' keys (values = 0) or values (values = 1) of a list, wherever they are
+// stored, from or to host memory (saved states).
+pykv_status kv_list_read_rows(const struct kv_cache *c, const struct kv_list *l, int values, int32_t n, void *dst);
+pykv_status kv_list_write_rows(const struct kv_cache *c, struct kv_list *l, int values, int32_t n, const void *src);
 
 // Keep only the entries whose indices are listed in keep (ascending, n_keep of them), and
 // give back the memory no longer needed (a decode step's one or two dropped entries leave

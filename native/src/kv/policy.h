@@ -20,8 +20,9 @@
 
 // Warnings a context gives once each (pykv_take_warning hands them to the caller; they are
 // logged too): a share budget raised to the policy's floor, a budget cut to n_ctx, positions
-// past the model's training context.
-enum policy_notice_kind { NOTICE_BUDGET_FLOOR = 0, NOTICE_BUDGET_CAP = 1, NOTICE_TRAIN_CTX = 2, NOTICE_KINDS = 3 };
+// past the model's training context, a context that keeps the model's GPU layers on the CPU.
+enum policy_notice_kind { NOTICE_BUDGET_FLOOR = 0, NOTICE_BUDGET_CAP = 1, NOTICE_TRAIN_CTX = 2, NOTICE_GPU = 3,
+                          NOTICE_KINDS = 4 };
 
 struct policy_notices {
     unsigned said;                        // bit per kind already given

@@ -215,6 +215,15 @@ static pykv_status check_state(pykv_context *ctx, const void *src, size_t size, 
     return check_policy(ctx, &r, list_n, &out->policy);
 }
 
+// A list's keys (values = 0) or values from checked bytes, to wherever they are stored.
+static pykv_status take_rows(struct state_reader *r, struct kv_cache *c, struct kv_list *l, int values, int32_t n) {
+    const size_t bytes = (size_t)n * (values ? kv_cache_value_bytes(c) : kv_cache_key_bytes(c));
+    if (bytes > r->left) return pykv_error(PYKV_ERR_INTERNAL, "a checked state ended early");
+    PYKV_TRY(kv_list_write_rows(c, l, values, n, r->at));
+    state_take(r, NULL, bytes);
+    return PYKV_OK;
+}
+
 // Fill an empty list from checked bytes.
 static pykv_status load_list(struct kv_cache *c, struct kv_list *l, struct state_reader *r) {
     int32_t n = 0, merged = 0;
@@ -222,8 +231,8 @@ static pykv_status load_list(struct kv_cache *c, struct kv_list *l, struct state
     state_take_i32(r, &merged);
     PYKV_TRY(kv_list_reserve(c, l, n));
     state_take(r, l->pos, (size_t)n * sizeof(int32_t));
-    state_take(r, l->k, (size_t)n * kv_cache_key_bytes(c));
-    state_take(r, l->v, (size_t)n * kv_cache_value_bytes(c));
+    PYKV_TRY(take_rows(r, c, l, 0, n));
+    PYKV_TRY(take_rows(r, c, l, 1, n));
     l->n = n;
     if (!merged) return PYKV_OK;
     PYKV_TRY(kv_list_enable_members(c, l));

@@ -49,21 +49,34 @@ static int32_t has_merged(const struct kv_list *l) {
     return 0;
 }
 
-static void write_list(struct state_writer *w, const struct kv_cache *c, const struct kv_list *l) {
+// A list's keys (values = 0) or values, copied from wherever they are stored (GPU memory for
+// an offloaded layer's list).
+static pykv_status put_rows(struct state_writer *w, const struct kv_cache *c, const struct kv_list *l, int values) {
+    const size_t bytes = (size_t)l->n * (values ? kv_cache_value_bytes(c) : kv_cache_key_bytes(c));
+    if (w->at) {
+        PYKV_TRY(kv_list_read_rows(c, l, values, l->n, w->at));
+        w->at += bytes;
+    }
+    w->n += bytes;
+    return PYKV_OK;
+}
+
+static pykv_status write_list(struct state_writer *w, const struct kv_cache *c, const struct kv_list *l) {
     const int32_t merged = has_merged(l);
     state_put_i32(w, l->n);
     state_put_i32(w, merged);
     state_put(w, l->pos, (size_t)l->n * sizeof(int32_t));
-    state_put(w, l->k, (size_t)l->n * kv_cache_key_bytes(c));
-    state_put(w, l->v, (size_t)l->n * kv_cache_value_bytes(c));
-    if (!merged) return;
+    PYKV_TRY(put_rows(w, c, l, 0));
+    PYKV_TRY(put_rows(w, c, l, 1));
+    if (!merged) return PYKV_OK;
     state_put(w, l->n_members, (size_t)l->n * sizeof(int32_t));
     for (int32_t j = 0; j < l->n; j++)
         if (l->n_members[j] > 1) state_put(w, kv_member_norms(l, j), (size_t)l->n_members[j] * sizeof(float));
+    return PYKV_OK;
 }
 
 // The whole state through w (which may only count). The identity is `id` (id_len bytes).
-static void write_state(const pykv_context *ctx, struct state_writer *w, const char *id, int32_t id_len) {
+static pykv_status write_state(const pykv_context *ctx, struct state_writer *w, const char *id, int32_t id_len) {
     const struct kv_cache *c = &ctx->cache;
     const int32_t n_vocab = ctx->model->hp.n_vocab;
     const uint32_t order = STATE_BYTE_ORDER;
@@ -78,7 +91,7 @@ static void write_state(const pykv_context *ctx, struct state_writer *w, const c
     state_put_i32(w, id_len);
     state_put(w, id, (size_t)id_len);
     if (ctx->has_logits) state_put(w, ctx->logits, (size_t)n_vocab * sizeof(float));
-    for (int i = 0; i < c->n_layer * c->n_head_kv; i++) write_list(w, c, &c->lists[i]);
+    for (int i = 0; i < c->n_layer * c->n_head_kv; i++) PYKV_TRY(write_list(w, c, &c->lists[i]));
 
     const struct kv_policy *p = ctx->policy;
     struct state_writer count = { NULL, 0 };
@@ -86,6 +99,7 @@ static void write_state(const pykv_context *ctx, struct state_writer *w, const c
     const int64_t policy_bytes = (int64_t)count.n;
     state_put(w, &policy_bytes, sizeof(policy_bytes));
     if (p->ops->state_write) p->ops->state_write(p, c, w);
+    return PYKV_OK;
 }
 
 // The whole state written at dst, or only counted when dst is NULL; *n gets its size.
@@ -94,10 +108,10 @@ static pykv_status put_state(const pykv_context *ctx, uint8_t *dst, size_t *n) {
     char *id = state_identity(ctx, &id_len);
     if (!id) return PYKV_ERR_NOMEM;
     struct state_writer w = { dst, 0 };
-    write_state(ctx, &w, id, (int32_t)id_len);
+    const pykv_status st = write_state(ctx, &w, id, (int32_t)id_len);
     free(id);
     *n = w.n;
-    return PYKV_OK;
+    return st;
 }
 
 pykv_status pykv_state_size(const pykv_context *ctx, size_t *size) {

@@ -1,6 +1,7 @@
 // model-info.c - the read-only model queries of pykv.h: hparams, metadata, tensor table.
 #include "core/error.h"
 #include "model/model.h"
+#include "model/offload.h"
 #include "model/types.h"
 
 #include <inttypes.h>
@@ -37,6 +38,10 @@ pykv_status pykv_model_get_info(const pykv_model *m, struct pykv_model_info *inf
     info->tied_output = m->tied_output;
     info->gguf_version = (int32_t)m->file->version;
     info->vocab_only = m->vocab_only;
+    info->n_gpu_layers = m->gpu ? m->hp.n_layer - m->gpu->first_layer : 0;
+    info->gpu_output = m->gpu ? m->gpu->output : 0;
+    info->gpu_device = m->gpu ? m->gpu->device : -1;
+    info->gpu_bytes = m->gpu ? (int64_t)m->gpu->bytes : 0;
     info->n_params = 0;
     info->n_bytes = 0;
     for (uint64_t i = 0; i < m->file->n_tensors; i++) {

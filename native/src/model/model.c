@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "cpu/quant.h"
+#include "model/offload.h"
 #include "model/types.h"
 
 #include <math.h>
@@ -184,6 +185,7 @@ pykv_status pykv_model_load(const char *path, const struct pykv_model_params *pa
     m->vocab_only = p.vocab_only != 0;
     pykv_status st = gguf_open(path, p.use_mmap, &m->file);
     if (st == PYKV_OK) st = load(m);
+    if (st == PYKV_OK) st = model_offload(m, p.n_gpu_layers, p.main_gpu);
     if (st != PYKV_OK) {
         pykv_model_free(m);
         return st;
@@ -196,6 +198,7 @@ pykv_status pykv_model_load(const char *path, const struct pykv_model_params *pa
 
 void pykv_model_free(pykv_model *m) {
     if (!m) return;
+    model_offload_free(m);
     if (m->layers) {
         for (int l = 0; l < m->hp.n_layer; l++) {
             free(m->layers[l].attn_norm);

@@ -48,6 +48,7 @@ struct pykv_model {
     struct tensor         output;       // (n_embd) -> (n_vocab); tok_embd when tied
     float                *rope_freqs;   // (head_dim/2) frequency factors, or NULL
     struct layer_weights *layers;       // (n_layer)
+    struct model_gpu     *gpu;          // the offloaded layers (model/offload.h), or NULL
 };
 
 const struct vocab *model_vocab(const pykv_model *model);

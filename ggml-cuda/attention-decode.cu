@@ -1,0 +1,81 @@
+// attention-decode.cu - one token's attention (flash-decoding). Twins: attention_group and
+// the CPU's split decode (attention_group_partial + attention_merge, graph/attention-schedule.c).
+//
+// Each list is cut into segments (attn_segments: a function of its length alone). A block of
+// attention-tile.cuh takes (KV head g, segment) with all n_rep query heads of g, so each key
+// and value row is read once, and leaves each head's partial (m, l, o) in work; a second
+// kernel merges each head's segments in segment order, so the result does not depend on the
+// number of SMs or on which block ran first.
+#include "attention-tile.cuh"
+
+#include <string.h>
+
+#define DECODE_THREADS 128
+#define DECODE_EPT 16   // query values per thread: n_rep * head_dim up to 2048 in one block
+#define MERGE_THREADS 128
+
+extern "C" int cuda_attention_segments(int32_t n) { return attn_segments(n); }
+
+// work: part_o (n_head, S, head_dim), then part_m and part_l (n_head, S), S the segments of
+// the longest list; the launch takes S from its own lists, which must not exceed max_n.
+extern "C" size_t cuda_attention_decode_work_bytes(int n_head, int head_dim, int32_t max_n) {
+    return (size_t)n_head * (size_t)attn_segments(max_n) * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+// One block per query head: out = sum_p f[p] o[p] / sum_p f[p] l[p], f[p] = exp(m[p] - max m),
+// the sums taken in segment order.
+__global__ void __launch_bounds__(MERGE_THREADS)
+attn_merge_kernel(const struct cuda_kv_layer layer, int n_rep, int seg_stride, const float *part_o,
+                  const float *part_m, const float *part_l, float *out) {
+    __shared__ float f[ATTN_MAX_SEGMENTS];
+    __shared__ float inv_total;
+    const int h = blockIdx.x, d = layer.head_dim;
+    const int n_seg = attn_segments(layer.n[h / n_rep]);
+    const float *m = part_m + (size_t)h * seg_stride, *l = part_l + (size_t)h * seg_stride;
+    const float *o = part_o + (size_t)h * seg_stride * d;
+    float mx = -INFINITY;
+    for (int p = 0; p < n_seg; p++) mx = fmaxf(mx, m[p]);
+    for (int p = threadIdx.x; p < n_seg; p += MERGE_THREADS) f[p] = mx == -INFINITY ? 0.0f : expf(m[p] - mx);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int p = 0; p < n_seg; p++) total += f[p] * l[p];
+        inv_total = total > 0.0f ? __frcp_rn(total) : 0.0f;   // an empty list: zeros
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += MERGE_THREADS) {
+        float acc = 0.0f;
+        for (int p = 0; p < n_seg; p++) acc += f[p] * o[(size_t)p * d + c];
+        out[(size_t)h * d + c] = acc * inv_total;
+    }
+}
+
+extern "C" void cuda_attention_decode(cuda_stream s, const struct cuda_kv_layer *layer, const float *q, int n_head,
+                                      float *out, void *work) {
+    const int n_kv = layer->n_head_kv, d = layer->head_dim;
+    if (n_kv <= 0 || n_head <= 0 || d <= 0) return;
+    int32_t max_n = 0;
+    for (int g = 0; g < n_kv; g++) max_n = layer->n[g] > max_n ? layer->n[g] : max_n;
+    const int S = attn_segments(max_n);
+
+    struct attn_args a;
+    memset(&a, 0, sizeof(a));
+    a.layer = *layer;
+    a.q = q;
+    a.part_o = (float *)work;
+    a.part_m = a.part_o + (size_t)n_head * S * d;
+    a.part_l = a.part_m + (size_t)n_head * S;
+    a.n_head = n_head;
+    a.n_rep = n_head / n_kv;
+    a.T = 1;
+    attn_head_groups(a.n_rep, d, DECODE_THREADS * DECODE_EPT, &a.heads_per_block, &a.n_hgroups);
+    a.tokens_per_block = 1;
+    a.seg_stride = S;
+    a.scale = 1.0f / sqrtf((float)d);
+
+    const size_t smem = attn_smem_bytes(a.heads_per_block, d);
+    void (*kernel)(const struct attn_args) = attn_tile_kernel<DECODE_THREADS, DECODE_EPT, true>;
+    attn_allow_smem(kernel, smem);
+    kernel<<<dim3((unsigned)(n_kv * a.n_hgroups), (unsigned)S), DECODE_THREADS, smem, s>>>(a);
+    attn_merge_kernel<<<n_head, MERGE_THREADS, 0, s>>>(*layer, a.n_rep, S, a.part_o, a.part_m, a.part_l, out);
+}

@@ -1,0 +1,202 @@
+// attention-tile.cuh - the flash-attention block shared by decode (attention-decode.cu) and
+// prefill (attention-prefill.cu): one thread block takes a group of query rows of one KV head
+// (heads_per_block of its query heads for tokens_per_block consecutive tokens) and streams a
+// range of its list in tiles of ATTN_KEYS entries, staged in shared memory as floats, with an
+// online softmax in float: per row a running max m, a running sum l of exp(s - m) and the
+// unnormalised output o (in registers, EPT values per thread), rescaled by exp(m_old - m_new)
+// as the max grows. Each key and value row is read from global memory once per block.
+//
+// Decode (one token): the range is one segment of the list and the block leaves the partial
+// (m, l, o) of each query head for attention-decode.cu's merge. Prefill: the range is every
+// entry the block's last token sees, each row masks the entries past its own causal limit
+// (n_before + t + 1), and the block writes o / l.
+#pragma once
+#include "common.cuh"
+#include "kv-rows.cuh"
+
+#define ATTN_KEYS 32   // entries per tile; one warp's lanes in the softmax step
+static_assert(ATTN_KEYS == CUDA_WARP, "the softmax step gives lane j entry j of a tile");
+
+// Decode segments: ceil(n / ATTN_SEGMENT) of them, at most ATTN_MAX_SEGMENTS, segment p
+// being entries [start(p), start(p + 1)); a function of n alone, so the merge order (and the
+// result) does not depend on the card. Never empty for n >= 1 (n >= count).
+#define ATTN_SEGMENT 256
+#define ATTN_MAX_SEGMENTS 64
+static __host__ __device__ __forceinline__ int attn_segments(int32_t n) {
+    const int s = (int)(((int64_t)n + ATTN_SEGMENT - 1) / ATTN_SEGMENT);
+    return s < 1 ? 1 : s > ATTN_MAX_SEGMENTS ? ATTN_MAX_SEGMENTS : s;
+}
+static __host__ __device__ __forceinline__ int attn_segment_start(int32_t n, int n_seg, int p) {
+    return (int)((int64_t)n * p / n_seg);
+}
+
+struct attn_args {
+    struct cuda_kv_layer layer;
+    const float *q;          // (T, n_head, head_dim)
+    float       *out;        // prefill: as q
+    float       *part_o;     // decode: (n_head, seg_stride, head_dim) unnormalised outputs
+    float       *part_m;     // decode: (n_head, seg_stride) running maxima
+    float       *part_l;     // decode: (n_head, seg_stride) sums of exp(s - m)
+    int          n_head, n_rep, T;
+    int          heads_per_block;    // query heads of one KV head per block
+    int          n_hgroups;          // ceil(n_rep / heads_per_block)
+    int          tokens_per_block;   // prefill; 1 for decode
+    int          seg_stride;         // decode: the segments room per head in part_*
+    float        scale;              // 1 / sqrt(head_dim)
+};
+
+// Shared memory of a block of `rows` query rows: the queries, one tile of keys or values
+// (row stride head_dim + 1, so the lanes' reads of different entries hit different banks),
+// the tile's scores and each row's m, l and rescale factor.
+static inline size_t attn_smem_bytes(int rows, int d) {
+    return sizeof(float) * ((size_t)rows * d + (size_t)ATTN_KEYS * (d + 1) + (size_t)rows * ATTN_KEYS + 3 * (size_t)rows);
+}
+
+// Tile j0 of kt entries of list rows `base` (format fmt) into KV as floats.
+template <int NT>
+static __device__ __forceinline__ void attn_stage(float *KV, const void *base, int fmt, int d, int j0, int kt) {
+    const int dp = d + 1;
+    for (int idx = threadIdx.x; idx < kt * d; idx += NT) {
+        const int j = idx / d, c = idx - j * d;
+        KV[j * dp + c] = kv_load(kv_row(base, fmt, d, j0 + j), fmt, c);
+    }
+}
+
+// grid.x: KV head g * n_hgroups + head group; grid.y: decode segment, or prefill token tile
+// (the latest tokens, which see the most entries, first). NT threads, EPT output values each:
+// heads_per_block * tokens_per_block * head_dim <= NT * EPT (the launchers see to it).
+template <int NT, int EPT, bool DECODE>
+static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_args a) {
+    extern __shared__ float smem[];
+    const int d = a.layer.head_dim, dp = d + 1;
+    const int g = blockIdx.x / a.n_hgroups, i0 = (blockIdx.x % a.n_hgroups) * a.heads_per_block;
+    const int nh = min(a.heads_per_block, a.n_rep - i0);
+    const int n = a.layer.n[g];
+    int j_end, t0, ntok, n_before, seg = 0, j0 = 0;
+    if (DECODE) {
+        const int n_seg = attn_segments(n);
+        seg = blockIdx.y;
+        if (seg >= n_seg) return;
+        j0 = attn_segment_start(n, n_seg, seg);
+        j_end = attn_segment_start(n, n_seg, seg + 1);
+        t0 = 0;
+        ntok = 1;
+        n_before = j_end - 1;   // the one row sees every entry below j_end
+    } else {
+        t0 = (gridDim.y - 1 - blockIdx.y) * a.tokens_per_block;
+        ntok = min(a.tokens_per_block, a.T - t0);
+        n_before = n - a.T;
+        j_end = n_before + t0 + ntok;   // what the block's last token sees
+    }
+    const int R = ntok * nh;   // row r: token t0 + r / nh, query head g * n_rep + i0 + r % nh
+    float *Qs = smem, *KV = Qs + (size_t)R * d, *S = KV + (size_t)ATTN_KEYS * dp;
+    float *M = S + (size_t)R * ATTN_KEYS, *L = M + R, *C = L + R;
+
+    for (int idx = threadIdx.x; idx < R * d; idx += NT) {
+        const int r = idx / d, c = idx - r * d;
+        const int t = t0 + r / nh, h = g * a.n_rep + i0 + r % nh;
+        Qs[idx] = a.q[((size_t)t * a.n_head + h) * d + c];
+    }
+    for (int r = threadIdx.x; r < R; r += NT) {
+        M[r] = -INFINITY;
+        L[r] = 0.0f;
+    }
+    float acc[EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; k++) acc[k] = 0.0f;
+    __syncthreads();
+
+    const int warp = threadIdx.x / CUDA_WARP, lane = threadIdx.x % CUDA_WARP;
+    const int fk = a.layer.fmt_k, fv = a.layer.fmt_v;
+    for (; j0 < j_end; j0 += ATTN_KEYS) {
+        const int kt = min(ATTN_KEYS, j_end - j0);
+        attn_stage<NT>(KV, a.layer.k[g], fk, d, j0, kt);
+        __syncthreads();
+        // scores: pair p is (row p / ATTN_KEYS, entry p % ATTN_KEYS), so a warp's lanes share
+        // one query row (broadcast) and read 32 different key rows
+        for (int p = threadIdx.x; p < R * ATTN_KEYS; p += NT) {
+            const int r = p / ATTN_KEYS, j = p % ATTN_KEYS;
+            const int vis = n_before + t0 + r / nh + 1;   // entries row r sees
+            float s = -INFINITY;
+            if (j < kt && j0 + j < vis) {
+                const float *qr = Qs + (size_t)r * d, *kr = KV + (size_t)j * dp;
+                float dot = 0.0f;
+                for (int c = 0; c < d; c++) dot += qr[c] * kr[c];
+                s = dot * a.scale;
+            }
+            S[p] = s;
+        }
+        __syncthreads();
+        attn_stage<NT>(KV, a.layer.v[g], fv, d, j0, kt);   // the keys are done with
+        // online softmax, a warp per row: S becomes exp(s - m_new), C the rescale of the old
+        for (int r = warp; r < R; r += NT / CUDA_WARP) {
+            const float s = S[r * ATTN_KEYS + lane];
+            const float m_old = M[r], m_new = fmaxf(m_old, warp_max(s));
+            const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
+            const float sum = warp_sum(p);
+            S[r * ATTN_KEYS + lane] = p;
+            if (lane == 0) {
+                const float corr = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                C[r] = corr;
+                L[r] = L[r] * corr + sum;
+                M[r] = m_new;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < EPT; k++) {
+            const int idx = threadIdx.x + k * NT;
+            if (idx < R * d) {
+                const int r = idx / d, c = idx - r * d;
+                const float *pr = S + (size_t)r * ATTN_KEYS;
+                float o = acc[k] * C[r];
+                for (int j = 0; j < kt; j++) o += pr[j] * KV[j * dp + c];
+                acc[k] = o;
+            }
+        }
+        __syncthreads();   // before the next tile overwrites KV and S
+    }
+
+    if (DECODE) {
+#pragma unroll
+        for (int k = 0; k < EPT; k++) {
+            const int idx = threadIdx.x + k * NT;
+            if (idx < R * d) {
+                const int r = idx / d, c = idx - r * d, h = g * a.n_rep + i0 + r;
+                a.part_o[((size_t)h * a.seg_stride + seg) * d + c] = acc[k];
+            }
+        }
+        for (int r = threadIdx.x; r < R; r += NT) {
+            const size_t slot = (size_t)(g * a.n_rep + i0 + r) * a.seg_stride + seg;
+            a.part_m[slot] = M[r];
+            a.part_l[slot] = L[r];
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < EPT; k++) {
+            const int idx = threadIdx.x + k * NT;
+            if (idx < R * d) {
+                const int r = idx / d, c = idx - r * d;
+                const int t = t0 + r / nh, h = g * a.n_rep + i0 + r % nh;
+                a.out[((size_t)t * a.n_head + h) * d + c] = acc[k] * __frcp_rn(L[r]);
+            }
+        }
+    }
+}
+
+// Query heads per block (and so head groups per KV head) for blocks whose query rows hold at
+// most max_values values of one token: as many of the n_rep heads as fit, at least one.
+static inline void attn_head_groups(int n_rep, int d, int max_values, int *heads_per_block, int *n_hgroups) {
+    int nh = max_values / d;
+    if (nh < 1) nh = 1;
+    if (nh > n_rep) nh = n_rep;
+    *heads_per_block = nh;
+    *n_hgroups = (n_rep + nh - 1) / nh;
+}
+
+// Dynamic shared memory over the default 48 KiB needs the kernel's opt-in (the launch
+// reports the error if the card has less).
+template <typename K>
+static inline void attn_allow_smem(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}

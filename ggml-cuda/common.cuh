@@ -1,0 +1,34 @@
+// common.cuh - what the .cu files share: the C headers they call, pykv's error reporting,
+// warp reductions and the KV cache's row formats on the device.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/error.h"
+}
+#include "device.h"
+#include "kernels.h"
+
+#define CUDA_WARP 32
+
+static __device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = CUDA_WARP / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+static __device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = CUDA_WARP / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// An f16 stored as raw bits (the GGUF block structs' d and m fields) as a float.
+static __host__ __device__ __forceinline__ float f16_bits_to_float(uint16_t h) {
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
+}
+
+static inline int cuda_blocks_for(int64_t n, int per_block) { return (int)((n + per_block - 1) / per_block); }

@@ -1,0 +1,88 @@
+// elementwise.cu - the forward pass's element-wise kernels: RMSNorm, RoPE, SwiGLU and the
+// residual add. Twins: rmsnorm_scalar, rope_rotate, swiglu_scalar (native/src/cpu).
+#include "common.cuh"
+
+#include <math.h>
+
+#define RMSNORM_THREADS 256
+#define ELEMENTWISE_THREADS 256
+#define ELEMENTWISE_MAX_BLOCKS 65536   // grid-stride loops beyond this many blocks
+
+// One block per row: the sum of squares in float (per thread, then a tree over the block),
+// the scale in double as the CPU's, then out = x * scale * w (out may be x: each thread
+// writes only the elements it read, after the reduction has read them all).
+__global__ void __launch_bounds__(RMSNORM_THREADS)
+rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps) {
+    __shared__ float part[RMSNORM_THREADS / CUDA_WARP];
+    const size_t row = blockIdx.x;
+    x += row * (size_t)n;
+    out += row * (size_t)n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += RMSNORM_THREADS) ss += x[i] * x[i];
+    ss = warp_sum(ss);
+    const int warp = threadIdx.x / CUDA_WARP, lane = threadIdx.x % CUDA_WARP;
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < RMSNORM_THREADS / CUDA_WARP ? part[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0) part[0] = t;
+    }
+    __syncthreads();
+    const float scale = (float)(1.0 / sqrt((double)part[0] / n + (double)eps));
+    for (int i = threadIdx.x; i < n; i += RMSNORM_THREADS) out[i] = x[i] * scale * w[i];
+}
+
+// One thread per rotated pair (token t, head h, pair i).
+__global__ void rope_kernel(float *x, int T, int n_heads, int head_dim, int n_rot, const float *cs) {
+    const int half = n_rot / 2;
+    const int64_t total = (int64_t)T * n_heads * half;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (int64_t)gridDim.x * blockDim.x) {
+        const int i = (int)(k % half);
+        const int64_t th = k / half;   // t * n_heads + h
+        const int t = (int)(th / n_heads);
+        float *p = x + th * head_dim;
+        const float c = cs[(size_t)t * n_rot + 2 * i], s = cs[(size_t)t * n_rot + 2 * i + 1];
+        const float a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = a * c - b * s;
+        p[2 * i + 1] = a * s + b * c;
+    }
+}
+
+__global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+__global__ void add_kernel(float *y, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+static int grid_for(int64_t n) {
+    const int b = cuda_blocks_for(n, ELEMENTWISE_THREADS);
+    return b < ELEMENTWISE_MAX_BLOCKS ? b : ELEMENTWISE_MAX_BLOCKS;
+}
+
+extern "C" void cuda_rmsnorm(cuda_stream s, float *out, const float *x, const float *w, int n, int n_rows, float eps) {
+    if (n <= 0 || n_rows <= 0) return;
+    rmsnorm_kernel<<<n_rows, RMSNORM_THREADS, 0, s>>>(out, x, w, n, eps);
+}
+
+extern "C" void cuda_rope(cuda_stream s, float *x, int T, int n_heads, int head_dim, int n_rot, const float *cs) {
+    const int64_t total = (int64_t)T * n_heads * (n_rot / 2);
+    if (total <= 0) return;
+    rope_kernel<<<grid_for(total), ELEMENTWISE_THREADS, 0, s>>>(x, T, n_heads, head_dim, n_rot, cs);
+}
+
+extern "C" void cuda_swiglu(cuda_stream s, float *out, const float *gate, const float *up, int64_t n) {
+    if (n <= 0) return;
+    swiglu_kernel<<<grid_for(n), ELEMENTWISE_THREADS, 0, s>>>(out, gate, up, n);
+}
+
+extern "C" void cuda_add(cuda_stream s, float *y, const float *x, int64_t n) {
+    if (n <= 0) return;
+    add_kernel<<<grid_for(n), ELEMENTWISE_THREADS, 0, s>>>(y, x, n);
+}

@@ -1,0 +1,81 @@
+// kernels.h - the CUDA kernels of the forward pass, callable from C. Each launcher enqueues
+// its work on stream s and returns at once (launch errors surface at cuda_check or the next
+// synchronising call). Every pointer is device memory; activations are float32 row-major,
+// as in the CPU path. Each kernel has a CPU twin in native/src/cpu, and tests/c/test_cuda_*
+// compare them on random inputs.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- matrix products (matvec.cu, matmul.cu) ----
+// out[t][r] = sum_c x[t][c] * W[r][c] for t < T, r < rows: W has `rows` rows of `cols`
+// values in GGUF type `type`, each row type_row_bytes(type, cols) bytes, back to back (the
+// file's layout, uploaded as is). cuda_matmul picks the path: T <= CUDA_MATVEC_MAX_T takes
+// the 8-bit activation path (x quantised to Q8_1 blocks in work, integer dot products with
+// dp4a per weight type); larger T the tensor-core path (tiles of W dequantised to f16, f16
+// mma with f32 accumulation). work: cuda_matmul_work_bytes(cols, T) bytes.
+#define CUDA_MATVEC_MAX_T 8
+int    cuda_matmul_supported(int32_t type);   // 1: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
+size_t cuda_matmul_work_bytes(int64_t cols, int T);
+void   cuda_matmul(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
+                   const float *x, int T, void *work);
+// The two paths on their own (tests; cuda_matmul chooses between them).
+void   cuda_matvec_q8(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
+                      const float *x, int T, void *work);
+void   cuda_matmul_mma(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
+                       const float *x, int T);
+// Rows ids[0..T) of W (type as above) as floats: out[t][c] (the token embeddings).
+void   cuda_get_rows(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, const int32_t *ids, int T);
+
+// ---- element-wise (elementwise.cu) ----
+// out[r][i] = x[r][i] / rms(x[r]) * w[i] for rows r < n_rows of n (out may be x).
+void cuda_rmsnorm(cuda_stream s, float *out, const float *x, const float *w, int n, int n_rows, float eps);
+// x: T tokens of n_heads heads of head_dim; rotate pairs (2i, 2i+1), i < n_rot/2, of token t
+// by cs[t][2i] = cos, cs[t][2i+1] = sin (the CPU's rope_angles table for the chunk).
+void cuda_rope(cuda_stream s, float *x, int T, int n_heads, int head_dim, int n_rot, const float *cs);
+// out[i] = silu(gate[i]) * up[i] (out may be gate).
+void cuda_swiglu(cuda_stream s, float *out, const float *gate, const float *up, int64_t n);
+// y[i] += x[i].
+void cuda_add(cuda_stream s, float *y, const float *x, int64_t n);
+
+// ---- the KV lists and attention (kv-append.cu, attention-decode.cu, attention-prefill.cu) ----
+// One layer's lists as the kernels see them, passed by value: list g of the layer holds n[g]
+// entries; key j of list g is row j of k[g] (rows of head_dim values stored as fmt_k, an
+// enum kv_format: 0 f32, 1 f16, 2 q8_0 in 34-byte blocks of 32), value j of v[g] the same.
+#define CUDA_MAX_KV_HEADS 64
+struct cuda_kv_layer {
+    void   *k[CUDA_MAX_KV_HEADS];
+    void   *v[CUDA_MAX_KV_HEADS];
+    int32_t n[CUDA_MAX_KV_HEADS];
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t fmt_k;
+    int32_t fmt_v;
+};
+// Store token t's key and value of KV head g (k + (t * n_head_kv + g) * head_dim, same for v)
+// as entry n[g] + t of list g, in the list's formats (q8_0 rounds as the CPU's kv-cache.c).
+void cuda_kv_append(cuda_stream s, const struct cuda_kv_layer *layer, const float *k, const float *v, int T);
+
+// A decode step (flash-decoding): query head h (q + h * head_dim, n_head heads, head h reads
+// KV head h / (n_head / n_head_kv)) attends over all n[g] entries of its list; out has the
+// same layout as q. Each list is cut into segments whose count depends only on n[g]
+// (cuda_attention_segments); the partials are merged in segment order, so the result does
+// not depend on the card. work: cuda_attention_decode_work_bytes(n_head, head_dim, max_n).
+int    cuda_attention_segments(int32_t n);
+size_t cuda_attention_decode_work_bytes(int n_head, int head_dim, int32_t max_n);
+void   cuda_attention_decode(cuda_stream s, const struct cuda_kv_layer *layer, const float *q, int n_head,
+                             float *out, void *work);
+// A prefill chunk of T tokens (causal flash attention): token t's query heads (q + (t * n_head
+// + h) * head_dim) attend over the first n_before[g] + t + 1 entries of their list, where
+// n_before[g] = layer->n[g] - T (the chunk's keys are already appended); out as q.
+void   cuda_attention_prefill(cuda_stream s, const struct cuda_kv_layer *layer, const float *q, int n_head, int T,
+                              float *out);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,110 @@
+// matmul-tiles.cuh - the per-thread pieces of the matrix kernels (matvec.cu, matmul.cu): one
+// lane's share of a weight row's dot products, and the loading and storing of the tensor-core
+// kernel's tiles, each given its thread index. They are __host__ __device__, so that
+// tests/c/test_cuda_blocks.cu runs them on the CPU for every thread of a launch and checks
+// the kernels' indexing (tails included) without a GPU.
+#pragma once
+#include "quant-blocks.cuh"
+
+// ---- the few-row path (matvec.cu): lane `lane` of the warp of a weight row ----
+
+// Groups lane, lane + 32, ... of a row of n_groups 32-value groups, against the same groups
+// of T activation rows (a: T rows of n_groups Q8_1 blocks): acc[t] += their dot products.
+template <class Q>
+static __host__ __device__ __forceinline__ void mv_q8_lane(const uint8_t *row, const dev_block_q8_1 *a, int n_groups,
+                                                           int lane, int T, float acc[CUDA_MATVEC_MAX_T]) {
+    for (int gi = lane; gi < n_groups; gi += CUDA_WARP) {
+        qgroup wg;
+        Q::unpack(row + (int64_t)(gi / Q::GROUPS) * Q::BYTES, gi % Q::GROUPS, wg);
+        QB_UNROLL
+        for (int t = 0; t < CUDA_MATVEC_MAX_T; t++) {
+            if (t < T) {
+                const dev_block_q8_1 *ab = a + (int64_t)t * n_groups + gi;
+                int32_t aq[8];
+                q8_1_words(ab, aq);
+                acc[t] += qgroup_dot_q8_1(wg, aq, ab->d, ab->s);
+            }
+        }
+    }
+}
+
+// Float weights: values lane, lane + 32, ... of a row of cols, against T rows of x.
+template <class F>
+static __host__ __device__ __forceinline__ void mv_f_lane(const void *row, const float *x, int64_t cols, int lane,
+                                                          int T, float acc[CUDA_MATVEC_MAX_T]) {
+    for (int64_t c = lane; c < cols; c += CUDA_WARP) {
+        const float wv = F::at(row, c);
+        QB_UNROLL
+        for (int t = 0; t < CUDA_MATVEC_MAX_T; t++)
+            if (t < T) acc[t] += wv * x[(int64_t)t * cols + c];
+    }
+}
+
+// ---- the tensor-core path (matmul.cu) ----
+
+#define MM_TM 64            // activation rows (T) per tile
+#define MM_TN 64            // weight rows per tile
+#define MM_TK 64            // columns per step
+#define MM_THREADS 128      // 4 warps, 2 x 2 of 32 x 32
+#define MM_LDH (MM_TK + 8)  // row stride (halves) of the f16 tiles: 144 bytes, keeps wmma's 32-byte
+                            // fragment alignment and spreads the rows over the banks
+#define MM_LDC (MM_TN + 4)  // row stride (floats) of the output tile
+
+// ws[n][k] = W[r0 + n][k0 + k] in f16, zero outside the matrix. Quantised types: thread tid
+// decodes group k0 / 32 + tid % 2 of weight row r0 + tid / 2 (cols is a multiple of 32, so a
+// group is wholly inside or wholly outside).
+template <class Q>
+static __host__ __device__ __forceinline__ void mm_load_w_tile(half *ws, const uint8_t *w, int64_t row_bytes,
+                                                               int64_t cols, int64_t rows, int64_t r0, int64_t k0,
+                                                               int tid) {
+    const int n = tid >> 1, sub = tid & 1;
+    const int64_t r = r0 + n, gi = k0 / 32 + sub;
+    half2 *dst = (half2 *)(ws + n * MM_LDH + 32 * sub);
+    if (r < rows && gi < cols / 32) {
+        qgroup g;
+        Q::unpack(w + r * row_bytes + gi / Q::GROUPS * Q::BYTES, (int)(gi % Q::GROUPS), g);
+        float y[32];
+        qgroup_decode(g, y);
+        QB_UNROLL
+        for (int j = 0; j < 16; j++) dst[j] = __floats2half2_rn(y[2 * j], y[2 * j + 1]);
+    } else {
+        const half2 z = __floats2half2_rn(0.0f, 0.0f);
+        QB_UNROLL
+        for (int j = 0; j < 16; j++) dst[j] = z;
+    }
+}
+
+// The same for a float type (any cols): element e = i * MM_THREADS + tid of the tile, so
+// consecutive threads read consecutive values of a row.
+template <class F>
+static __host__ __device__ __forceinline__ void mm_load_w_tile_f(half *ws, const uint8_t *w, int64_t cols, int64_t rows,
+                                                                 int64_t r0, int64_t k0, int tid) {
+    for (int i = 0; i < MM_TN * MM_TK / MM_THREADS; i++) {
+        const int e = i * MM_THREADS + tid, n = e / MM_TK, k = e % MM_TK;
+        const int64_t r = r0 + n, c = k0 + k;
+        const float v = r < rows && c < cols ? F::at(w + r * cols * F::ELEM_BYTES, c) : 0.0f;
+        ws[n * MM_LDH + k] = __float2half_rn(v);
+    }
+}
+
+// xs[m][k] = x[t0 + m][k0 + k] in f16, zero outside T x cols.
+static __host__ __device__ __forceinline__ void mm_load_x_tile(half *xs, const float *x, int64_t cols, int T,
+                                                               int64_t t0, int64_t k0, int tid) {
+    for (int i = 0; i < MM_TM * MM_TK / MM_THREADS; i++) {
+        const int e = i * MM_THREADS + tid, m = e / MM_TK, k = e % MM_TK;
+        const int64_t t = t0 + m, c = k0 + k;
+        const float v = t < T && c < cols ? x[t * cols + c] : 0.0f;
+        xs[m * MM_LDH + k] = __float2half_rn(v);
+    }
+}
+
+// out[t0 + m][r0 + n] = cs[m][n] for the part of the tile inside T x rows (out: T rows of
+// `rows`); consecutive threads write consecutive outputs of a row.
+static __host__ __device__ __forceinline__ void mm_store_tile(float *out, const float *cs, int64_t rows, int T,
+                                                              int64_t t0, int64_t r0, int tid) {
+    for (int i = 0; i < MM_TM * MM_TN / MM_THREADS; i++) {
+        const int e = i * MM_THREADS + tid, m = e / MM_TN, n = e % MM_TN;
+        const int64_t t = t0 + m, r = r0 + n;
+        if (t < T && r < rows) out[t * rows + r] = cs[m * MM_LDC + n];
+    }
+}

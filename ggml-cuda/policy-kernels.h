@@ -1,0 +1,81 @@
+// policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
+// gathering kept rows, the observation-window scores of the SnapKV family and top-k
+// selection. Each launcher enqueues its work on stream s and returns at once (launch errors
+// surface at cuda_check or the next synchronising call). Pointers named d_* and every
+// array argument not said to be host memory are device memory. Each kernel has a CPU twin
+// (named below); tests/c/test_cuda_policy.c compares them, tests/c/test_cuda_policy_host.cu
+// checks the per-element math on the host.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "device.h"
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- row gather (kv-gather.cu) ----
+// Row j of dst = row keep[j] of src for j < n_keep, rows of row_bytes bytes (any size: keys
+// and values in their stored format, 4-byte positions). Out of place: dst and src must not
+// overlap; keep may hold any in-range indices in any order. Twin: kv_compact_rows applied to
+// a copy of src (whose keep must be ascending).
+void cuda_gather_rows(cuda_stream s, void *dst, const void *src, size_t row_bytes, const int32_t *d_keep,
+                      int32_t n_keep);
+
+// ---- observation-window scores (window-scores.cu) ----
+// Twin: ws_stats_compute and ws_layer_scores (native/src/kv/policies/common/window-scores.c),
+// docs/policies.md#the-observation-window. One layer: list g of `layer` (plain entries, no
+// merged ones) holds n[g] entries, the last `protect` of them the window, the first
+// n_cand[g] = max(n[g] - protect, 0) the candidates. Window row r (0 <= r < rows) is chunk
+// token T - rows + r: query head h of it (q + ((T - rows + r) * n_head + h) * head_dim)
+// attends with an fp32 softmax of q.k / sqrt(head_dim) over the first n[g] - (rows - 1 - r)
+// entries of list g = h / (n_head / n_head_kv). Per query head and candidate: the mean of its
+// probability over the rows (every row sees every candidate) and, if asked, the unbiased
+// variance (0 when rows == 1); then per KV head the GQA reduce of the mean over its query
+// heads (mean or max, head order) and 1-D pooling along the candidates (stride 1, padding
+// kernel / 2; avg counts the padding as zeros, max ignores it).
+struct cuda_window_args {
+    int32_t n_head;    // query heads, a multiple of layer->n_head_kv
+    int32_t T;         // tokens of the chunk (rows of q)
+    int32_t rows;      // window queries, 1 <= rows <= min(T, protect)
+    int32_t protect;   // window entries at the end of every list
+    int32_t pool;      // enum ws_pool: 0 max, 1 avg
+    int32_t kernel;    // odd pooling kernel, >= 1 (1: no pooling)
+    int32_t gqa;       // enum ws_gqa: 0 mean, 1 max
+};
+
+// Output layout (host memory in, host memory out): n_cand[g] and offset_kv[g] (either may be
+// NULL) for each KV head g; returns total = the sum of n_cand. A per-KV-head array (scores)
+// holds KV head g's n_cand[g] values at offset_kv[g] (the prefix sums of n_cand, head order);
+// a per-query-head array (mean, var) holds KV head g's block of G = n_head / n_head_kv rows at
+// offset_kv[g] * G, row i (query head g * G + i) at offset_kv[g] * G + i * n_cand[g]: the
+// layouts of struct ws_stats (offset_kv, offset).
+int64_t cuda_window_layout(const struct cuda_kv_layer *layer, int32_t protect, int32_t *n_cand, int64_t *offset_kv);
+
+// Bytes of work for cuda_window_scores on these lists and arguments.
+size_t cuda_window_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_window_args *a);
+
+// scores: total floats (per KV head, ws_layer_scores); NULL skips the reduce and pooling.
+// mean: NULL, or total * G floats (per query head, ws_stats.mean); NULL keeps it in work.
+// var: NULL (not computed), or total * G floats (ws_stats.var). q: (T, n_head, head_dim).
+// Does nothing for arguments out of range (rows < 1 or > T or > protect, an even or < 1
+// kernel, head_dim > 512 or not a multiple of 32 for q8_0 keys, n_head not a multiple of
+// n_head_kv).
+void cuda_window_scores(cuda_stream s, const struct cuda_kv_layer *layer, const float *q,
+                        const struct cuda_window_args *a, float *scores, float *mean, float *var, void *work);
+
+// ---- top-k selection (topk.cu) ----
+// For each of m lists: list i is scores[off[i] .. off[i] + n[i]); its k = clamp(k[i], 0, n[i])
+// largest, ties to the lower index, NaN ranking as -inf (and equal to it) and -0 equal to +0,
+// go to idx[off[i] ..] as ascending indices into the list (count[i] = k when count is not
+// NULL). Exactly the set of ws_select_top (window-select.c). off, n, k, idx, count: device
+// arrays; idx needs room for k at each off[i] (sizing idx like scores suffices). One thread
+// block per list: a radix select over 64-bit keys that are unique per list, then an
+// order-keeping compaction.
+void cuda_select_top(cuda_stream s, const float *scores, const int64_t *off, const int32_t *n, const int32_t *k,
+                     int32_t m, int32_t *idx, int32_t *count);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,349 @@
+// ctest-label: cuda
+// test_cuda_ops.c - the CUDA element-wise, KV-append and attention kernels (ggml-cuda/
+// elementwise.cu, kv-append.cu, attention-decode.cu, attention-prefill.cu) against their CPU
+// twins on random inputs, one line per case with its NMSE = sum((gpu - cpu)^2) / sum(cpu^2):
+//  * rmsnorm, rope (full and partial rotary), swiglu, add: lengths with odd tails, in place
+//    and not; NMSE <= 1e-7;
+//  * kv_append: the stored bytes equal kv_list_push's, every key/value format pair, after
+//    entries already in the lists, with an inf and a NaN among the values;
+//  * decode attention vs attention_group over the same stored cache: head_dim 64 and 128
+//    (and 96, 256), n_rep 1, 3, 4, 8 (and 6, 16), n from 1 to 5000 (and 70000: the segment
+//    cap), every format pair, lists of different lengths per KV head; NMSE <= 1e-6;
+//  * prefill attention vs attention_flash: T = 1, 5, 64, 130, 512 after n_before = 0, 3,
+//    1000 entries, per-head n_before differing by one; NMSE <= 1e-6.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cpu/attention.h"
+#include "cpu/ops.h"
+#include "ggml-cuda/kernels.h"
+#include "kv/kv-cache.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float uniform(float lo, float hi) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return lo + (hi - lo) * (float)((rng >> 40) & 0xFFFFFF) / 16777216.0f;
+}
+static void fill(float *x, size_t n, float lo, float hi) { for (size_t i = 0; i < n; i++) x[i] = uniform(lo, hi); }
+
+static double nmse(const float *got, const float *want, size_t n) {
+    double err = 0.0, ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = (double)got[i] - (double)want[i];
+        err += e * e;
+        ref += (double)want[i] * want[i];
+    }
+    return ref > 0.0 ? err / ref : err;
+}
+
+// Device copies; a failure counts as a failed check (and the test goes on with NULL).
+static void *dev_upload(const void *src, size_t bytes) {
+    void *d = NULL;
+    CHECK(cuda_alloc(&d, bytes, "a test buffer") == PYKV_OK);
+    if (d && src) CHECK(cuda_upload(d, src, bytes) == PYKV_OK);
+    return d;
+}
+static void dev_download(void *dst, const void *d_src, size_t bytes) {
+    CHECK(cuda_stream_sync(NULL) == PYKV_OK);
+    CHECK(cuda_check("the kernels") == PYKV_OK);
+    CHECK(cuda_download(dst, d_src, bytes) == PYKV_OK);
+}
+
+static void report(const char *what, double e, double limit) {
+    printf("%-60s NMSE %.3e\n", what, e);
+    CHECK(e <= limit);   // also false for NaN
+}
+
+// ---- element-wise ----
+
+static void test_rmsnorm(int n, int n_rows, int in_place) {
+    const size_t total = (size_t)n * n_rows;
+    float *x = malloc(total * sizeof(float)), *w = malloc((size_t)n * sizeof(float));
+    float *want = malloc(total * sizeof(float)), *got = malloc(total * sizeof(float));
+    fill(x, total, -3.0f, 3.0f);
+    fill(w, n, 0.5f, 1.5f);
+    const float eps = 1e-5f;
+    for (int r = 0; r < n_rows; r++) rmsnorm_scalar(want + (size_t)r * n, x + (size_t)r * n, w, n, eps);
+    float *dx = dev_upload(x, total * sizeof(float)), *dw = dev_upload(w, (size_t)n * sizeof(float));
+    float *dout = in_place ? dx : dev_upload(NULL, total * sizeof(float));
+    cuda_rmsnorm(NULL, dout, dx, dw, n, n_rows, eps);
+    dev_download(got, dout, total * sizeof(float));
+    char what[96];
+    snprintf(what, sizeof(what), "rmsnorm n=%d rows=%d%s", n, n_rows, in_place ? " in place" : "");
+    report(what, nmse(got, want, total), 1e-7);
+    cuda_free(dx); cuda_free(dw);
+    if (!in_place) cuda_free(dout);
+    free(x); free(w); free(want); free(got);
+}
+
+static void test_rope(int T, int n_heads, int head_dim, int n_rot) {
+    const size_t total = (size_t)T * n_heads * head_dim;
+    float *x = malloc(total * sizeof(float)), *want = malloc(total * sizeof(float)), *got = malloc(total * sizeof(float));
+    float *inv_freq = malloc((size_t)n_rot / 2 * sizeof(float)), *cs = malloc((size_t)T * n_rot * sizeof(float));
+    fill(x, total, -2.0f, 2.0f);
+    memcpy(want, x, total * sizeof(float));
+    rope_inv_freq(inv_freq, n_rot, 10000.0f, NULL);
+    for (int t = 0; t < T; t++) {
+        rope_angles(cs + (size_t)t * n_rot, n_rot, 17 + 1000 * t, inv_freq);
+        rope_rotate(want + (size_t)t * n_heads * head_dim, n_heads, head_dim, n_rot, cs + (size_t)t * n_rot);
+    }
+    float *dx = dev_upload(x, total * sizeof(float)), *dcs = dev_upload(cs, (size_t)T * n_rot * sizeof(float));
+    cuda_rope(NULL, dx, T, n_heads, head_dim, n_rot, dcs);
+    dev_download(got, dx, total * sizeof(float));
+    char what[96];
+    snprintf(what, sizeof(what), "rope T=%d heads=%d head_dim=%d n_rot=%d", T, n_heads, head_dim, n_rot);
+    report(what, nmse(got, want, total), 1e-7);
+    cuda_free(dx); cuda_free(dcs);
+    free(x); free(want); free(got); free(inv_freq); free(cs);
+}
+
+static void test_swiglu_add(int64_t n, int in_place) {
+    float *g = malloc((size_t)n * sizeof(float)), *u = malloc((size_t)n * sizeof(float));
+    float *want = malloc((size_t)n * sizeof(float)), *got = malloc((size_t)n * sizeof(float));
+    fill(g, (size_t)n, -20.0f, 20.0f);
+    fill(u, (size_t)n, -2.0f, 2.0f);
+    if (n > 3) { g[0] = -100.0f; g[1] = 100.0f; g[2] = 0.0f; }   // exp out of range both ways
+    swiglu_scalar(want, g, u, (int)n);
+    float *dg = dev_upload(g, (size_t)n * sizeof(float)), *du = dev_upload(u, (size_t)n * sizeof(float));
+    float *dout = in_place ? dg : dev_upload(NULL, (size_t)n * sizeof(float));
+    cuda_swiglu(NULL, dout, dg, du, n);
+    dev_download(got, dout, (size_t)n * sizeof(float));
+    char what[96];
+    snprintf(what, sizeof(what), "swiglu n=%lld%s", (long long)n, in_place ? " in place" : "");
+    report(what, nmse(got, want, (size_t)n), 1e-7);
+
+    for (int64_t i = 0; i < n; i++) want[i] = u[i] + g[i];   // add: y = u, y += g
+    CHECK(cuda_upload(dg, g, (size_t)n * sizeof(float)) == PYKV_OK);
+    cuda_add(NULL, du, dg, n);
+    dev_download(got, du, (size_t)n * sizeof(float));
+    snprintf(what, sizeof(what), "add n=%lld", (long long)n);
+    report(what, nmse(got, want, (size_t)n), 1e-7);
+    cuda_free(dg); cuda_free(du);
+    if (!in_place) cuda_free(dout);
+    free(g); free(u); free(want); free(got);
+}
+
+// ---- lists on both sides ----
+
+// A CPU cache of one layer with n_kv lists, list g holding n[g] random entries (keys in
+// [-2, 2], values in [-1, 1]), and device copies of each list with room for cap entries.
+struct lists {
+    struct kv_cache      cache;
+    struct cuda_kv_layer layer;   // device pointers, n[g] as on the CPU
+    int                  n_kv, d;
+};
+
+static void lists_init(struct lists *L, int n_kv, int d, int fmt_k, int fmt_v, const int32_t *n, int cap) {
+    memset(L, 0, sizeof(*L));
+    L->n_kv = n_kv;
+    L->d = d;
+    CHECK(kv_cache_init(&L->cache, 1, n_kv, d, cap, fmt_k, fmt_v) == PYKV_OK);
+    float *k = malloc((size_t)d * sizeof(float)), *v = malloc((size_t)d * sizeof(float));
+    L->layer.n_head_kv = n_kv;
+    L->layer.head_dim = d;
+    L->layer.fmt_k = fmt_k;
+    L->layer.fmt_v = fmt_v;
+    for (int g = 0; g < n_kv; g++) {
+        struct kv_list *l = kv_cache_list(&L->cache, 0, g);
+        CHECK(kv_list_reserve(&L->cache, l, cap) == PYKV_OK);
+        for (int j = 0; j < n[g]; j++) {
+            fill(k, d, -2.0f, 2.0f);
+            fill(v, d, -1.0f, 1.0f);
+            kv_list_push(&L->cache, l, k, v, j);
+        }
+        const size_t kb = kv_format_row_bytes(fmt_k, d), vb = kv_format_row_bytes(fmt_v, d);
+        L->layer.k[g] = dev_upload(NULL, (size_t)cap * kb);
+        L->layer.v[g] = dev_upload(NULL, (size_t)cap * vb);
+        if (n[g] > 0) {
+            CHECK(cuda_upload(L->layer.k[g], l->k, (size_t)n[g] * kb) == PYKV_OK);
+            CHECK(cuda_upload(L->layer.v[g], l->v, (size_t)n[g] * vb) == PYKV_OK);
+        }
+        L->layer.n[g] = n[g];
+    }
+    free(k); free(v);
+}
+
+static void lists_free(struct lists *L) {
+    for (int g = 0; g < L->n_kv; g++) { cuda_free(L->layer.k[g]); cuda_free(L->layer.v[g]); }
+    kv_cache_free(&L->cache);
+}
+
+static void test_kv_append(int fmt_k, int fmt_v, int d, int n_kv, int n0, int T) {
+    struct lists L;
+    int32_t n[CUDA_MAX_KV_HEADS];
+    for (int g = 0; g < n_kv; g++) n[g] = n0 + g;   // ragged
+    lists_init(&L, n_kv, d, fmt_k, fmt_v, n, n0 + n_kv + T);
+    const size_t rows = (size_t)T * n_kv * d;
+    float *k = malloc(rows * sizeof(float)), *v = malloc(rows * sizeof(float));
+    fill(k, rows, -3.0f, 3.0f);
+    fill(v, rows, -1.0f, 1.0f);
+    k[5] = INFINITY;            // token 0, head 0: a q8_0 block of zeros with an inf scale
+    v[d + 3] = NAN;             // token 0, head 1 (or token 1): a NaN value stores 0 in q8_0
+    for (int i = 0; i < d; i++) v[rows - d + i] *= 1e-6f;   // the last row: a subnormal-half scale
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < n_kv; g++) {
+            const size_t off = ((size_t)t * n_kv + g) * d;
+            kv_list_push(&L.cache, kv_cache_list(&L.cache, 0, g), k + off, v + off, n[g] + t);
+        }
+    float *dk = dev_upload(k, rows * sizeof(float)), *dv = dev_upload(v, rows * sizeof(float));
+    cuda_kv_append(NULL, &L.layer, dk, dv, T);
+    CHECK(cuda_stream_sync(NULL) == PYKV_OK);
+    CHECK(cuda_check("cuda_kv_append") == PYKV_OK);
+    long bad = 0;
+    for (int g = 0; g < n_kv; g++) {
+        const struct kv_list *l = kv_cache_list(&L.cache, 0, g);
+        for (int kv = 0; kv < 2; kv++) {
+            const size_t rb = kv_format_row_bytes(kv ? fmt_v : fmt_k, d), bytes = (size_t)(n[g] + T) * rb;
+            unsigned char *got = malloc(bytes);
+            CHECK(cuda_download(got, kv ? L.layer.v[g] : L.layer.k[g], bytes) == PYKV_OK);
+            const unsigned char *want = kv ? l->v : l->k;
+            for (size_t i = 0; i < bytes; i++) bad += got[i] != want[i];
+            free(got);
+        }
+    }
+    printf("kv_append k=%s v=%s d=%d n_kv=%d n0=%d T=%d: %ld bytes differ\n", kv_format_name(fmt_k),
+           kv_format_name(fmt_v), d, n_kv, n0, T, bad);
+    CHECK(bad == 0);
+    cuda_free(dk); cuda_free(dv);
+    free(k); free(v);
+    lists_free(&L);
+}
+
+// ---- attention ----
+
+// One decode step over lists of n[g] entries against attention_group (tiles of
+// ATTENTION_TILE query heads).
+static void check_decode(struct lists *L, const int32_t *n, int n_rep, const char *what) {
+    const int n_kv = L->n_kv, d = L->d, n_head = n_kv * n_rep;
+    int32_t max_n = 0;
+    for (int g = 0; g < n_kv; g++) {
+        L->layer.n[g] = n[g];
+        if (n[g] > max_n) max_n = n[g];
+    }
+    float *q = malloc((size_t)n_head * d * sizeof(float)), *want = malloc((size_t)n_head * d * sizeof(float));
+    float *got = malloc((size_t)n_head * d * sizeof(float)), *w = malloc((size_t)ATTENTION_TILE * max_n * sizeof(float));
+    fill(q, (size_t)n_head * d, -1.0f, 1.0f);
+    for (int g = 0; g < n_kv; g++)
+        for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
+            const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
+            const size_t off = (size_t)(g * n_rep + r0) * d;
+            attention_group(q + off, nq, kv_cache_list(&L->cache, 0, g), n[g], d, w, want + off);
+        }
+    float *dq = dev_upload(q, (size_t)n_head * d * sizeof(float)), *dout = dev_upload(NULL, (size_t)n_head * d * sizeof(float));
+    void *work = dev_upload(NULL, cuda_attention_decode_work_bytes(n_head, d, max_n));
+    cuda_attention_decode(NULL, &L->layer, dq, n_head, dout, work);
+    dev_download(got, dout, (size_t)n_head * d * sizeof(float));
+    report(what, nmse(got, want, (size_t)n_head * d), 1e-6);
+    cuda_free(dq); cuda_free(dout); cuda_free(work);
+    free(q); free(want); free(got); free(w);
+}
+
+static void test_decode(int d, int fmt_k, int fmt_v, const int *reps, int n_reps, const int *ns, int n_ns) {
+    const int n_kv = 2;
+    int max_n = 0;
+    for (int i = 0; i < n_ns; i++) max_n = ns[i] > max_n ? ns[i] : max_n;
+    struct lists L;
+    const int32_t full[2] = { max_n, max_n };
+    lists_init(&L, n_kv, d, fmt_k, fmt_v, full, max_n);
+    for (int a = 0; a < n_reps; a++)
+        for (int b = 0; b < n_ns; b++) {
+            // list 1 a little shorter (the prefix of what is stored): ragged lengths
+            const int32_t n[2] = { ns[b], ns[b] > 8 ? ns[b] - 5 : ns[b] };
+            char what[96];
+            snprintf(what, sizeof(what), "decode k=%s v=%s d=%d n_rep=%d n=%d,%d", kv_format_name(fmt_k),
+                     kv_format_name(fmt_v), d, reps[a], n[0], n[1]);
+            check_decode(&L, n, reps[a], what);
+        }
+    lists_free(&L);
+}
+
+// A prefill chunk of T tokens after n_before[g] entries (the chunk's own entries appended)
+// against attention_flash in blocks of flash_tokens_per_block tokens.
+static void test_prefill(int d, int fmt_k, int fmt_v, int n_rep, int T, int n_before) {
+    const int n_kv = 2, n_head = n_kv * n_rep;
+    int32_t n[2] = { n_before + T, n_before + 1 + T };
+    struct lists L;
+    lists_init(&L, n_kv, d, fmt_k, fmt_v, n, n[1]);
+    const size_t stride = (size_t)n_head * d, total = (size_t)T * stride;
+    float *q = malloc(total * sizeof(float)), *want = malloc(total * sizeof(float)), *got = malloc(total * sizeof(float));
+    float *work = malloc(flash_work_floats(d, n_rep) * sizeof(float));
+    fill(q, total, -1.0f, 1.0f);
+    const int tpb = flash_tokens_per_block(n_rep);
+    for (int g = 0; g < n_kv; g++) {
+        const int nb = n[g] - T;
+        for (int t0 = 0; t0 < T; t0 += tpb) {
+            const int nt = T - t0 < tpb ? T - t0 : tpb;
+            const size_t off = (size_t)t0 * stride + (size_t)g * n_rep * d;
+            attention_flash(q + off, stride, nt, n_rep, nb + t0 + 1, kv_cache_list(&L.cache, 0, g), d, want + off,
+                            stride, work);
+        }
+    }
+    float *dq = dev_upload(q, total * sizeof(float)), *dout = dev_upload(NULL, total * sizeof(float));
+    cuda_attention_prefill(NULL, &L.layer, dq, n_head, T, dout);
+    dev_download(got, dout, total * sizeof(float));
+    char what[96];
+    snprintf(what, sizeof(what), "prefill k=%s v=%s d=%d n_rep=%d T=%d n_before=%d,%d", kv_format_name(fmt_k),
+             kv_format_name(fmt_v), d, n_rep, T, n_before, n_before + 1);
+    report(what, nmse(got, want, total), 1e-6);
+    cuda_free(dq); cuda_free(dout);
+    free(q); free(want); free(got); free(work);
+    lists_free(&L);
+}
+
+int main(void) {
+    if (cuda_device_count() == 0) {
+        printf("test_cuda_ops: skipped: %s\n", cuda_unavailable_reason());
+        return CHECK_SKIP;
+    }
+    char desc[256];
+    if (cuda_device_describe(0, desc, sizeof(desc)) == PYKV_OK) printf("device: %s\n", desc);
+    CHECK(cuda_set_device(0) == PYKV_OK);
+
+    const int lengths[] = { 1, 31, 256, 4096, 5003 };
+    for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++) {
+        test_rmsnorm(lengths[i], 1, 0);
+        test_rmsnorm(lengths[i], 7, i % 2);
+    }
+    test_rope(1, 4, 128, 128);
+    test_rope(5, 3, 64, 64);
+    test_rope(33, 8, 128, 64);   // partial rotary: the second half untouched
+    test_rope(2, 2, 80, 32);
+    const int64_t sw[] = { 1, 7, 1000, 3 * 11008 + 5 };
+    for (size_t i = 0; i < sizeof(sw) / sizeof(sw[0]); i++) test_swiglu_add(sw[i], (int)(i % 2));
+
+    for (int fk = 0; fk < KV_N_FORMATS; fk++)
+        for (int fv = 0; fv < KV_N_FORMATS; fv++) {
+            test_kv_append(fk, fv, 128, 2, 5, 7);
+            test_kv_append(fk, fv, 64, 8, 0, 33);
+            if (fk != KV_Q8_0 && fv != KV_Q8_0) test_kv_append(fk, fv, 40, 3, 2, 4);
+        }
+
+    const int reps[] = { 1, 3, 4, 8 };
+    const int ns[] = { 1, 7, 255, 256, 257, 1000, 5000 };
+    for (int fk = 0; fk < KV_N_FORMATS; fk++)
+        for (int fv = 0; fv < KV_N_FORMATS; fv++) {
+            test_decode(64, fk, fv, reps, 4, ns, 7);
+            test_decode(128, fk, fv, reps, 4, ns, 7);
+        }
+    const int reps_more[] = { 6, 16 }, ns_more[] = { 33, 700, 3000 }, ns_long[] = { 70000 };
+    test_decode(96, KV_F16, KV_Q8_0, reps_more, 2, ns_more, 3);
+    test_decode(256, KV_Q8_0, KV_F16, reps_more, 2, ns_more, 3);
+    test_decode(128, KV_F16, KV_F16, reps, 4, ns_long, 1);   // 64 segments of ~1094
+
+    const int Ts[] = { 1, 5, 64, 130, 512 }, nbs[] = { 0, 3, 1000 };
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 3; b++) {
+            for (int fk = 0; fk < KV_N_FORMATS; fk++)
+                for (int fv = 0; fv < KV_N_FORMATS; fv++) test_prefill(128, fk, fv, 4, Ts[a], nbs[b]);
+            test_prefill(64, KV_F16, KV_F16, 1, Ts[a], nbs[b]);
+            test_prefill(64, KV_Q8_0, KV_Q8_0, 8, Ts[a], nbs[b]);
+            test_prefill(128, KV_F16, KV_F16, 3, Ts[a], nbs[b]);
+            test_prefill(256, KV_F16, KV_F32, 2, Ts[a], nbs[b]);
+            test_prefill(96, KV_F32, KV_F16, 6, Ts[a], nbs[b]);
+        }
+    test_prefill(128, KV_F16, KV_F16, 16, 70, 40);   // head groups: 16 heads of 128 > one block's rows
+    return check_report("test_cuda_ops");
+}

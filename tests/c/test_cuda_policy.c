@@ -1,0 +1,309 @@
+// ctest-label: cuda
+// test_cuda_policy.c - the policy kernels (ggml-cuda/kv-gather.cu, window-scores.cu, topk.cu)
+// against their CPU twins on random inputs, one line per case:
+//  * cuda_gather_rows vs kv_compact_rows on a copy: rows of 4 (positions), 128 (f16, head 64),
+//    272 (q8_0, head 128), 68, 34, 6 and 3 bytes, a misaligned destination, 1 to 70000 rows,
+//    keep lists of every row, none but one, random subsets; equal bytes;
+//  * cuda_window_scores vs ws_stats_compute (mean, variance) and ws_layer_scores: keys f32,
+//    f16, q8_0; head_dim 64 and 128; GQA groups 1, 3, 4; ragged lists from 1 to 20000 entries
+//    (one without candidates), rows < protect < T, rows past one chunk of 32, pool max and
+//    avg with kernels 1 to 9, gqa mean and max; NMSE <= 1e-6; and the scores alone (mean and
+//    var not asked for) equal to the scores with them;
+//  * cuda_select_top vs ws_select_top: many lists at once (n from 0 to 131072, k = -1, 0, 1,
+//    n - 1, n, n + 3 and random), scores uniform, from a few values (ties), with NaN, inf,
+//    zeros of both signs and subnormals; the same index sets, and the counts; then on the
+//    window scores of a layer.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/threadpool.h"
+#include "ggml-cuda/policy-kernels.h"
+#include "kv/kv-cache.h"
+#include "kv/policies/common/window-scores.h"
+#include "model/model.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t next_u32(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static int next_int(int n) { return (int)(next_u32() % (uint32_t)n); }
+static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next_u32() & 0xFFFFFF) / 16777216.0f; }
+
+static double nmse(const float *got, const float *want, size_t n) {
+    double err = 0.0, ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = (double)got[i] - (double)want[i];
+        err += e * e;
+        ref += (double)want[i] * want[i];
+    }
+    return ref > 0.0 ? err / ref : err;
+}
+
+static void *dev_upload(const void *src, size_t bytes) {
+    void *d = NULL;
+    CHECK(cuda_alloc(&d, bytes ? bytes : 1, "a test buffer") == PYKV_OK);
+    if (d && src && bytes) CHECK(cuda_upload(d, src, bytes) == PYKV_OK);
+    return d;
+}
+static void dev_download(void *dst, const void *d_src, size_t bytes) {
+    CHECK(cuda_stream_sync(NULL) == PYKV_OK);
+    CHECK(cuda_check("the policy kernels") == PYKV_OK);
+    if (bytes) CHECK(cuda_download(dst, d_src, bytes) == PYKV_OK);
+}
+
+// ---- gather ----
+
+// kind: 0 every row, 1 one row, 2 a random ascending subset.
+static void test_gather(size_t row_bytes, int32_t n, int kind, int misalign) {
+    const size_t bytes = (size_t)n * row_bytes;
+    unsigned char *src = malloc(bytes), *want = malloc(bytes), *got = malloc(bytes + 1);
+    int32_t *keep = malloc((size_t)n * sizeof(int32_t)), n_keep = 0;
+    for (size_t i = 0; i < bytes; i++) src[i] = (unsigned char)next_u32();
+    for (int32_t j = 0; j < n; j++)
+        if (kind == 0 || (kind == 1 && j == n / 2) || (kind == 2 && next_int(3) != 0)) keep[n_keep++] = j;
+    memcpy(want, src, bytes);
+    kv_compact_rows(want, row_bytes, keep, n_keep);
+    unsigned char *dsrc = dev_upload(src, bytes), *ddst = dev_upload(NULL, bytes + 1);
+    int32_t *dkeep = dev_upload(keep, (size_t)n_keep * sizeof(int32_t));
+    cuda_gather_rows(NULL, ddst + misalign, dsrc, row_bytes, dkeep, n_keep);
+    dev_download(got, ddst + misalign, (size_t)n_keep * row_bytes);
+    const int same = memcmp(got, want, (size_t)n_keep * row_bytes) == 0;
+    printf("gather row_bytes=%zu n=%d keep=%d%s: %s\n", row_bytes, n, n_keep, misalign ? " misaligned" : "",
+           same ? "equal" : "DIFFERENT");
+    CHECK(same);
+    cuda_free(dsrc); cuda_free(ddst); cuda_free(dkeep);
+    free(src); free(want); free(got); free(keep);
+}
+
+// ---- window scores ----
+
+struct win_case {
+    int     fmt, d, n_kv, group, T, rows, protect, pool, kernel, gqa;
+    int32_t n[8];
+};
+
+// The layer's scores on the device (left in *d_scores, total in *total) after checking them
+// against the CPU.
+static void test_window(const struct win_case *wc, struct threadpool *pool, float **d_scores_out, int64_t *total_out,
+                        float **cpu_scores_out) {
+    const int d = wc->d, n_head = wc->n_kv * wc->group;
+    int32_t n_max = 0;
+    for (int g = 0; g < wc->n_kv; g++) n_max = wc->n[g] > n_max ? wc->n[g] : n_max;
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, wc->n_kv, d, n_max, wc->fmt, wc->fmt) == PYKV_OK);
+    struct cuda_kv_layer layer;
+    memset(&layer, 0, sizeof(layer));
+    layer.n_head_kv = wc->n_kv;
+    layer.head_dim = d;
+    layer.fmt_k = layer.fmt_v = wc->fmt;
+    float *k = malloc((size_t)d * sizeof(float)), *v = calloc((size_t)d, sizeof(float));
+    for (int g = 0; g < wc->n_kv; g++) {
+        struct kv_list *l = kv_cache_list(&c, 0, g);
+        CHECK(kv_list_reserve(&c, l, wc->n[g]) == PYKV_OK);
+        for (int32_t j = 0; j < wc->n[g]; j++) {
+            for (int i = 0; i < d; i++) k[i] = uniform(-2.0f, 2.0f);
+            kv_list_push(&c, l, k, v, j);
+        }
+        const size_t kb = kv_format_row_bytes(wc->fmt, d) * (size_t)wc->n[g];
+        layer.k[g] = dev_upload(l->k, kb);
+        layer.v[g] = NULL;   // the scores read keys only
+        layer.n[g] = wc->n[g];
+    }
+    const size_t nq = (size_t)wc->T * n_head * d;
+    float *q = malloc(nq * sizeof(float));
+    for (size_t i = 0; i < nq; i++) q[i] = uniform(-1.0f, 1.0f);
+
+    struct hparams hp = { .n_layer = 1, .n_head = n_head, .n_head_kv = wc->n_kv, .head_dim = d };
+    struct policy_event ev = { .cache = &c, .hp = &hp, .pool = pool, .layer = 0, .q = q, .T = wc->T,
+                               .n_prompt = wc->T, .is_last_chunk = 1 };
+    const struct ws_window w = { .protect = wc->protect, .rows = wc->rows };
+    const struct ws_opts o = { .window = wc->protect, .pool = (enum ws_pool)wc->pool, .kernel = wc->kernel,
+                               .gqa = (enum ws_gqa)wc->gqa };
+    struct ws_stats st, st2;
+    float *want = NULL;
+    CHECK(ws_stats_compute(&ev, w, 1, &st) == PYKV_OK);
+    CHECK(ws_layer_scores(&ev, &o, w, &st2, &want) == PYKV_OK);
+
+    const struct cuda_window_args a = { n_head, wc->T, wc->rows, wc->protect, wc->pool, wc->kernel, wc->gqa };
+    const int64_t total = cuda_window_layout(&layer, wc->protect, NULL, NULL);
+    CHECK(total == st.total);
+    const size_t n_out = (size_t)total * wc->group;
+    float *dq = dev_upload(q, nq * sizeof(float));
+    void *work = dev_upload(NULL, cuda_window_work_bytes(&layer, &a));
+    float *dscores = dev_upload(NULL, (size_t)total * sizeof(float)), *dscores2 = dev_upload(NULL, (size_t)total * sizeof(float));
+    float *dmean = dev_upload(NULL, n_out * sizeof(float)), *dvar = dev_upload(NULL, n_out * sizeof(float));
+    cuda_window_scores(NULL, &layer, dq, &a, dscores, dmean, dvar, work);
+    float *mean = malloc((n_out ? n_out : 1) * sizeof(float)), *var = malloc((n_out ? n_out : 1) * sizeof(float));
+    float *scores = malloc((size_t)(total ? total : 1) * sizeof(float)), *scores2 = malloc((size_t)(total ? total : 1) * sizeof(float));
+    dev_download(mean, dmean, n_out * sizeof(float));
+    dev_download(var, dvar, n_out * sizeof(float));
+    dev_download(scores, dscores, (size_t)total * sizeof(float));
+    cuda_window_scores(NULL, &layer, dq, &a, dscores2, NULL, NULL, work);   // the scores alone
+    dev_download(scores2, dscores2, (size_t)total * sizeof(float));
+    const double e_mean = nmse(mean, st.mean, n_out), e_var = nmse(var, st.var, n_out);
+    const double e_scores = nmse(scores, want, (size_t)total);
+    const int alone_same = memcmp(scores, scores2, (size_t)total * sizeof(float)) == 0;
+    printf("window k=%s d=%d G=%d n=%d..%d T=%d rows=%d protect=%d %s%d gqa=%s: NMSE mean %.2e var %.2e scores %.2e%s\n",
+           kv_format_name(wc->fmt), d, wc->group, wc->n[0], wc->n[wc->n_kv - 1], wc->T, wc->rows, wc->protect,
+           wc->pool ? "avg" : "max", wc->kernel, wc->gqa ? "max" : "mean", e_mean, e_var, e_scores,
+           alone_same ? "" : " (scores alone DIFFER)");
+    CHECK(e_mean <= 1e-6);
+    CHECK(e_var <= 1e-6);
+    CHECK(e_scores <= 1e-6);
+    CHECK(alone_same);
+
+    cuda_free(dq); cuda_free(work); cuda_free(dscores2); cuda_free(dmean); cuda_free(dvar);
+    for (int g = 0; g < wc->n_kv; g++) cuda_free(layer.k[g]);
+    if (d_scores_out) {
+        *d_scores_out = dscores;
+        *total_out = total;
+        *cpu_scores_out = scores;
+    } else {
+        cuda_free(dscores);
+        free(scores);
+    }
+    free(mean); free(var); free(scores2); free(want); free(q); free(k); free(v);
+    ws_stats_free(&st);
+    ws_stats_free(&st2);
+    kv_cache_free(&c);
+}
+
+// ---- top-k ----
+
+// Scores of kind: 0 uniform, 1 a few values (ties), 2 few values with NaN, inf, zeros of
+// both signs and subnormals, 3 all equal.
+static void fill_scores(float *s, int32_t n, int kind) {
+    const float odd[] = { NAN, -INFINITY, INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 1.0f };
+    for (int32_t j = 0; j < n; j++) {
+        switch (kind) {
+        case 0: s[j] = uniform(-1.0f, 1.0f); break;
+        case 1: s[j] = (float)next_int(5) * 0.25f; break;
+        case 2: s[j] = next_int(3) == 0 ? odd[next_int(8)] : (float)next_int(4) - 1.5f; break;
+        default: s[j] = 0.125f; break;
+        }
+    }
+}
+
+// m lists back to back in scores (list i at off[i], n[i] entries, k[i] wanted), selected on
+// the device in one call; the CPU's set for each. d_scores: the scores already on the device,
+// or NULL to upload them.
+static void check_select(const char *what, const float *scores, const float *d_scores, int32_t m, const int64_t *off,
+                         const int32_t *n, const int32_t *k) {
+    const int64_t total = m > 0 ? off[m - 1] + n[m - 1] : 0;
+    float *ds = d_scores ? (float *)d_scores : dev_upload(scores, (size_t)total * sizeof(float));
+    int64_t *doff = dev_upload(off, (size_t)m * sizeof(int64_t));
+    int32_t *dn = dev_upload(n, (size_t)m * sizeof(int32_t)), *dk = dev_upload(k, (size_t)m * sizeof(int32_t));
+    int32_t *didx = dev_upload(NULL, (size_t)total * sizeof(int32_t)), *dcount = dev_upload(NULL, (size_t)m * sizeof(int32_t));
+    cuda_select_top(NULL, ds, doff, dn, dk, m, didx, dcount);
+    int32_t *idx = malloc((size_t)(total ? total : 1) * sizeof(int32_t)), *count = malloc((size_t)m * sizeof(int32_t));
+    dev_download(idx, didx, (size_t)total * sizeof(int32_t));
+    dev_download(count, dcount, (size_t)m * sizeof(int32_t));
+    int bad = 0;
+    for (int32_t i = 0; i < m; i++) {
+        int64_t *want = malloc((size_t)(n[i] ? n[i] : 1) * sizeof(int64_t)), n_want = -1;
+        CHECK(ws_select_top(scores + off[i], n[i], k[i], want, &n_want) == PYKV_OK);
+        int list_bad = count[i] != n_want;
+        for (int64_t j = 0; !list_bad && j < n_want; j++) list_bad = idx[off[i] + j] != want[j];
+        if (list_bad && bad < 5)
+            fprintf(stderr, "%s: list %d (n=%d k=%d): %d selected, CPU %lld, or a different set\n", what, i, n[i],
+                    k[i], count[i], (long long)n_want);
+        bad += list_bad;
+        free(want);
+    }
+    printf("%s: %d lists, %d differ\n", what, m, bad);
+    CHECK(bad == 0);
+    if (!d_scores) cuda_free(ds);
+    cuda_free(doff); cuda_free(dn); cuda_free(dk); cuda_free(didx); cuda_free(dcount);
+    free(idx); free(count);
+}
+
+static void test_select(int kind) {
+    const int32_t sizes[] = { 0, 1, 2, 3, 5, 6, 17, 255, 256, 257, 1000, 4099, 20000, 131072 };
+    const int ns = (int)(sizeof(sizes) / sizeof(sizes[0]));
+    int32_t m = 0, n[128], k[128];
+    int64_t off[128], total = 0;
+    for (int a = 0; a < ns; a++) {
+        const int32_t len = sizes[a];
+        const int32_t ks[] = { -1, 0, 1, len - 1, len, len + 3, len > 0 ? next_int(len + 1) : 0, len / 4 };
+        for (int b = 0; b < 8; b++) {
+            if (len > 20000 && b > 3) continue;   // the long lists: a few cases
+            off[m] = total;
+            n[m] = len;
+            k[m] = ks[b];
+            total += len;
+            m++;
+        }
+    }
+    float *s = malloc((size_t)total * sizeof(float));
+    for (int32_t i = 0; i < m; i++) fill_scores(s + off[i], n[i], kind);
+    char what[64];
+    snprintf(what, sizeof(what), "select_top kind=%d", kind);
+    check_select(what, s, NULL, m, off, n, k);
+    free(s);
+}
+
+int main(void) {
+    if (cuda_device_count() == 0) {
+        printf("test_cuda_policy: skipped: %s\n", cuda_unavailable_reason());
+        return CHECK_SKIP;
+    }
+    char desc[256];
+    if (cuda_device_describe(0, desc, sizeof(desc)) == PYKV_OK) printf("device: %s\n", desc);
+    CHECK(cuda_set_device(0) == PYKV_OK);
+
+    const size_t row_bytes[] = { 4, 128, 272, 68, 34, 6, 3 };
+    const int32_t rows[] = { 1, 7, 1000, 70000 };
+    for (int a = 0; a < 7; a++)
+        for (int b = 0; b < 4; b++)
+            for (int kind = 0; kind < 3; kind++) test_gather(row_bytes[a], rows[b], kind, 0);
+    test_gather(272, 1000, 2, 1);
+    test_gather(128, 333, 2, 2);
+
+    struct threadpool *pool = threadpool_create(2);
+    CHECK(pool != NULL);
+    if (!pool) return check_report("test_cuda_policy");
+    const int groups[] = { 1, 3, 4 }, dims[] = { 64, 128 };
+    for (int fmt = 0; fmt < KV_N_FORMATS; fmt++)
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 3; b++) {
+                const struct win_case wc = { fmt, dims[a], 2, groups[b], 32, 32, 32, (a + b) % 2, 7, b % 2,
+                                             { 1000 + 37 * b, 257 } };
+                test_window(&wc, pool, NULL, NULL, NULL);
+            }
+    const struct win_case more[] = {
+        // fmt d n_kv G T rows protect pool kernel gqa, then n per KV head
+        { KV_F32, 64, 2, 1, 8, 8, 8, WS_POOL_MAX, 7, WS_GQA_MEAN, { 100, 37 } },
+        { KV_Q8_0, 128, 2, 3, 16, 16, 16, WS_POOL_AVG, 5, WS_GQA_MAX, { 129, 128 } },
+        { KV_Q8_0, 64, 3, 4, 20, 12, 20, WS_POOL_AVG, 9, WS_GQA_MEAN, { 400, 20, 21 } },
+        { KV_F16, 64, 1, 3, 50, 40, 48, WS_POOL_MAX, 1, WS_GQA_MAX, { 333 } },
+        { KV_F32, 128, 4, 1, 1, 1, 1, WS_POOL_AVG, 3, WS_GQA_MEAN, { 2, 5, 1, 130 } },
+        { KV_F16, 128, 2, 4, 64, 33, 40, WS_POOL_AVG, 7, WS_GQA_MEAN, { 41, 1000 } },
+        { KV_F16, 128, 8, 4, 512, 64, 64, WS_POOL_MAX, 7, WS_GQA_MEAN, { 20000, 19999, 5000, 64, 65, 3001, 7, 12345 } },
+    };
+    for (size_t i = 0; i < sizeof(more) / sizeof(more[0]) - 1; i++) test_window(&more[i], pool, NULL, NULL, NULL);
+
+    for (int kind = 0; kind < 4; kind++) test_select(kind);
+
+    // the pipeline: top half of every KV head's candidates, from the device's own scores
+    float *d_scores = NULL, *scores = NULL;
+    int64_t total = 0;
+    const struct win_case *big = &more[sizeof(more) / sizeof(more[0]) - 1];
+    test_window(big, pool, &d_scores, &total, &scores);
+    int32_t n_cand[8], k[8];
+    int64_t off[8];
+    struct cuda_kv_layer layer;
+    memset(&layer, 0, sizeof(layer));
+    layer.n_head_kv = big->n_kv;
+    for (int g = 0; g < big->n_kv; g++) layer.n[g] = big->n[g];
+    cuda_window_layout(&layer, big->protect, n_cand, off);
+    for (int g = 0; g < big->n_kv; g++) k[g] = n_cand[g] / 2;
+    check_select("select_top on window scores", scores, d_scores, big->n_kv, off, n_cand, k);
+    cuda_free(d_scores);
+    free(scores);
+    threadpool_free(pool);
+    return check_report("test_cuda_policy");
+}

@@ -1,0 +1,273 @@
+"""The CUDA backend (n_gpu_layers) checked against the CPU path, which is the reference.
+
+Without a GPU (CI, any CPU-only machine) only the fallback runs here: layers asked of a GPU
+stay on the CPU with one warning and the results are the CPU's. On a GPU (tests/gpu/run.sh)
+every tiny model and every weight type the kernels read is run with all layers on the GPU,
+with part of them, and with the classifier there or not, against the same model on the CPU:
+logits within tolerance, greedy tokens equal for 64 steps (steps whose two best CPU logits
+are closer than the tolerance aside), saved states crossing between the two, the prompt
+cache, cancellation and the KV cache's byte counts. The kernels themselves are compared
+with their CPU twins by the C tests tests/c/test_cuda_*.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import pykv
+from pykv import Llama
+from pykv.errors import GenerationCancelled
+
+from _tiny_models import random_tokens, variant, write_tiny_gguf
+
+HAS_GPU = "CUDA = 1" in pykv.system_info()
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here: " + pykv.system_info().split("|")[-1].strip()
+                               + " (tests/gpu/run.sh runs these on a lent GPU)")
+
+# Every layout the kernels must take: GQA ratios 1:1 to 6:1, head sizes 16 to 64, tied and
+# untied classifiers, and every weight type (the K-quant variant also holds Q2_K, Q3_K,
+# IQ4_NL and IQ4_XS, which are converted to f16 on upload).
+TINY = ["llama_f32_h4kv4", "llama_f16_h4kv2_tied", "llama_q8_0_h8kv2", "llama_q4_0_h6kv1_tied",
+        "llama_q4_1_h4kv2_tied", "mistral_q4_0_h8kv2", "mistral_f16_h4kv1", "llama_kquants_h4kv2"]
+# the types no tiny variant has: BF16, Q5_0, Q5_1 (head size 32)
+from dataclasses import replace  # noqa: E402
+
+EXTRA_TYPES = replace(variant("llama_q8_0_h8kv2"), name="llama_q5_bf16_h4kv2", n_head=4, n_head_kv=2,
+                      tensor_types=(("attn_q", "Q5_0"), ("attn_k", "Q5_1"), ("attn_v", "BF16"),
+                                    ("attn_output", "Q5_1"), ("ffn_gate", "Q5_0"), ("ffn_up", "BF16"),
+                                    ("ffn_down", "Q5_0")))
+# SmolLM2-135M's exact shape with random weights (the real file is too large to carry to a GPU)
+SMOL_SHAPE = replace(variant("llama_q4_1_h4kv2_tied"), name="smollm2_shape", n_embd=576, n_layer=30, n_head=9,
+                     n_head_kv=3, n_ff=1536, rope_base=1e5, vocab_size=49152, wtype="Q4_1", embd_type="Q8_0")
+
+# Logits of the GPU against the CPU: both take 8-bit activations in decode products, the GPU
+# f16 tiles in prefill ones, so they differ by rounding; relative to the logits' spread.
+LOGIT_RTOL = 2e-2
+
+
+def _model(tmp_path_factory, spec):
+    path = tmp_path_factory.getbasetemp() / f"{spec.name}.gguf"
+    if not path.exists():
+        write_tiny_gguf(spec, path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return lambda spec: _model(tmp_path_factory, variant(spec) if isinstance(spec, str) else spec)
+
+
+def _open(path, n_gpu_layers=0, **kw):
+    kw.setdefault("n_ctx", 256)
+    kw.setdefault("n_threads", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if n_gpu_layers and not HAS_GPU else "error")
+        return Llama(path, n_gpu_layers=n_gpu_layers, **kw)
+
+
+def _close_enough(gpu: np.ndarray, cpu: np.ndarray) -> float:
+    """The largest difference relative to the CPU logits' spread."""
+    return float(np.max(np.abs(gpu - cpu)) / (np.max(cpu) - np.min(cpu)))
+
+
+def _greedy_agreement(path, n_gpu_layers, steps=64, n_prompt=24, **kw):
+    """Feed the CPU's greedy tokens to both sides; return (steps compared, disagreements at
+    steps whose two best CPU logits are further apart than the tolerance, worst logit error)."""
+    prompt = random_tokens(n_prompt, seed=3)
+    with _open(path, **kw) as cpu, _open(path, n_gpu_layers, **kw) as gpu:
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        bad, worst = 0, 0.0
+        for _ in range(steps):
+            a, b = cpu.logits().copy(), gpu.logits().copy()
+            worst = max(worst, _close_enough(b, a))
+            top2 = np.sort(a)[-2:]
+            tol = LOGIT_RTOL * (np.max(a) - np.min(a))
+            if top2[1] - top2[0] > tol and int(np.argmax(b)) != int(np.argmax(a)):
+                bad += 1
+            token = int(np.argmax(a))
+            cpu.eval([token])
+            gpu.eval([token])
+        return steps, bad, worst
+
+
+def test_layers_asked_of_a_missing_gpu_run_on_the_cpu(model_path):
+    """Without a GPU (or without the CUDA backend), n_gpu_layers warns once and changes
+    nothing: the logits are the CPU's, bit for bit."""
+    if HAS_GPU:
+        pytest.skip("this machine has a GPU: the offload tests below run instead")
+    path = model_path("llama_q8_0_h8kv2")
+    tokens = random_tokens(20, seed=1)
+    with _open(path) as cpu:
+        cpu.eval(tokens)
+        want = cpu.logits().copy()
+    with pytest.warns(RuntimeWarning, match=r"n_gpu_layers=-1: .*every layer runs on the CPU"):
+        llm = Llama(path, n_ctx=64, n_threads=2, n_gpu_layers=-1)
+    with llm:
+        assert llm.model_info["n_gpu_layers"] == 0 and llm.model_info["gpu_device"] == -1
+        llm.eval(tokens)
+        np.testing.assert_array_equal(llm.logits(), want)
+        assert llm.kv_stats()["device_bytes"] == 0
+
+
+def test_bad_gpu_arguments_are_clear_errors(model_path):
+    path = model_path("llama_q8_0_h8kv2")
+    with pytest.raises(pykv.InvalidArgumentError, match="n_gpu_layers must be an integer >= -1"):
+        Llama(path, n_gpu_layers=-2)
+    with pytest.raises(pykv.InvalidArgumentError, match="main_gpu must be an integer >= 0"):
+        Llama(path, main_gpu="0")
+    if HAS_GPU:
+        with pytest.raises(pykv.InvalidArgumentError, match="main_gpu = 99, but this machine has"):
+            Llama(path, n_gpu_layers=-1, main_gpu=99)
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", TINY + [EXTRA_TYPES.name])
+def test_all_layers_on_the_gpu_match_the_cpu(model_path, name):
+    """Prefill (chunks of 16, so the tensor-core path and the causal attention run) and 64
+    greedy decode steps, the classifier on the GPU."""
+    path = model_path(EXTRA_TYPES if name == EXTRA_TYPES.name else name)
+    tokens = random_tokens(40, seed=2)
+    with _open(path, n_batch=16) as cpu, _open(path, -1, n_batch=16) as gpu:
+        info = gpu.model_info
+        assert info["n_gpu_layers"] == info["n_layer"] and info["gpu_output"] == 1 and info["gpu_bytes"] > 0
+        cpu.eval(tokens)
+        gpu.eval(tokens)
+        assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+    steps, bad, worst = _greedy_agreement(path, -1)
+    assert bad == 0, f"{bad} of {steps} greedy steps differ (worst logit error {worst:.3g})"
+    assert worst < LOGIT_RTOL
+
+
+@needs_gpu
+def test_smollm2_shaped_model_matches_the_cpu(model_path):
+    """SmolLM2-135M's shape (Q4_1, 30 layers, 9 heads over 3 KV heads, vocabulary 49152)."""
+    path = model_path(SMOL_SHAPE)
+    steps, bad, worst = _greedy_agreement(path, -1, n_prompt=100, n_ctx=512)
+    assert bad == 0, f"{bad} of {steps} greedy steps differ (worst logit error {worst:.3g})"
+    assert worst < LOGIT_RTOL
+
+
+@needs_gpu
+@pytest.mark.parametrize("layers", ["one", "half", "all_but_output", "all"])
+def test_partial_offload_gives_the_same_tokens(model_path, layers):
+    path = model_path("llama_q8_0_h8kv2")   # 3 layers
+    n = {"one": 1, "half": 2, "all_but_output": 3, "all": 4}[layers]
+    with _open(path, n) as llm:
+        assert llm.model_info["n_gpu_layers"] == min(n, 3)
+        assert llm.model_info["gpu_output"] == (n > 3)
+    steps, bad, worst = _greedy_agreement(path, n)
+    assert bad == 0 and worst < LOGIT_RTOL, (bad, worst)
+
+
+@needs_gpu
+def test_per_token_logits_and_chunk_sizes(model_path):
+    """logits_all reads every token's row (the residual stream comes back from the GPU), and
+    the chunk size does not change the result beyond rounding."""
+    path = model_path("mistral_q4_0_h8kv2")
+    tokens = random_tokens(70, seed=4)
+    with _open(path, logits_all=True, n_batch=32) as cpu, _open(path, -1, logits_all=True, n_batch=32) as gpu, \
+            _open(path, -1, n_batch=7) as small:
+        cpu.eval(tokens)
+        gpu.eval(tokens)
+        small.eval(tokens)
+        rows_cpu, rows_gpu = cpu.all_logits(), gpu.all_logits()
+        assert rows_gpu.shape == rows_cpu.shape == (70, cpu.n_vocab)
+        for r in range(70):
+            assert _close_enough(rows_gpu[r], rows_cpu[r]) < LOGIT_RTOL, r
+        assert _close_enough(small.logits(), cpu.logits()) < LOGIT_RTOL
+
+
+@needs_gpu
+def test_states_cross_between_gpu_and_cpu(model_path):
+    """A state saved with the layers on the GPU loads into a CPU context and the reverse;
+    either continues as the context that saved it."""
+    path = model_path("llama_q4_1_h4kv2_tied")
+    tokens = random_tokens(30, seed=5)
+    with _open(path) as cpu, _open(path, -1) as gpu:
+        gpu.eval(tokens)
+        state = gpu.save_state()
+        cpu.load_state(state)
+        assert cpu.n_past == 30
+        gpu.eval([7])
+        cpu.eval([7])
+        assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+        cpu.reset()
+        cpu.eval(tokens)
+        back = cpu.save_state()
+        gpu.load_state(back)
+        gpu.eval([9])
+        cpu.eval([9])
+        assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+
+
+@needs_gpu
+def test_kv_stats_count_device_bytes(model_path):
+    path = model_path("llama_q8_0_h8kv2")
+    tokens = random_tokens(50, seed=6)
+    with _open(path) as cpu, _open(path, 2) as part, _open(path, -1) as gpu:
+        for llm in (cpu, part, gpu):
+            llm.eval(tokens)
+        a, b, c = cpu.kv_stats(), part.kv_stats(), gpu.kv_stats()
+        assert a["bytes"] == b["bytes"] == c["bytes"] and a["entries"] == c["entries"]
+        assert a["device_bytes"] == 0 < b["device_bytes"] < c["device_bytes"] <= c["bytes"]
+        gpu.reset()
+        assert gpu.kv_stats()["device_bytes"] == 0
+
+
+@needs_gpu
+def test_prompt_cache_and_truncation_on_the_gpu(model_path):
+    """Reusing a prefix cuts the GPU lists back (pykv_truncate) and goes on as a fresh run."""
+    path = model_path("llama_f16_h4kv2_tied")
+    a, b = random_tokens(40, seed=7), random_tokens(12, seed=8)
+    with _open(path, -1) as gpu, _open(path, -1) as fresh:
+        gpu.eval(a + b)
+        gpu.truncate(40)
+        gpu.eval(b[::-1])
+        fresh.eval(a + b[::-1])
+        assert _close_enough(gpu.logits(), fresh.logits()) < 1e-5
+
+
+@needs_gpu
+def test_cancelled_prefill_leaves_the_gpu_context_usable(model_path):
+    path = model_path("llama_q8_0_h8kv2")
+    tokens = random_tokens(120, seed=9)
+    with _open(path, -1, n_batch=16) as gpu, _open(path, n_batch=16) as cpu:
+        def stop(done, total):
+            return done < 32   # False stops the prefill at the next chunk boundary
+        with pytest.raises(GenerationCancelled):
+            gpu.eval(tokens, progress=stop)
+        kept = gpu.n_past
+        assert 32 <= kept < 120
+        gpu.eval(tokens[kept:])
+        cpu.eval(tokens)
+        assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+
+
+@needs_gpu
+def test_evicting_policy_keeps_the_layers_on_the_cpu(model_path):
+    path = model_path("llama_q8_0_h8kv2")
+    with pytest.warns(RuntimeWarning, match="the GPU layers run the full cache only: with the 'snapkv' policy"):
+        llm = Llama(path, n_ctx=256, n_gpu_layers=-1, policy="snapkv", budget=32)
+    with llm:
+        llm.eval(random_tokens(100, seed=10))
+        assert llm.kv_stats()["device_bytes"] == 0 and llm.kv_stats()["evicted"] > 0
+
+
+@needs_gpu
+def test_create_and_close_cycles_give_gpu_memory_back(model_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    path = model_path("llama_q4_0_h6kv1_tied")
+
+    def cycle():
+        with _open(path, -1) as llm:
+            llm.eval(random_tokens(64, seed=11))
+    cycle()   # the CUDA runtime's own first-use allocations
+    free_before = torch.cuda.mem_get_info()[0]
+    for _ in range(10):
+        cycle()
+    assert free_before - torch.cuda.mem_get_info()[0] < 8 << 20
