@@ -30,7 +30,7 @@ attn_merge_kernel(const struct cuda_kv_layer layer, int n_rep, int seg_stride, c
     __shared__ float f[ATTN_MAX_SEGMENTS];
     __shared__ float inv_total;
     const int h = blockIdx.x, d = layer.head_dim;
-    const int n_seg = attn_segments(layer.n[h / n_rep]);
+    const int n_seg = attn_segments(kv_list_len(layer, h / n_rep));
     const float *m = part_m + (size_t)h * seg_stride, *l = part_l + (size_t)h * seg_stride;
     const float *o = part_o + (size_t)h * seg_stride * d;
     float mx = -INFINITY;
@@ -54,8 +54,8 @@ extern "C" void cuda_attention_decode(cuda_stream s, const struct cuda_kv_layer 
                                       float *out, void *work) {
     const int n_kv = layer->n_head_kv, d = layer->head_dim;
     if (n_kv <= 0 || n_head <= 0 || d <= 0) return;
-    int32_t max_n = 0;
-    for (int g = 0; g < n_kv; g++) max_n = layer->n[g] > max_n ? layer->n[g] : max_n;
+    int32_t max_n = layer->n_dev ? layer->n_bound : 0;   // device lengths: a grid for the longest possible
+    for (int g = 0; !layer->n_dev && g < n_kv; g++) max_n = layer->n[g] > max_n ? layer->n[g] : max_n;
     const int S = attn_segments(max_n);
 
     struct attn_args a;

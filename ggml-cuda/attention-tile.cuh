@@ -71,7 +71,7 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
     const int d = a.layer.head_dim, dp = d + 1;
     const int g = blockIdx.x / a.n_hgroups, i0 = (blockIdx.x % a.n_hgroups) * a.heads_per_block;
     const int nh = min(a.heads_per_block, a.n_rep - i0);
-    const int n = a.layer.n[g];
+    const int n = kv_list_len(a.layer, g);
     int j_end, t0, ntok, n_before, seg = 0, j0 = 0;
     if (DECODE) {
         const int n_seg = attn_segments(n);

@@ -32,3 +32,8 @@ static __host__ __device__ __forceinline__ float f16_bits_to_float(uint16_t h) {
 }
 
 static inline int cuda_blocks_for(int64_t n, int per_block) { return (int)((n + per_block - 1) / per_block); }
+
+// Entries of list g of a layer (kernels.h: device-resident lengths when n_dev is set).
+static __device__ __forceinline__ int32_t kv_list_len(const struct cuda_kv_layer &layer, int g) {
+    return layer.n_dev ? layer.n_dev[g] : layer.n[g];
+}

@@ -156,6 +156,59 @@ extern "C" pykv_status cuda_memset(void *d_ptr, int value, size_t bytes, cuda_st
     return PYKV_OK;
 }
 
+extern "C" pykv_status cuda_host_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    const cudaError_t e = cudaMallocHost(p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return fail(e, "allocating pinned host memory");
+    }
+    return PYKV_OK;
+}
+extern "C" void cuda_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+extern "C" pykv_status cuda_graph_capture_begin(cuda_stream s) {
+    // relaxed: another thread's allocations (another context's cache growing) stay legal
+    CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "starting a CUDA graph capture");
+    return PYKV_OK;
+}
+
+extern "C" pykv_status cuda_graph_capture_end(cuda_stream s, cuda_graph *exec) {
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(s, &graph);
+    if (e != cudaSuccess) {
+        if (graph) cudaGraphDestroy(graph);
+        return fail(e, "recording a CUDA graph");
+    }
+    cudaGraphExec_t old = (cudaGraphExec_t)*exec;
+    if (old) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(old, graph, &info) == cudaSuccess) {
+            cudaGraphDestroy(graph);
+            return PYKV_OK;
+        }
+        cudaGetLastError();
+    }
+    cudaGraphExec_t made = NULL;
+    e = cudaGraphInstantiate(&made, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) return fail(e, "instantiating a CUDA graph");
+    if (old) cudaGraphExecDestroy(old);
+    *exec = (cuda_graph)made;
+    return PYKV_OK;
+}
+
+extern "C" pykv_status cuda_graph_launch(cuda_graph exec, cuda_stream s) {
+    CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)exec, s), "launching a CUDA graph");
+    return PYKV_OK;
+}
+
+extern "C" void cuda_graph_free(cuda_graph exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
 extern "C" pykv_status cuda_stream_create(cuda_stream *s) {
     cudaStream_t st;
     CUDA_TRY(cudaStreamCreate(&st), "creating a stream");

@@ -39,6 +39,20 @@ pykv_status cuda_upload_async(void *d_dst, const void *src, size_t bytes, cuda_s
 pykv_status cuda_download_async(void *dst, const void *d_src, size_t bytes, cuda_stream s);
 pykv_status cuda_memset(void *d_ptr, int value, size_t bytes, cuda_stream s);
 
+// Pinned host memory: copies from it can be part of a CUDA graph, reading it when they run.
+pykv_status cuda_host_alloc(void **p, size_t bytes);
+void        cuda_host_free(void *p);
+
+// CUDA graphs: the work queued on s between cuda_graph_capture_begin and cuda_graph_capture_end
+// is recorded, not run; *exec becomes an executable graph of it (the one it held is updated in
+// place when the new recording has the same shape, else replaced). A failed capture leaves
+// *exec as it was and the stream usable.
+typedef struct CUgraphExec_st *cuda_graph;
+pykv_status cuda_graph_capture_begin(cuda_stream s);
+pykv_status cuda_graph_capture_end(cuda_stream s, cuda_graph *exec);
+pykv_status cuda_graph_launch(cuda_graph exec, cuda_stream s);
+void        cuda_graph_free(cuda_graph exec);
+
 pykv_status cuda_stream_create(cuda_stream *s);
 void        cuda_stream_destroy(cuda_stream s);
 pykv_status cuda_stream_sync(cuda_stream s);

@@ -1,36 +1,23 @@
 // elementwise.cu - the forward pass's element-wise kernels: RMSNorm, RoPE, SwiGLU and the
 // residual add. Twins: rmsnorm_scalar, rope_rotate, swiglu_scalar (native/src/cpu).
 #include "common.cuh"
+#include "norm-quant.cuh"
 
 #include <math.h>
 
-#define RMSNORM_THREADS 256
 #define ELEMENTWISE_THREADS 256
 #define ELEMENTWISE_MAX_BLOCKS 65536   // grid-stride loops beyond this many blocks
 
-// One block per row: the sum of squares in float (per thread, then a tree over the block),
-// the scale in double as the CPU's, then out = x * scale * w (out may be x: each thread
-// writes only the elements it read, after the reduction has read them all).
+// One block per row: the sum of squares in float (rms_sum_squares), the scale in double as
+// the CPU's, then out = x * scale * w (out may be x: each thread writes only the elements it
+// read, after the reduction has read them all).
 __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps) {
-    __shared__ float part[RMSNORM_THREADS / CUDA_WARP];
     const size_t row = blockIdx.x;
     x += row * (size_t)n;
     out += row * (size_t)n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += RMSNORM_THREADS) ss += x[i] * x[i];
-    ss = warp_sum(ss);
-    const int warp = threadIdx.x / CUDA_WARP, lane = threadIdx.x % CUDA_WARP;
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float t = lane < RMSNORM_THREADS / CUDA_WARP ? part[lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0) part[0] = t;
-    }
-    __syncthreads();
-    const float scale = (float)(1.0 / sqrt((double)part[0] / n + (double)eps));
-    for (int i = threadIdx.x; i < n; i += RMSNORM_THREADS) out[i] = x[i] * scale * w[i];
+    const float scale = rms_scale((double)rms_sum_squares(x, n), n, eps);
+    for (int i = threadIdx.x; i < n; i += RMSNORM_THREADS) out[i] = rms_apply(x[i], scale, w[i]);
 }
 
 // One thread per rotated pair (token t, head h, pair i).
@@ -51,8 +38,7 @@ __global__ void rope_kernel(float *x, int T, int n_heads, int head_dim, int n_ro
 
 __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        out[i] = silu_mul(gate[i], up[i]);
     }
 }
 

@@ -29,6 +29,19 @@ void   cuda_matvec_q8(cuda_stream s, float *out, const void *w, int32_t type, in
                       const float *x, int T, void *work);
 void   cuda_matmul_mma(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
                        const float *x, int T);
+// The 8-bit activation path in steps, for decode (T <= CUDA_MATVEC_MAX_T rows): one
+// quantisation serves every product with the same input, and the RMSNorm or SwiGLU before it
+// is fused into it. xq holds each row's Q8_1 blocks of 32 (cuda_q8_1_bytes; cols a multiple
+// of 32). Then out (T x rows) = W . xq for a quantised weight type (not F32, F16, BF16), or
+// out += W . xq with accumulate (the residual add fused in).
+size_t cuda_q8_1_bytes(int64_t cols, int T);
+void   cuda_quantize_q8_1(cuda_stream s, void *xq, const float *x, int64_t cols, int T);
+// xq = Q8_1 of rmsnorm(x[t]) * w (rows of n, as cuda_rmsnorm), for the T rows.
+void   cuda_rmsnorm_q8_1(cuda_stream s, void *xq, const float *x, const float *w, int n, int T, float eps);
+// xq = Q8_1 of silu(gate[t]) * up[t] (rows of n, as cuda_swiglu).
+void   cuda_swiglu_q8_1(cuda_stream s, void *xq, const float *gate, const float *up, int n, int T);
+void   cuda_matvec_q8_pre(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
+                          const void *xq, int T, int accumulate);
 // Rows ids[0..T) of W (type as above) as floats: out[t][c] (the token embeddings).
 void   cuda_get_rows(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, const int32_t *ids, int T);
 
@@ -47,18 +60,25 @@ void cuda_add(cuda_stream s, float *y, const float *x, int64_t n);
 // One layer's lists as the kernels see them, passed by value: list g of the layer holds n[g]
 // entries; key j of list g is row j of k[g] (rows of head_dim values stored as fmt_k, an
 // enum kv_format: 0 f32, 1 f16, 2 q8_0 in 34-byte blocks of 32), value j of v[g] the same.
+// With n_dev set, the kv-append and decode-attention kernels read the lengths from n_dev[g]
+// in device memory instead, when they run: a captured CUDA graph then serves every decode
+// step (the lengths change, the launch does not), and the decode launch sizes its grid for
+// lists of up to n_bound entries.
 #define CUDA_MAX_KV_HEADS 64
 struct cuda_kv_layer {
-    void   *k[CUDA_MAX_KV_HEADS];
-    void   *v[CUDA_MAX_KV_HEADS];
-    int32_t n[CUDA_MAX_KV_HEADS];
-    int32_t n_head_kv;
-    int32_t head_dim;
-    int32_t fmt_k;
-    int32_t fmt_v;
+    void          *k[CUDA_MAX_KV_HEADS];
+    void          *v[CUDA_MAX_KV_HEADS];
+    int32_t        n[CUDA_MAX_KV_HEADS];
+    const int32_t *n_dev;     // NULL: the lengths are n[]
+    int32_t        n_bound;   // with n_dev: the most entries a list may hold
+    int32_t        n_head_kv;
+    int32_t        head_dim;
+    int32_t        fmt_k;
+    int32_t        fmt_v;
 };
 // Store token t's key and value of KV head g (k + (t * n_head_kv + g) * head_dim, same for v)
-// as entry n[g] + t of list g, in the list's formats (q8_0 rounds as the CPU's kv-cache.c).
+// as entry n[g] + t of list g (n_dev[g] - T + t with n_dev: the lengths after the chunk), in
+// the list's formats (q8_0 rounds as the CPU's kv-cache.c).
 void cuda_kv_append(cuda_stream s, const struct cuda_kv_layer *layer, const float *k, const float *v, int T);
 
 // A decode step (flash-decoding): query head h (q + h * head_dim, n_head heads, head h reads

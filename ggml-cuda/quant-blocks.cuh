@@ -331,10 +331,32 @@ QB_UNROLL
 
 // ---- activations to Q8_1 ----
 
+// The steps of quantising a block, shared by the one-thread quantiser below and the
+// one-warp one (norm-quant.cuh), so that both give the same bits. The divisions are the
+// correctly rounded ones also under --use_fast_math.
+// The block's step d = amax / 127 and its inverse (0 where 1 / d would overflow).
+static __host__ __device__ __forceinline__ void q8_1_scale(float amax, float *d, float *id) {
+#ifdef __CUDA_ARCH__
+    *d = __fdiv_rn(amax, 127.0f);
+    *id = *d >= FLT_MIN ? __frcp_rn(*d) : 0.0f;
+#else
+    *d = amax / 127.0f;
+    *id = *d >= FLT_MIN ? 1.0f / *d : 0.0f;
+#endif
+}
+
+// One value's quant: round-to-nearest-even(x * id).
+static __host__ __device__ __forceinline__ int q8_1_round(float x, float id) {
+#ifdef __CUDA_ARCH__
+    return __float2int_rn(x * id);
+#else
+    return (int)nearbyintf(x * id);
+#endif
+}
+
 // 32 activations into a block, as the CPU's quantize_row_q8_act_scalar (same bits): d =
 // max|x| / 127, q = round-to-nearest-even(x / d); a block with an inf or a NaN gets zero quants
-// and a NaN d and s, so its products come out NaN. The divisions are the correctly rounded
-// ones also under --use_fast_math.
+// and a NaN d and s, so its products come out NaN.
 static __host__ __device__ __forceinline__ void q8_1_quantize_block(const float *x, dev_block_q8_1 *y) {
     float amax = 0.0f;
     bool finite = true;
@@ -347,20 +369,11 @@ static __host__ __device__ __forceinline__ void q8_1_quantize_block(const float 
         y->d = y->s = NAN;
         return;
     }
-#ifdef __CUDA_ARCH__
-    const float d = __fdiv_rn(amax, 127.0f);
-    const float id = d >= FLT_MIN ? __frcp_rn(d) : 0.0f;
-#else
-    const float d = amax / 127.0f;
-    const float id = d >= FLT_MIN ? 1.0f / d : 0.0f;
-#endif
+    float d, id;
+    q8_1_scale(amax, &d, &id);
     int sum = 0;
     for (int j = 0; j < 32; j++) {
-#ifdef __CUDA_ARCH__
-        const int q = __float2int_rn(x[j] * id);
-#else
-        const int q = (int)nearbyintf(x[j] * id);
-#endif
+        const int q = q8_1_round(x[j], id);
         y->qs[j] = (int8_t)q;
         sum += q;
     }

@@ -23,5 +23,9 @@ if [ ! -x "$nvcc" ]; then
     "$PYTHON" -m pip install --disable-pip-version-check -q --no-deps --target "$dir" \
         "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cccl==13.0.*" \
         "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*" >&2
+    # the wheels put the libraries in lib/, where nvcc looks in lib64/, and CMake's
+    # FindCUDAToolkit wants the unversioned libcudart.so beside the static one
+    ln -sfn lib "$dir/nvidia/cu13/lib64"
+    ln -sf libcudart.so.13 "$dir/nvidia/cu13/lib/libcudart.so"
 fi
 echo "$nvcc"

@@ -6,7 +6,10 @@
 // The kernels' per-thread pieces (matmul-tiles.cuh) are then run for every thread of a launch,
 // as the kernels would run them, so their indexing and tails are checked too: the few-row
 // path against the CPU's q8 dots, the tensor-core path (its wmma products done as plain float
-// sums over the f16 tiles) against the exact product. No GPU needed.
+// sums over the f16 tiles) against the exact product. The kernels that quantise straight from
+// an RMSNorm or a SwiGLU (norm-quant.cu) are run the same way, their warp quantiser's lanes
+// one after another, against rmsnorm_scalar / swiglu_scalar and quantize_row_q8_act_scalar,
+// bit for bit. No GPU needed.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,11 +17,13 @@
 #include <string.h>
 
 #include "ggml-cuda/matmul-tiles.cuh"
+#include "ggml-cuda/norm-quant.cuh"
 #include "ggml-cuda/quant-blocks.cuh"
 
 // The CPU's private headers are C11: their _Static_assert is C++'s static_assert.
 #define _Static_assert static_assert
 extern "C" {
+#include "cpu/ops.h"
 #include "cpu/quant-blocks.h"
 #include "cpu/quant-q8.h"
 #include "cpu/quant.h"
@@ -266,6 +271,174 @@ static void test_helpers(void) {
     CHECK(spread4_bit4(0x5u) == 0x00100010u);
 }
 
+// ---- the fused RMSNorm / SwiGLU quantisers (norm-quant.cu), run on the CPU ----
+
+// q8_1_quantize_warp with the 32 lanes run one after another: each shuffle reduction as the
+// butterfly it is (lane l combines its value with lane l ^ o's, o = 16, 8, ..., 1), then
+// lane l's own steps; lane 0 writes d and s.
+static void emulate_quantize_warp(const float v[32], dev_block_q8_1 *y) {
+    bool finite = true;
+    for (int l = 0; l < 32; l++) finite = finite && isfinite(v[l]);
+    float m[32], mt[32];
+    for (int l = 0; l < 32; l++) m[l] = fabsf(v[l]);
+    for (int o = 16; o > 0; o >>= 1) {
+        for (int l = 0; l < 32; l++) mt[l] = fmaxf(m[l], m[l ^ o]);
+        memcpy(m, mt, sizeof(m));
+    }
+    if (!finite) {
+        for (int l = 0; l < 32; l++) y->qs[l] = 0;
+        y->d = y->s = NAN;
+        return;
+    }
+    int q[32], qt[32];
+    float d0 = 0.0f;
+    for (int l = 0; l < 32; l++) {
+        float d, id;
+        q8_1_scale(m[l], &d, &id);
+        q[l] = q8_1_round(v[l], id);
+        y->qs[l] = (int8_t)q[l];
+        if (l == 0) d0 = d;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        for (int l = 0; l < 32; l++) qt[l] = q[l] + q[l ^ o];
+        memcpy(q, qt, sizeof(q));
+    }
+    y->d = d0;
+    y->s = d0 * (float)q[0];
+}
+
+// rmsnorm_q8_1_kernel, thread block (row) by thread block, warp by warp. The sum of squares is
+// the CPU's (in double): the kernel's float sum follows rmsnorm_kernel's order instead, which
+// the GPU test compares; this checks the scale, the values and the blocks each warp writes.
+static void emulate_rmsnorm_q8_1(const float *x, const float *w, int n, int T, float eps, dev_block_q8_1 *y) {
+    for (int row = 0; row < T; row++) {
+        const float *xr = x + (size_t)row * n;
+        double ss = 0.0;
+        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        const float scale = rms_scale(ss, n, eps);
+        for (int warp = 0; warp < RMSNORM_THREADS / CUDA_WARP; warp++)
+            for (int b = warp; b < n / 32; b += RMSNORM_THREADS / CUDA_WARP) {
+                float v[32];
+                for (int lane = 0; lane < 32; lane++) v[lane] = rms_apply(xr[32 * b + lane], scale, w[32 * b + lane]);
+                emulate_quantize_warp(v, y + (size_t)row * (n / 32) + b);
+            }
+    }
+}
+
+// swiglu_q8_1_kernel over its whole grid, warp by warp.
+static void emulate_swiglu_q8_1(const float *gate, const float *up, int n, int T, dev_block_q8_1 *y) {
+    const int64_t n_blocks = (int64_t)T * (n / 32);
+    const int grid = cuda_blocks_for(n_blocks, SWIGLU_Q8_THREADS / CUDA_WARP);
+    for (int blk = 0; blk < grid; blk++)
+        for (int tid0 = 0; tid0 < SWIGLU_Q8_THREADS; tid0 += CUDA_WARP) {
+            const int64_t b = ((int64_t)blk * SWIGLU_Q8_THREADS + tid0) / CUDA_WARP;
+            if (b >= n_blocks) continue;
+            float v[32];
+            for (int lane = 0; lane < 32; lane++) v[lane] = silu_mul(gate[32 * b + lane], up[32 * b + lane]);
+            emulate_quantize_warp(v, y + b);
+        }
+}
+
+// Blocks a[0..n) against the CPU's b[0..n): d, s and the quants bit for bit (NaN d and s where
+// both are NaN); returns how many differ.
+static int blocks_differ(const dev_block_q8_1 *a, const block_q8_act *b, int64_t n, const char *what) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const bool nan_ok = isnan(a[i].d) && isnan(b[i].d) && isnan(a[i].s) && isnan(b[i].s);
+        const bool same = (nan_ok || (bits(a[i].d) == bits(b[i].d) && bits(a[i].s) == bits(b[i].s))) &&
+                          memcmp(a[i].qs, b[i].qs, 32) == 0;
+        if (!same && bad++ < 3)
+            fprintf(stderr, "%s block %lld: d %g vs %g, s %g vs %g\n", what, (long long)i, a[i].d, b[i].d, a[i].s, b[i].s);
+    }
+    return bad;
+}
+
+// The warp quantiser against the one-thread one on the blocks test_quantize uses.
+static void test_quantize_warp(void) {
+    const int64_t n = 32 * 64;
+    float *x = (float *)malloc(n * sizeof(float));
+    random_acts(x, n);
+    x[32 * 5 + 3] = NAN;
+    x[32 * 9 + 31] = -INFINITY;
+    for (int j = 0; j < 32; j++) x[32 * 11 + j] = 1e-39f * (float)(j - 16);
+    for (int j = 0; j < 32; j++) x[32 * 13 + j] = (float)(j - 16) * 0.5f;
+    for (int j = 0; j < 32; j++) x[32 * 17 + j] = -0.0f;
+    block_q8_act *ref = (block_q8_act *)malloc(Q8_ACT_BLOCKS(n) * sizeof(block_q8_act));
+    quantize_row_q8_act_scalar(x, ref, n);
+    dev_block_q8_1 *a = (dev_block_q8_1 *)malloc((size_t)(n / 32) * sizeof(dev_block_q8_1));
+    dev_block_q8_1 *c = (dev_block_q8_1 *)malloc((size_t)(n / 32) * sizeof(dev_block_q8_1));
+    for (int64_t b = 0; b < n / 32; b++) {
+        emulate_quantize_warp(x + 32 * b, a + b);
+        q8_1_quantize_block(x + 32 * b, c + b);
+    }
+    const int bad = blocks_differ(a, ref, n / 32, "warp quantiser");
+    CHECK(bad == 0);
+    CHECK(memcmp(a, c, (size_t)(n / 32) * sizeof(dev_block_q8_1)) == 0);   // NaN blocks included
+    printf("q8_1 warp quantise: %lld blocks, %d differ from quantize_row_q8_act_scalar\n", (long long)(n / 32), bad);
+    free(x);
+    free(ref);
+    free(a);
+    free(c);
+}
+
+// T rows of n through the fused kernels' host runs against rmsnorm_scalar / swiglu_scalar and
+// quantize_row_q8_act_scalar. Row 1 (when there is one) has an inf in it (its norm and its
+// products come out NaN), row 2 is all zeros; the others vary in magnitude by block.
+static void test_norm_quant(int n, int T) {
+    const float eps = 1e-5f;
+    const int64_t nb = n / 32;
+    float *x = (float *)malloc((size_t)n * T * sizeof(float));
+    float *w = (float *)malloc((size_t)n * sizeof(float));
+    float *up = (float *)malloc((size_t)n * T * sizeof(float));
+    float *f = (float *)malloc((size_t)n * sizeof(float));
+    block_q8_act *ref = (block_q8_act *)malloc(Q8_ACT_BLOCKS(n) * sizeof(block_q8_act));
+    dev_block_q8_1 *y = (dev_block_q8_1 *)malloc((size_t)(nb * T) * sizeof(dev_block_q8_1));
+    random_acts(x, (int64_t)n * T);
+    for (int i = 0; i < n; i++) w[i] = 1.0f + 0.5f * rnd_sym();
+    for (int64_t i = 0; i < (int64_t)n * T; i++) up[i] = 3.0f * rnd_normal();
+    for (int i = 0; i < n; i++) x[i] *= 30.0f;   // gates far out on both sides of silu (row 0)
+    if (T > 1) x[n + n / 2] = INFINITY;
+    if (T > 2) memset(x + 2 * n, 0, (size_t)n * sizeof(float));
+
+    int bad_norm = 0, bad_swiglu = 0, bad_vals = 0;
+    memset(y, 0xAB, (size_t)(nb * T) * sizeof(dev_block_q8_1));   // a block left unwritten differs
+    emulate_rmsnorm_q8_1(x, w, n, T, eps, y);
+    for (int t = 0; t < T; t++) {
+        rmsnorm_scalar(f, x + (size_t)t * n, w, n, eps);
+        double ss = 0.0;
+        for (int i = 0; i < n; i++) ss += (double)x[(size_t)t * n + i] * x[(size_t)t * n + i];
+        const float scale = rms_scale(ss, n, eps);
+        for (int i = 0; i < n; i++) {
+            const float v = rms_apply(x[(size_t)t * n + i], scale, w[i]);
+            bad_vals += !(bits(v) == bits(f[i]) || (isnan(v) && isnan(f[i])));
+        }
+        quantize_row_q8_act_scalar(f, ref, n);
+        bad_norm += blocks_differ(y + t * nb, ref, nb, "rmsnorm_q8_1");
+    }
+    memset(y, 0xAB, (size_t)(nb * T) * sizeof(dev_block_q8_1));
+    emulate_swiglu_q8_1(x, up, n, T, y);
+    for (int t = 0; t < T; t++) {
+        swiglu_scalar(f, x + (size_t)t * n, up + (size_t)t * n, n);
+        for (int i = 0; i < n; i++) {
+            const float v = silu_mul(x[(size_t)t * n + i], up[(size_t)t * n + i]);
+            bad_vals += !(bits(v) == bits(f[i]) || (isnan(v) && isnan(f[i])));
+        }
+        quantize_row_q8_act_scalar(f, ref, n);
+        bad_swiglu += blocks_differ(y + t * nb, ref, nb, "swiglu_q8_1");
+    }
+    CHECK(bad_vals == 0);
+    CHECK(bad_norm == 0);
+    CHECK(bad_swiglu == 0);
+    printf("norm-quant n=%-5d T=%d: values %d differ, rmsnorm_q8_1 %d and swiglu_q8_1 %d of %lld blocks differ\n", n, T,
+           bad_vals, bad_norm, bad_swiglu, (long long)(nb * T));
+    free(x);
+    free(w);
+    free(up);
+    free(f);
+    free(ref);
+    free(y);
+}
+
 // ---- the kernels' threads, run one after another ----
 
 static double nmse(const float *a, const double *b, int64_t n) {
@@ -419,5 +592,9 @@ int main(void) {
         free(w);
     }
     test_kernels_emulated();
+    test_quantize_warp();
+    const int norm_n[] = { 32, 96, 576, 1536, 8192 };
+    for (int i = 0; i < 5; i++) test_norm_quant(norm_n[i], i % 2 ? 8 : 3);
+    test_norm_quant(4096, 1);
     return check_report("test_cuda_blocks");
 }

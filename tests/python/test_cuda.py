@@ -6,7 +6,7 @@ every tiny model and every weight type the kernels read is run with all layers o
 with part of them, and with the classifier there or not, against the same model on the CPU:
 logits within tolerance, greedy tokens equal for 64 steps (steps whose two best CPU logits
 are closer than the tolerance aside), saved states crossing between the two, the prompt
-cache, cancellation and the KV cache's byte counts. The kernels themselves are compared
+cache, cancellation, the KV cache's byte counts, and decode steps replayed as CUDA graphs. The kernels themselves are compared
 with their CPU twins by the C tests tests/c/test_cuda_*.
 """
 from __future__ import annotations
@@ -148,6 +148,27 @@ def test_smollm2_shaped_model_matches_the_cpu(model_path):
     steps, bad, worst = _greedy_agreement(path, -1, n_prompt=100, n_ctx=512)
     assert bad == 0, f"{bad} of {steps} greedy steps differ (worst logit error {worst:.3g})"
     assert worst < LOGIT_RTOL
+
+
+@needs_gpu
+@pytest.mark.parametrize("layers", [2, -1])
+def test_decode_graph_replays_the_plain_steps_exactly(model_path, monkeypatch, layers):
+    """A decode step recorded as a CUDA graph runs the same kernels as the step queued kernel
+    by kernel (PYKV_CUDA_GRAPHS=0): the same logits bit for bit, through list growth (each
+    reallocation records the step again), with part of the layers on the CPU too."""
+    path = model_path("llama_q8_0_h8kv2")
+    prompt = random_tokens(10, seed=12)
+    with _open(path, layers, n_ctx=512) as graphed:
+        monkeypatch.setenv("PYKV_CUDA_GRAPHS", "0")
+        with _open(path, layers, n_ctx=512) as plain:
+            graphed.eval(prompt)
+            plain.eval(prompt)
+            for step in range(300):
+                a, b = graphed.logits(), plain.logits()
+                np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+                token = int(np.argmax(a))
+                graphed.eval([token])
+                plain.eval([token])
 
 
 @needs_gpu

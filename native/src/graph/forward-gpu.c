@@ -3,17 +3,22 @@
 // A layer reads as forward.c's CPU layer does: RMSNorm -> Q,K,V -> RoPE -> append K/V to each
 // KV head's list -> attention over each list -> output projection -> residual -> RMSNorm ->
 // SwiGLU FFN -> residual. Every step is a kernel on the context's stream; the host only
-// keeps the lists' bookkeeping (lengths and positions) and waits once per chunk.
+// keeps the lists' bookkeeping (lengths and positions) and waits once per chunk. A decode
+// step, whose dozens of small kernels per layer cost more to launch than to run on a small
+// model, is recorded once as a CUDA graph and replayed (PYKV_CUDA_GRAPHS=0 turns that off).
 #include "graph/forward-gpu.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/offload.h"
 
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/kernels.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 // The head sizes the attention kernels take.
 #define GPU_MAX_HEAD_DIM 256
@@ -29,8 +34,19 @@ struct gpu_run {
     float      *gate, *up; // (n_ubatch, n_ff)
     float      *rope_cs;   // (n_ubatch, n_rot)
     float      *logits;    // (n_vocab)
+    void       *xq;        // a decode step's activations quantised to Q8_1 (the fused path)
     void       *matmul_work;
     void       *attn_work;
+    // A decode step recorded as a CUDA graph (record_decode), run again at every step while
+    // the lists stay where they are: it reads its inputs from pinned host memory (the
+    // token's residual stream, its RoPE table, every offloaded list's length) when it runs.
+    int         graphs;        // 0: PYKV_CUDA_GRAPHS=0, or a recording failed
+    cuda_graph  graph;
+    int64_t     graph_moves;   // the cache's device_moves when it was recorded
+    int32_t    *lens;          // (offloaded layers * n_head_kv) the lists' lengths, device
+    float      *h_x;           // pinned: (n_embd)
+    float      *h_cs;          // pinned: (n_rot)
+    int32_t    *h_lens;        // pinned: as lens
 };
 
 int gpu_first_layer(const pykv_context *ctx) {
@@ -55,6 +71,12 @@ static const char *gpu_refusal(const pykv_context *ctx, char *buf, size_t cap) {
     return buf;
 }
 
+static int32_t offloaded_lists(const pykv_context *ctx) {
+    return (ctx->model->hp.n_layer - ctx->model->gpu->first_layer) * ctx->model->hp.n_head_kv;
+}
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
 // Lay out (or, with base set, place) the buffers one after another, 256-byte aligned.
 static size_t place_buffers(struct gpu_run *g, const pykv_context *ctx, char *base) {
     const struct hparams *hp = &ctx->model->hp;
@@ -65,14 +87,17 @@ static size_t place_buffers(struct gpu_run *g, const pykv_context *ctx, char *ba
     const struct { void **at; size_t bytes; } bufs[] = {
         { (void **)&g->x, U * hp->n_embd * sizeof(float) },
         { (void **)&g->xb, U * hp->n_embd * sizeof(float) },
-        { (void **)&g->q, U * hp->n_head * hd * sizeof(float) },
+        // q and gate also take a decode step's whole q|k|v and gate|up rows (decode_layer)
+        { (void **)&g->q, max_size(U * hp->n_head * hd, (size_t)(hp->n_head + 2 * hp->n_head_kv) * hd) * sizeof(float) },
         { (void **)&g->att, U * hp->n_head * hd * sizeof(float) },
         { (void **)&g->k, U * hp->n_head_kv * hd * sizeof(float) },
         { (void **)&g->v, U * hp->n_head_kv * hd * sizeof(float) },
-        { (void **)&g->gate, U * hp->n_ff * sizeof(float) },
+        { (void **)&g->gate, max_size(U * hp->n_ff, 2 * (size_t)hp->n_ff) * sizeof(float) },
         { (void **)&g->up, U * hp->n_ff * sizeof(float) },
         { (void **)&g->rope_cs, U * hp->n_rot * sizeof(float) },
         { (void **)&g->logits, (size_t)hp->n_vocab * sizeof(float) },
+        { (void **)&g->lens, (size_t)offloaded_lists(ctx) * sizeof(int32_t) },
+        { &g->xq, cuda_q8_1_bytes(max_cols, 1) },
         { &g->matmul_work, cuda_matmul_work_bytes(max_cols, ctx->n_ubatch) },
         { &g->attn_work, cuda_attention_decode_work_bytes(hp->n_head, hp->head_dim, ctx->cache.max_entries) },
     };
@@ -95,16 +120,26 @@ pykv_status gpu_run_init(pykv_context *ctx) {
     PYKV_TRY(cuda_set_device(mg->device));
     struct gpu_run *g = calloc(1, sizeof(*g));
     if (!g) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
+    const struct hparams *hp = &ctx->model->hp;
     g->first_layer = mg->first_layer;
+    const char *graphs = getenv("PYKV_CUDA_GRAPHS");
+    g->graphs = !(graphs && graphs[0] == '0');
     g->bytes = place_buffers(g, ctx, NULL);
+    void *pinned = NULL;
+    const size_t pinned_bytes = ((size_t)hp->n_embd + hp->n_rot + (size_t)offloaded_lists(ctx)) * 4;
     pykv_status st = cuda_alloc(&g->arena, g->bytes, "the context's activations");
+    if (st == PYKV_OK) st = cuda_host_alloc(&pinned, pinned_bytes);
     if (st == PYKV_OK) st = cuda_stream_create(&g->stream);
     if (st != PYKV_OK) {
+        cuda_host_free(pinned);
         cuda_free(g->arena);
         free(g);
         return st;
     }
     place_buffers(g, ctx, g->arena);
+    g->h_x = pinned;
+    g->h_cs = g->h_x + hp->n_embd;
+    g->h_lens = (int32_t *)(g->h_cs + hp->n_rot);
     ctx->gpu = g;
     kv_cache_set_device(&ctx->cache, g->first_layer, mg->device);
     return PYKV_OK;
@@ -114,7 +149,9 @@ void gpu_run_free(pykv_context *ctx) {
     struct gpu_run *g = ctx->gpu;
     if (!g) return;
     cuda_stream_sync(g->stream);
+    cuda_graph_free(g->graph);
     cuda_stream_destroy(g->stream);
+    cuda_host_free(g->h_x);
     cuda_free(g->arena);
     cuda_pool_trim();   // the memory the cache's lists were freed into goes back to the device
     free(g);
@@ -125,13 +162,17 @@ static void matmul_gpu(struct gpu_run *g, float *out, const struct gpu_tensor *w
     cuda_matmul(g->stream, out, w->data, w->type, w->ne[0], w->ne[1], x, T, g->matmul_work);
 }
 
-// The layer's lists as the kernels take them, with their current lengths.
-static void kv_layer_view(pykv_context *ctx, int layer, struct cuda_kv_layer *kl) {
+// The layer's lists as the kernels take them: their current lengths, or with lens set the
+// device array the kernels read them from when they run.
+static void kv_layer_view(const pykv_context *ctx, int layer, const int32_t *lens, struct cuda_kv_layer *kl) {
     const struct kv_cache *c = &ctx->cache;
+    memset(kl, 0, sizeof(*kl));
     kl->n_head_kv = c->n_head_kv;
     kl->head_dim = c->head_dim;
     kl->fmt_k = c->fmt_k;
     kl->fmt_v = c->fmt_v;
+    kl->n_dev = lens;
+    kl->n_bound = c->max_entries;
     for (int h = 0; h < c->n_head_kv; h++) {
         const struct kv_list *l = &c->lists[(size_t)layer * c->n_head_kv + h];
         kl->k[h] = l->k;
@@ -140,17 +181,50 @@ static void kv_layer_view(pykv_context *ctx, int layer, struct cuda_kv_layer *kl
     }
 }
 
-pykv_status gpu_forward_layer(pykv_context *ctx, int layer, int T, int n_probe) {
-    struct gpu_run *g = ctx->gpu;
-    const pykv_model *m = ctx->model;
+// A decode step's layer when its products can share quantised activations (decode_fused):
+// the same steps as enqueue_layer in fewer kernels. The norms and SwiGLU write Q8_1
+// activations directly, q|k|v and gate|up are one product each (their weights stored back to
+// back, offload.h), RoPE turns q and k in one pass (k follows q in the row), and the output
+// and down products add into the residual stream.
+static int decode_fused(const struct gpu_layer *w) {
+    return w->wqkv.data && w->w_gate_up.data && gpu_quantised(w->wo.type) && gpu_quantised(w->w_down.type);
+}
+
+static void decode_layer(struct gpu_run *g, const pykv_model *m, int layer, const struct cuda_kv_layer *before,
+                         const struct cuda_kv_layer *after) {
+    const struct hparams *hp = &m->hp;
+    const struct gpu_layer *w = model_gpu_layer(m, layer);
+    const cuda_stream s = g->stream;
+    const int dim = hp->n_embd, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    float *q = g->q, *k = q + q_dim, *v = k + kv_dim, *gate = g->gate, *up = gate + hp->n_ff;
+
+    // attention
+    cuda_rmsnorm_q8_1(s, g->xq, g->x, w->attn_norm, dim, 1, hp->rms_eps);
+    cuda_matvec_q8_pre(s, q, w->wqkv.data, w->wqkv.type, dim, w->wqkv.ne[1], g->xq, 1, 0);
+    cuda_rope(s, q, 1, hp->n_head + hp->n_head_kv, hd, hp->n_rot, g->rope_cs);
+    cuda_kv_append(s, before, k, v, 1);
+    cuda_attention_decode(s, after, q, hp->n_head, g->att, g->attn_work);
+    cuda_quantize_q8_1(s, g->xq, g->att, q_dim, 1);
+    cuda_matvec_q8_pre(s, g->x, w->wo.data, w->wo.type, q_dim, dim, g->xq, 1, 1);
+
+    // feed-forward
+    cuda_rmsnorm_q8_1(s, g->xq, g->x, w->ffn_norm, dim, 1, hp->rms_eps);
+    cuda_matvec_q8_pre(s, gate, w->w_gate_up.data, w->w_gate_up.type, dim, w->w_gate_up.ne[1], g->xq, 1, 0);
+    cuda_swiglu_q8_1(s, g->xq, gate, up, hp->n_ff, 1);
+    cuda_matvec_q8_pre(s, g->x, w->w_down.data, w->w_down.type, hp->n_ff, dim, g->xq, 1, 1);
+}
+
+// One layer's kernels over the T tokens in g->x: `before` gives the lists' lengths before
+// the chunk (where its keys and values go), `after` with them (what attention reads).
+static void enqueue_layer(struct gpu_run *g, const pykv_model *m, int layer, int T,
+                          const struct cuda_kv_layer *before, const struct cuda_kv_layer *after) {
     const struct hparams *hp = &m->hp;
     const struct gpu_layer *w = model_gpu_layer(m, layer);
     const cuda_stream s = g->stream;
     const int dim = hp->n_embd, hd = hp->head_dim;
-    if (layer == g->first_layer) {
-        PYKV_TRY(cuda_set_device(m->gpu->device));   // the calling thread may not have chosen it yet
-        PYKV_TRY(cuda_upload_async(g->x, ctx->buf.x, (size_t)T * dim * sizeof(float), s));
-        PYKV_TRY(cuda_upload_async(g->rope_cs, ctx->buf.rope_cs, (size_t)T * hp->n_rot * sizeof(float), s));
+    if (T == 1 && decode_fused(w)) {
+        decode_layer(g, m, layer, before, after);
+        return;
     }
 
     // attention
@@ -160,19 +234,9 @@ pykv_status gpu_forward_layer(pykv_context *ctx, int layer, int T, int n_probe) 
     matmul_gpu(g, g->v, &w->wv, g->xb, T);
     cuda_rope(s, g->q, T, hp->n_head, hd, hp->n_rot, g->rope_cs);
     cuda_rope(s, g->k, T, hp->n_head_kv, hd, hp->n_rot, g->rope_cs);
-    struct cuda_kv_layer kl;
-    kv_layer_view(ctx, layer, &kl);
-    cuda_kv_append(s, &kl, g->k, g->v, T);
-    for (int h = 0; h < hp->n_head_kv; h++) {
-        kv_list_push_positions(kv_cache_list(&ctx->cache, layer, h), ctx->n_past, T);
-        kl.n[h] += T;
-    }
-    if (T == 1) cuda_attention_decode(s, &kl, g->q, hp->n_head, g->att, g->attn_work);
-    else cuda_attention_prefill(s, &kl, g->q, hp->n_head, T, g->att);
-    for (int h = 0; n_probe && h < hp->n_head_kv; h++) {   // the probe's K/V are never kept
-        struct kv_list *l = kv_cache_list(&ctx->cache, layer, h);
-        kv_list_truncate(&ctx->cache, l, l->n - n_probe);
-    }
+    cuda_kv_append(s, before, g->k, g->v, T);
+    if (T == 1) cuda_attention_decode(s, after, g->q, hp->n_head, g->att, g->attn_work);
+    else cuda_attention_prefill(s, after, g->q, hp->n_head, T, g->att);
     matmul_gpu(g, g->xb, &w->wo, g->att, T);
     cuda_add(s, g->x, g->xb, (int64_t)T * dim);
 
@@ -183,23 +247,113 @@ pykv_status gpu_forward_layer(pykv_context *ctx, int layer, int T, int n_probe) 
     cuda_swiglu(s, g->gate, g->gate, g->up, (int64_t)T * hp->n_ff);
     matmul_gpu(g, g->xb, &w->w_down, g->gate, T);
     cuda_add(s, g->x, g->xb, (int64_t)T * dim);
+}
+
+// The classifier over the last of the T tokens, into g->logits.
+static void enqueue_logits(struct gpu_run *g, const pykv_model *m, int T) {
+    const struct model_gpu *mg = m->gpu;
+    const int dim = m->hp.n_embd;
+    cuda_rmsnorm(g->stream, g->xb, g->x + (size_t)(T - 1) * dim, mg->output_norm, dim, 1, m->hp.rms_eps);
+    matmul_gpu(g, g->logits, &mg->out, g->xb, 1);
+}
+
+// The chunk layer by layer: each layer's kernels queued as the host appends the chunk's
+// positions to its lists.
+static pykv_status run_layers(pykv_context *ctx, int T, int n_probe) {
+    struct gpu_run *g = ctx->gpu;
+    const struct hparams *hp = &ctx->model->hp;
+    PYKV_TRY(cuda_upload_async(g->x, ctx->buf.x, (size_t)T * hp->n_embd * sizeof(float), g->stream));
+    PYKV_TRY(cuda_upload_async(g->rope_cs, ctx->buf.rope_cs, (size_t)T * hp->n_rot * sizeof(float), g->stream));
+    for (int layer = g->first_layer; layer < hp->n_layer; layer++) {
+        if (layer > g->first_layer && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
+            return pykv_error(PYKV_ERR_CANCELLED, "cancelled");
+        struct cuda_kv_layer before, after;
+        kv_layer_view(ctx, layer, NULL, &before);
+        after = before;
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            kv_list_push_positions(kv_cache_list(&ctx->cache, layer, h), ctx->n_past, T);
+            after.n[h] += T;
+        }
+        enqueue_layer(g, ctx->model, layer, T, &before, &after);
+        for (int h = 0; n_probe && h < hp->n_head_kv; h++) {   // the probe's K/V are never kept
+            struct kv_list *l = kv_cache_list(&ctx->cache, layer, h);
+            kv_list_truncate(&ctx->cache, l, l->n - n_probe);
+        }
+    }
     return cuda_check("a layer on the GPU");
 }
 
-pykv_status gpu_finish_chunk(pykv_context *ctx, int T, int want_x, int want_logits, int *logits_done) {
+// Record a decode step of every offloaded layer and the classifier: its inputs come from the
+// pinned buffers, the lists' lengths from g->lens.
+static pykv_status record_decode(pykv_context *ctx) {
+    struct gpu_run *g = ctx->gpu;
+    const struct hparams *hp = &ctx->model->hp;
+    const cuda_stream s = g->stream;
+    PYKV_TRY(cuda_graph_capture_begin(s));
+    pykv_status st = cuda_upload_async(g->x, g->h_x, (size_t)hp->n_embd * sizeof(float), s);
+    if (st == PYKV_OK) st = cuda_upload_async(g->rope_cs, g->h_cs, (size_t)hp->n_rot * sizeof(float), s);
+    if (st == PYKV_OK) st = cuda_upload_async(g->lens, g->h_lens, (size_t)offloaded_lists(ctx) * sizeof(int32_t), s);
+    for (int layer = g->first_layer; st == PYKV_OK && layer < hp->n_layer; layer++) {
+        struct cuda_kv_layer kl;
+        kv_layer_view(ctx, layer, g->lens + (size_t)(layer - g->first_layer) * hp->n_head_kv, &kl);
+        enqueue_layer(g, ctx->model, layer, 1, &kl, &kl);
+    }
+    if (st == PYKV_OK) enqueue_logits(g, ctx->model, 1);
+    const pykv_status end = cuda_graph_capture_end(s, &g->graph);   // ends the capture whatever happened
+    if (st == PYKV_OK) st = end;
+    if (st == PYKV_OK) g->graph_moves = ctx->cache.device_moves;
+    return st;
+}
+
+// A decode step through the recorded graph (recorded again when a list has moved). Falls
+// back to run_layers (*done = 0) when recording fails, and records no more after that.
+static pykv_status run_decode_graph(pykv_context *ctx, int *done) {
+    struct gpu_run *g = ctx->gpu;
+    const struct hparams *hp = &ctx->model->hp;
+    *done = 0;
+    if (!g->graph || g->graph_moves != ctx->cache.device_moves) {
+        if (record_decode(ctx) != PYKV_OK) {
+            LOG_WARN("CUDA graphs off for this context: %s", pykv_last_error());
+            g->graphs = 0;
+            return PYKV_OK;
+        }
+    }
+    memcpy(g->h_x, ctx->buf.x, (size_t)hp->n_embd * sizeof(float));
+    memcpy(g->h_cs, ctx->buf.rope_cs, (size_t)hp->n_rot * sizeof(float));
+    for (int layer = g->first_layer; layer < hp->n_layer; layer++)
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            struct kv_list *l = kv_cache_list(&ctx->cache, layer, h);
+            kv_list_push_positions(l, ctx->n_past, 1);
+            g->h_lens[(size_t)(layer - g->first_layer) * hp->n_head_kv + h] = l->n;
+        }
+    *done = 1;
+    PYKV_TRY(cuda_graph_launch(g->graph, g->stream));
+    PYKV_TRY(cuda_download_async(ctx->logits, g->logits, (size_t)hp->n_vocab * sizeof(float), g->stream));
+    PYKV_TRY(cuda_check("a decode step on the GPU"));
+    return cuda_stream_sync(g->stream);
+}
+
+pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x, int want_logits, int *logits_done) {
     struct gpu_run *g = ctx->gpu;
     const struct model_gpu *mg = ctx->model->gpu;
     const struct hparams *hp = &ctx->model->hp;
-    const int dim = hp->n_embd;
     *logits_done = 0;
+    PYKV_TRY(cuda_set_device(mg->device));   // the calling thread may not have chosen it yet
+    if (g->graphs && T == 1 && !n_probe && !want_x && want_logits && mg->output) {
+        int done = 0;
+        PYKV_TRY(run_decode_graph(ctx, &done));
+        if (done) {
+            *logits_done = 1;
+            return PYKV_OK;
+        }
+    }
+    PYKV_TRY(run_layers(ctx, T, n_probe));
     if (want_logits && mg->output) {
-        float *last = g->x + (size_t)(T - 1) * dim;
-        cuda_rmsnorm(g->stream, g->xb, last, mg->output_norm, dim, 1, hp->rms_eps);
-        matmul_gpu(g, g->logits, &mg->out, g->xb, 1);
+        enqueue_logits(g, ctx->model, T);
         PYKV_TRY(cuda_download_async(ctx->logits, g->logits, (size_t)hp->n_vocab * sizeof(float), g->stream));
         *logits_done = 1;
     }
-    if (want_x) PYKV_TRY(cuda_download_async(ctx->buf.x, g->x, (size_t)T * dim * sizeof(float), g->stream));
+    if (want_x) PYKV_TRY(cuda_download_async(ctx->buf.x, g->x, (size_t)T * hp->n_embd * sizeof(float), g->stream));
     PYKV_TRY(cuda_check("the output on the GPU"));
     return cuda_stream_sync(g->stream);
 }
@@ -212,12 +366,8 @@ pykv_status gpu_run_init(pykv_context *ctx) {
 }
 void gpu_run_free(pykv_context *ctx) { (void)ctx; }
 int gpu_first_layer(const pykv_context *ctx) { return ctx->model->hp.n_layer; }
-pykv_status gpu_forward_layer(pykv_context *ctx, int layer, int T, int n_probe) {
-    (void)ctx; (void)layer; (void)T; (void)n_probe;
-    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
-}
-pykv_status gpu_finish_chunk(pykv_context *ctx, int T, int want_x, int want_logits, int *logits_done) {
-    (void)ctx; (void)T; (void)want_x; (void)want_logits;
+pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x, int want_logits, int *logits_done) {
+    (void)ctx; (void)T; (void)n_probe; (void)want_x; (void)want_logits;
     *logits_done = 0;
     return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
 }

@@ -17,11 +17,8 @@ void        gpu_run_free(pykv_context *ctx);
 // The first layer the context runs on the GPU; n_layer when none.
 int         gpu_first_layer(const pykv_context *ctx);
 
-// One layer over the chunk's T tokens (the last n_probe of them probe tokens); the first
-// offloaded layer takes the residual stream and the chunk's RoPE table from the host.
-pykv_status gpu_forward_layer(pykv_context *ctx, int layer, int T, int n_probe);
-
-// After the last layer: the residual stream of the T tokens back in ctx->buf.x when want_x,
-// and, when want_logits and the classifier is on the GPU, the last token's logits in
-// ctx->logits (*logits_done = 1; 0 leaves them to the CPU).
-pykv_status gpu_finish_chunk(pykv_context *ctx, int T, int want_x, int want_logits, int *logits_done);
+// Layers [gpu_first_layer, n_layer) over the chunk's T tokens (the last n_probe of them probe
+// tokens), from the residual stream and RoPE table in ctx->buf. Afterwards the residual stream
+// is back in ctx->buf.x when want_x, and when want_logits and the classifier is on the GPU
+// the last token's logits are in ctx->logits (*logits_done = 1; 0 leaves them to the CPU).
+pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x, int want_logits, int *logits_done);

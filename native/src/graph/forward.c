@@ -50,13 +50,21 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
     const struct policy_ops *ops = ctx->policy->ops;
     const int per_layer_hooks = (ops->after_layer || ops->decode_list) && n_probe < T;
     const int first_gpu = gpu_first_layer(ctx);
+    // the residual stream comes back from the GPU unless only the logits are wanted and the
+    // classifier is there too
+    const int gpu_want_x = ctx->out.logits_all || ctx->out.embeddings || (want_logits && !(m->gpu && m->gpu->output));
     for (int layer = 0; layer < hp->n_layer; layer++) {
         const struct layer_weights *w = &m->layers[layer];
         if ((layer == 0 || !per_layer_hooks) && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
             return pykv_error(PYKV_ERR_CANCELLED, "cancelled");
-        if (layer >= first_gpu) {
-            PYKV_TRY(gpu_forward_layer(ctx, layer, T, n_probe));
-            continue;
+        if (layer == first_gpu) {   // this layer and the ones after it run on the GPU
+            int logits_done = 0;
+            PYKV_TRY(gpu_forward_layers(ctx, T, n_probe, gpu_want_x, want_logits, &logits_done));
+            if (logits_done) {
+                ctx->has_logits = 1;
+                want_logits = 0;
+            }
+            break;
         }
 
         // attention
@@ -109,15 +117,6 @@ pykv_status forward_chunk(pykv_context *ctx, const pykv_token *tokens, int T, in
         for (size_t i = 0; i < (size_t)T * dim; i++) b->x[i] += b->xb[i];
     }
 
-    if (first_gpu < hp->n_layer) {   // the residual stream comes back unless only the GPU's logits are wanted
-        int logits_done = 0;
-        const int want_x = ctx->out.logits_all || ctx->out.embeddings || (want_logits && !m->gpu->output);
-        PYKV_TRY(gpu_finish_chunk(ctx, T, want_x, want_logits, &logits_done));
-        if (logits_done) {
-            ctx->has_logits = 1;
-            want_logits = 0;
-        }
-    }
     outputs_write(ctx, T - n_probe);
     if (want_logits) {
         rmsnorm(b->xb, b->x + (size_t)(T - 1) * dim, m->output_norm, dim, hp->rms_eps);

@@ -67,6 +67,7 @@ static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t c
 // A device list's keys and values are resized in GPU memory (kv-device.h).
 static pykv_status device_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
     const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
+    c->device_moves++;   // even a failed resize may have moved the keys
     PYKV_TRY(kv_device_resize(c->device, &l->k, (size_t)l->cap * kb, (size_t)cap * kb));
     pykv_status st = kv_device_resize(c->device, &l->v, (size_t)l->cap * vb, (size_t)cap * vb);
     if (st != PYKV_OK) {   // k already has the new size: bring it back so both agree with cap

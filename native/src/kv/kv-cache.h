@@ -95,6 +95,8 @@ struct kv_cache {
     _Atomic int64_t merged;
     _Atomic int64_t device_bytes;   // the part of bytes in GPU memory (device lists' keys and values)
     int32_t         device;         // the CUDA device of the device lists
+    int64_t         device_moves;   // counts the device lists' reallocations (a recorded decode
+                                    // step holds their addresses: forward-gpu.c)
 };
 
 pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries,

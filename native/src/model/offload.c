@@ -58,6 +58,36 @@ static pykv_status put_tensor(struct arena *a, struct gpu_tensor *g, const struc
     return st;
 }
 
+// Weights with the same row length and a quantised type the kernels read as is, stored back
+// to back as one matrix (their rows in order) when the arena is placed; *whole names it.
+// Otherwise each is placed on its own and whole->data stays NULL.
+static pykv_status put_group(struct arena *a, struct gpu_tensor *whole, struct gpu_tensor *const *g,
+                             const struct tensor *const *t, int n) {
+    int same = device_type(t[0]->type) == t[0]->type && gpu_quantised(t[0]->type);
+    for (int i = 1; i < n; i++) same = same && t[i]->type == t[0]->type && t[i]->ne[0] == t[0]->ne[0];
+    memset(whole, 0, sizeof(*whole));
+    if (!same) {
+        for (int i = 0; i < n; i++) PYKV_TRY(put_tensor(a, g[i], t[i]));
+        return PYKV_OK;
+    }
+    const size_t row = (size_t)type_row_bytes(t[0]->type, t[0]->ne[0]);
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) rows += t[i]->ne[1];
+    char *base = arena_take(a, row * (size_t)rows);
+    whole->data = base;
+    whole->type = t[0]->type;
+    whole->ne[0] = t[0]->ne[0];
+    whole->ne[1] = rows;
+    for (int i = 0, r = 0; i < n; r += (int)t[i]->ne[1], i++) {
+        g[i]->type = t[i]->type;
+        g[i]->ne[0] = t[i]->ne[0];
+        g[i]->ne[1] = t[i]->ne[1];
+        g[i]->data = base ? base + (size_t)r * row : NULL;
+        if (base) PYKV_TRY(cuda_upload(g[i]->data, t[i]->data, row * (size_t)t[i]->ne[1]));
+    }
+    return PYKV_OK;
+}
+
 static pykv_status put_vector(struct arena *a, float **g, const float *x, int64_t n) {
     *g = arena_take(a, (size_t)n * sizeof(float));
     return a->base ? cuda_upload(*g, x, (size_t)n * sizeof(float)) : PYKV_OK;
@@ -71,12 +101,11 @@ static pykv_status place_all(const pykv_model *m, struct model_gpu *g, struct ar
         struct gpu_layer *d = &g->layers[l - g->first_layer];
         PYKV_TRY(put_vector(a, &d->attn_norm, w->attn_norm, hp->n_embd));
         PYKV_TRY(put_vector(a, &d->ffn_norm, w->ffn_norm, hp->n_embd));
-        PYKV_TRY(put_tensor(a, &d->wq, &w->wq));
-        PYKV_TRY(put_tensor(a, &d->wk, &w->wk));
-        PYKV_TRY(put_tensor(a, &d->wv, &w->wv));
+        struct gpu_tensor *qkv[3] = { &d->wq, &d->wk, &d->wv }, *gate_up[2] = { &d->w_gate, &d->w_up };
+        const struct tensor *qkv_src[3] = { &w->wq, &w->wk, &w->wv }, *gate_up_src[2] = { &w->w_gate, &w->w_up };
+        PYKV_TRY(put_group(a, &d->wqkv, qkv, qkv_src, 3));
         PYKV_TRY(put_tensor(a, &d->wo, &w->wo));
-        PYKV_TRY(put_tensor(a, &d->w_gate, &w->w_gate));
-        PYKV_TRY(put_tensor(a, &d->w_up, &w->w_up));
+        PYKV_TRY(put_group(a, &d->w_gate_up, gate_up, gate_up_src, 2));
         PYKV_TRY(put_tensor(a, &d->w_down, &w->w_down));
     }
     if (g->output) {

@@ -18,6 +18,10 @@ struct gpu_tensor {
 struct gpu_layer {
     float            *attn_norm, *ffn_norm;   // (n_embd) floats
     struct gpu_tensor wq, wk, wv, wo, w_gate, w_up, w_down;
+    // When the parts share a quantised type, they are stored back to back and these name the
+    // whole (rows q, then k, then v; gate, then up), so a decode step takes one product for
+    // each group; data is NULL otherwise.
+    struct gpu_tensor wqkv, w_gate_up;
 };
 
 struct model_gpu {
@@ -37,6 +41,12 @@ struct model_gpu {
 // what was needed, raised before anything is copied.
 pykv_status model_offload(pykv_model *m, int32_t n_gpu_layers, int32_t main_gpu);
 void        model_offload_free(pykv_model *m);
+
+// Whether a device weight is quantised (its decode products take 8-bit activations), not a
+// float type.
+static inline int gpu_quantised(int32_t type) {
+    return type != PYKV_TYPE_F32 && type != PYKV_TYPE_F16 && type != PYKV_TYPE_BF16;
+}
 
 // The layer's device weights, or NULL when it runs on the CPU.
 static inline const struct gpu_layer *model_gpu_layer(const pykv_model *m, int layer) {
