@@ -74,28 +74,31 @@ static __host__ __device__ __forceinline__ void mm_load_w_tile(half *ws, const u
     }
 }
 
-// The same for a float type (any cols): element e = i * MM_THREADS + tid of the tile, so
-// consecutive threads read consecutive values of a row.
+// s[n][k] = M[r0 + n][k0 + k] in f16 for a tile of ROWS x MM_TK, zero outside the matrix M
+// (n_rows rows of cols values of float type F at m): element e = i * MM_THREADS + tid of the
+// tile, so consecutive threads read consecutive values of a row.
+template <class F, int ROWS>
+static __host__ __device__ __forceinline__ void mm_load_tile_f(half *s, const uint8_t *m, int64_t cols, int64_t n_rows,
+                                                               int64_t r0, int64_t k0, int tid) {
+    for (int i = 0; i < ROWS * MM_TK / MM_THREADS; i++) {
+        const int e = i * MM_THREADS + tid, n = e / MM_TK, k = e % MM_TK;
+        const int64_t r = r0 + n, c = k0 + k;
+        const float v = r < n_rows && c < cols ? F::at(m + r * cols * F::ELEM_BYTES, c) : 0.0f;
+        s[n * MM_LDH + k] = __float2half_rn(v);
+    }
+}
+
+// The weight tile for a float type (any cols).
 template <class F>
 static __host__ __device__ __forceinline__ void mm_load_w_tile_f(half *ws, const uint8_t *w, int64_t cols, int64_t rows,
                                                                  int64_t r0, int64_t k0, int tid) {
-    for (int i = 0; i < MM_TN * MM_TK / MM_THREADS; i++) {
-        const int e = i * MM_THREADS + tid, n = e / MM_TK, k = e % MM_TK;
-        const int64_t r = r0 + n, c = k0 + k;
-        const float v = r < rows && c < cols ? F::at(w + r * cols * F::ELEM_BYTES, c) : 0.0f;
-        ws[n * MM_LDH + k] = __float2half_rn(v);
-    }
+    mm_load_tile_f<F, MM_TN>(ws, w, cols, rows, r0, k0, tid);
 }
 
 // xs[m][k] = x[t0 + m][k0 + k] in f16, zero outside T x cols.
 static __host__ __device__ __forceinline__ void mm_load_x_tile(half *xs, const float *x, int64_t cols, int T,
                                                                int64_t t0, int64_t k0, int tid) {
-    for (int i = 0; i < MM_TM * MM_TK / MM_THREADS; i++) {
-        const int e = i * MM_THREADS + tid, m = e / MM_TK, k = e % MM_TK;
-        const int64_t t = t0 + m, c = k0 + k;
-        const float v = t < T && c < cols ? x[t * cols + c] : 0.0f;
-        xs[m * MM_LDH + k] = __float2half_rn(v);
-    }
+    mm_load_tile_f<ft_f32, MM_TM>(xs, (const uint8_t *)x, cols, T, t0, k0, tid);
 }
 
 // out[t0 + m][r0 + n] = cs[m][n] for the part of the tile inside T x rows (out: T rows of

@@ -27,8 +27,24 @@ static __global__ void __launch_bounds__(256) quantize_q8_1_kernel(const float *
     q8_1_quantize_block(x + 32 * i, y + i);
 }
 
+// The end of weight row r's warp: acc[t] summed over the lanes, and out[t][r] = the sum for
+// t < T (+= with accumulate; lane 0 is each output's one writer).
+static __device__ __forceinline__ void mv_write_row(float *out, const float acc[CUDA_MATVEC_MAX_T], int64_t rows,
+                                                    int64_t r, int T, int lane, int accumulate) {
+#pragma unroll
+    for (int t = 0; t < CUDA_MATVEC_MAX_T; t++) {
+        if (t < T) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) {
+                float *o = out + (int64_t)t * rows + r;
+                *o = accumulate ? *o + v : v;
+            }
+        }
+    }
+}
+
 // a: T rows of n_groups activation blocks. T <= CUDA_MATVEC_MAX_T. With accumulate, out[t][r]
-// += the product (each output has one writer, lane 0 of its row's warp) instead of =.
+// += the product instead of =.
 template <class Q>
 static __global__ void __launch_bounds__(MV_WARPS * CUDA_WARP)
 matvec_q8_kernel(float *__restrict__ out, const uint8_t *__restrict__ w, int64_t row_bytes, int n_groups, int64_t rows,
@@ -43,16 +59,7 @@ matvec_q8_kernel(float *__restrict__ out, const uint8_t *__restrict__ w, int64_t
     for (int t = 0; t < CUDA_MATVEC_MAX_T; t++) acc[t] = 0.0f;
 
     mv_q8_lane<Q>(row, a, n_groups, lane, T, acc);
-#pragma unroll
-    for (int t = 0; t < CUDA_MATVEC_MAX_T; t++) {
-        if (t < T) {
-            const float v = warp_sum(acc[t]);
-            if (lane == 0) {
-                float *o = out + (int64_t)t * rows + r;
-                *o = accumulate ? *o + v : v;
-            }
-        }
-    }
+    mv_write_row(out, acc, rows, r, T, lane, accumulate);
 }
 
 // Float weights, any cols. T <= CUDA_MATVEC_MAX_T.
@@ -70,13 +77,7 @@ matvec_f_kernel(float *__restrict__ out, const uint8_t *__restrict__ w, int64_t 
     for (int t = 0; t < CUDA_MATVEC_MAX_T; t++) acc[t] = 0.0f;
 
     mv_f_lane<F>(row, x, cols, lane, T, acc);
-#pragma unroll
-    for (int t = 0; t < CUDA_MATVEC_MAX_T; t++) {
-        if (t < T) {
-            const float v = warp_sum(acc[t]);
-            if (lane == 0) out[(int64_t)t * rows + r] = v;
-        }
-    }
+    mv_write_row(out, acc, rows, r, T, lane, 0);
 }
 
 // The quantised types, T rows in chunks of CUDA_MATVEC_MAX_T. With x (cuda_matvec_q8), each

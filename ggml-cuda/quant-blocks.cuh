@@ -76,26 +76,21 @@ static __host__ __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p) 
 #endif
 }
 
-// The same where p is 4-byte aligned (the quants of Q4_1, Q5_1, Q4_K and Q5_K blocks).
-static __host__ __device__ __forceinline__ uint32_t ld_u32_a4(const uint8_t *p) {
+// A T at p, where p is aligned for T: one load on the device (the host reads any p).
+template <class T>
+static __host__ __device__ __forceinline__ T ld_aligned(const uint8_t *p) {
 #ifdef __CUDA_ARCH__
-    return *(const uint32_t *)p;
+    return *(const T *)p;
 #else
-    uint32_t v;
-    memcpy(&v, p, 4);
+    T v;
+    memcpy(&v, p, sizeof(v));
     return v;
 #endif
 }
 
-static __host__ __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) {
-#ifdef __CUDA_ARCH__
-    return *(const uint16_t *)p;
-#else
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-#endif
-}
+// ld_u32_a2 where p is 4-byte aligned (the quants of Q4_1, Q5_1, Q4_K and Q5_K blocks).
+static __host__ __device__ __forceinline__ uint32_t ld_u32_a4(const uint8_t *p) { return ld_aligned<uint32_t>(p); }
+static __host__ __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) { return ld_aligned<uint16_t>(p); }
 
 static __host__ __device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_bits_to_float(ld_u16(p)); }
 
@@ -179,45 +174,30 @@ QB_UNROLL
     for (int k = 0; k < 8; k++) q[k] = (int32_t)vsub4((uint32_t)q[k], by);
 }
 
-struct qt_q4_0 {
-    enum { TYPE = PYKV_TYPE_Q4_0, QK = 32, BYTES = 18, GROUPS = 1 };
+// Q4_0, Q4_1, Q5_0 and Q5_1: a block of 32 values is an f16 d, an f16 m (the _1 types), the
+// fifth bits qh (the Q5 types, 4 bytes) and 16 bytes of nibbles. The _0 types centre their
+// quants (by 8, or 16 with a fifth bit); the _1 types have m instead, and their blocks (20
+// and 24 bytes) are the 4-byte aligned ones.
+template <int TYPE_, int HAS_M, int HAS_QH>
+struct qt_nibbles {
+    enum { TYPE = TYPE_, QK = 32, BYTES = 2 + 2 * HAS_M + 4 * HAS_QH + 16, GROUPS = 1 };
     static __host__ __device__ __forceinline__ void unpack(const uint8_t *blk, int, qgroup &w) {
-        unpack_nibbles16<0>(blk + 2, w.q);
-        centre(w.q, 0x08080808u);
+        const uint8_t *qh = blk + 2 + 2 * HAS_M;
+        unpack_nibbles16<HAS_M>(qh + 4 * HAS_QH, w.q);
+        if constexpr (HAS_QH) add_fifth_bits<HAS_M>(qh, w.q);
+        if constexpr (!HAS_M) centre(w.q, HAS_QH ? 0x10101010u : 0x08080808u);
         w.d[0] = w.d[1] = f16_at(blk);
-        w.m = -0.0f;
+        w.m = HAS_M ? f16_at(blk + 2) : -0.0f;
     }
 };
 
-struct qt_q4_1 {
-    enum { TYPE = PYKV_TYPE_Q4_1, QK = 32, BYTES = 20, GROUPS = 1 };
-    static __host__ __device__ __forceinline__ void unpack(const uint8_t *blk, int, qgroup &w) {
-        unpack_nibbles16<1>(blk + 4, w.q);
-        w.d[0] = w.d[1] = f16_at(blk);
-        w.m = f16_at(blk + 2);
-    }
-};
-
-struct qt_q5_0 {
-    enum { TYPE = PYKV_TYPE_Q5_0, QK = 32, BYTES = 22, GROUPS = 1 };
-    static __host__ __device__ __forceinline__ void unpack(const uint8_t *blk, int, qgroup &w) {
-        unpack_nibbles16<0>(blk + 6, w.q);
-        add_fifth_bits<0>(blk + 2, w.q);
-        centre(w.q, 0x10101010u);
-        w.d[0] = w.d[1] = f16_at(blk);
-        w.m = -0.0f;
-    }
-};
-
-struct qt_q5_1 {
-    enum { TYPE = PYKV_TYPE_Q5_1, QK = 32, BYTES = 24, GROUPS = 1 };
-    static __host__ __device__ __forceinline__ void unpack(const uint8_t *blk, int, qgroup &w) {
-        unpack_nibbles16<1>(blk + 8, w.q);
-        add_fifth_bits<1>(blk + 4, w.q);
-        w.d[0] = w.d[1] = f16_at(blk);
-        w.m = f16_at(blk + 2);
-    }
-};
+// Named types (not aliases), so that the kernels instantiated for them keep their names.
+struct qt_q4_0 : qt_nibbles<PYKV_TYPE_Q4_0, 0, 0> {};
+struct qt_q4_1 : qt_nibbles<PYKV_TYPE_Q4_1, 1, 0> {};
+struct qt_q5_0 : qt_nibbles<PYKV_TYPE_Q5_0, 0, 1> {};
+struct qt_q5_1 : qt_nibbles<PYKV_TYPE_Q5_1, 1, 1> {};
+static_assert(qt_q4_0::BYTES == 18 && qt_q4_1::BYTES == 20 && qt_q5_0::BYTES == 22 && qt_q5_1::BYTES == 24,
+              "the nibble types' block sizes");
 
 struct qt_q8_0 {
     enum { TYPE = PYKV_TYPE_Q8_0, QK = 32, BYTES = 34, GROUPS = 1 };

@@ -7,12 +7,13 @@ code written for it runs unchanged.
   values pykv reads as hyperparameters (see KV_OVERRIDES); last_n_tokens_size is the window
   of the repeat, frequency and presence penalties of create_completion,
   create_chat_completion and sample().
-- Taken with a warning when they ask for something pykv does not do: the GPU keywords (pykv
-  runs on the CPU), use_mlock, numa, rpc_servers, chat_handler (pykv renders chats with
+- Taken with a warning when they ask for something pykv does not do: use_mlock, numa,
+  rpc_servers, chat_handler (pykv renders chats with
   templates), tokenizer (pykv uses the GGUF's), draft_model (no speculative decoding: the
   output is the same without it), spm_infill, rope_scaling_type other than none or linear,
   and yarn_* other than their defaults.
-- Taken and left to pykv: choices it makes itself (flash_attn, n_threads_batch, mul_mat_q, ...).
+- Taken and left to pykv: choices it makes itself (flash_attn, n_threads_batch, offload_kqv,
+  split_mode, tensor_split, mul_mat_q, ...). n_gpu_layers and main_gpu are Llama's own.
 - Refused: lora_path (pykv does not apply LoRA adapters).
 Any other keyword is a TypeError, as Python raises for a misspelt one."""
 from __future__ import annotations

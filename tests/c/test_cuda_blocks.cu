@@ -31,7 +31,8 @@ extern "C" {
 }
 #undef _Static_assert
 
-#include "check.h"
+#define CUDA_CHECK_SEED 0x9E3779B97F4A7C15ull
+#include "cuda-check.h"
 
 static_assert(sizeof(dev_block_q4_0) == sizeof(block_q4_0), "q4_0");
 static_assert(sizeof(dev_block_q4_1) == sizeof(block_q4_1), "q4_1");
@@ -44,29 +45,21 @@ static_assert(sizeof(dev_block_q6_K) == sizeof(block_q6_K), "q6_K");
 static_assert(sizeof(dev_block_q8_1) == sizeof(block_q8_act), "q8_1");
 static_assert(offsetof(dev_block_q8_1, qs) == offsetof(block_q8_act, qs), "q8_1 qs");
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float rnd_unit(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f; }        // [0, 1)
-static float rnd_sym(void) { return 2.0f * rnd_unit() - 1.0f; }                         // [-1, 1)
+// About normal: a sum of four uniforms in [-1, 1), scaled to variance 1.
 static float rnd_normal(void) {
     float s = 0.0f;
-    for (int i = 0; i < 4; i++) s += rnd_sym();
+    for (int i = 0; i < 4; i++) s += uniform(-1.0f, 1.0f);
     return s * 0.866f;
 }
 
 // A random finite f16 scale: mostly ordinary magnitudes of either sign, sometimes zero or an
 // f16 subnormal (small models' scales can be).
 static uint16_t rnd_scale(void) {
-    const uint32_t k = rnd() % 16;
+    const uint32_t k = next_u32() % 16;
     if (k == 0) return 0;
-    if (k == 1) return (uint16_t)((1 + rnd() % 0x3FF) | (rnd() & 1) << 15);   // subnormal
-    float v = 0.001f + 0.05f * rnd_unit();
-    if (rnd() & 1) v = -v;
+    if (k == 1) return (uint16_t)((1 + next_u32() % 0x3FF) | (next_u32() & 1) << 15);   // subnormal
+    float v = 0.001f + 0.05f * uniform(0.0f, 1.0f);
+    if (next_u32() & 1) v = -v;
     return fp32_to_fp16(v);
 }
 
@@ -92,16 +85,10 @@ static const type_case TYPES[] = {
 
 // n_blocks random blocks: random bytes, then valid finite f16 fields.
 static void random_blocks(const type_case &tc, uint8_t *buf, int n_blocks) {
-    for (int i = 0; i < n_blocks * tc.bytes; i++) buf[i] = (uint8_t)rnd();
+    for (int i = 0; i < n_blocks * tc.bytes; i++) buf[i] = (uint8_t)next_u32();
     for (int b = 0; b < n_blocks; b++)
         for (int f = 0; f < 2; f++)
             if (tc.f16_at[f] >= 0) put_f16(buf + b * tc.bytes + tc.f16_at[f], rnd_scale());
-}
-
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
 }
 
 // Decoding: every group, through the run-time dispatch and through the type's block decoder,
@@ -119,7 +106,7 @@ static void test_decode(const type_case &tc, const uint8_t *w, int n_blocks) {
         qgroup_decode(g, got + 32 * gi);
     }
     for (int64_t i = 0; i < n; i++)
-        if (bits(got[i]) != bits(ref[i])) { bad++; if (first < 0) first = i; }
+        if (f2u(got[i]) != f2u(ref[i])) { bad++; if (first < 0) first = i; }
     if (bad) fprintf(stderr, "%s: group decode: %lld of %lld differ, first at %lld: %g vs %g\n", tc.name, (long long)bad,
                      (long long)n, (long long)first, got[first], ref[first]);
     CHECK(bad == 0);
@@ -140,7 +127,7 @@ static void test_decode(const type_case &tc, const uint8_t *w, int n_blocks) {
         }
     }
     bad = 0;
-    for (int64_t i = 0; i < n; i++) bad += bits(got[i]) != bits(ref[i]);
+    for (int64_t i = 0; i < n; i++) bad += f2u(got[i]) != f2u(ref[i]);
     CHECK(bad == 0);
     printf("%-5s decode: %lld values of %d blocks, %lld differ\n", tc.name, (long long)n, n_blocks, (long long)bad);
     free(ref);
@@ -150,39 +137,51 @@ static void test_decode(const type_case &tc, const uint8_t *w, int n_blocks) {
 // n activations with a spread of block magnitudes, an all-zero block and an outlier.
 static void random_acts(float *x, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++) {
-        const float scale = b % 5 == 3 ? 0.0f : powf(10.0f, 2.0f * rnd_sym());
+        const float scale = b % 5 == 3 ? 0.0f : powf(10.0f, 2.0f * uniform(-1.0f, 1.0f));
         for (int j = 0; j < 32; j++) x[32 * b + j] = scale * rnd_normal();
-        if (b % 7 == 2) x[32 * b + rnd() % 32] = 40.0f * scale;
+        if (b % 7 == 2) x[32 * b + next_u32() % 32] = 40.0f * scale;
     }
+}
+
+// Blocks a[0..n) against the CPU's b[0..n): d, s and the quants bit for bit (NaN d and s where
+// both are NaN); returns how many differ.
+static int blocks_differ(const dev_block_q8_1 *a, const block_q8_act *b, int64_t n, const char *what) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const bool nan_ok = isnan(a[i].d) && isnan(b[i].d) && isnan(a[i].s) && isnan(b[i].s);
+        const bool same = (nan_ok || (f2u(a[i].d) == f2u(b[i].d) && f2u(a[i].s) == f2u(b[i].s))) &&
+                          memcmp(a[i].qs, b[i].qs, 32) == 0;
+        if (!same && bad++ < 3)
+            fprintf(stderr, "%s block %lld: d %g vs %g, s %g vs %g\n", what, (long long)i, a[i].d, b[i].d, a[i].s, b[i].s);
+    }
+    return bad;
+}
+
+// The quantisers' activations: random_acts' blocks, then one with a NaN, one with an -inf,
+// one of float subnormals and one whose values are ties at .5 after scaling.
+static void quantiser_inputs(float *x, int64_t n) {
+    random_acts(x, n);
+    x[32 * 5 + 3] = NAN;
+    x[32 * 9 + 31] = -INFINITY;
+    for (int j = 0; j < 32; j++) x[32 * 11 + j] = 1e-39f * (float)(j - 16);   // float subnormals
+    for (int j = 0; j < 32; j++) x[32 * 13 + j] = (float)(j - 16) * 0.5f;      // ties at .5 after scaling
 }
 
 // The Q8_1 quantiser against the CPU's, bit for bit (also non-finite and tiny blocks).
 static void test_quantize(void) {
     const int64_t n = 32 * 64;
     float *x = (float *)malloc(n * sizeof(float));
-    random_acts(x, n);
-    x[32 * 5 + 3] = NAN;
-    x[32 * 9 + 31] = -INFINITY;
-    for (int j = 0; j < 32; j++) x[32 * 11 + j] = 1e-39f * (float)(j - 16);   // float subnormals
-    for (int j = 0; j < 32; j++) x[32 * 13 + j] = (float)(j - 16) * 0.5f;      // ties at .5 after scaling
+    quantiser_inputs(x, n);
     block_q8_act *ref = (block_q8_act *)malloc(Q8_ACT_BLOCKS(n) * sizeof(block_q8_act));
     quantize_row_q8_act_scalar(x, ref, n);
-    int bad = 0;
-    for (int64_t b = 0; b < n / 32; b++) {
-        dev_block_q8_1 a;
-        q8_1_quantize_block(x + 32 * b, &a);
-        const bool nan_ok = isnan(ref[b].d) && isnan(a.d) && isnan(ref[b].s) && isnan(a.s);
-        const bool same = (nan_ok || (bits(a.d) == bits(ref[b].d) && bits(a.s) == bits(ref[b].s))) &&
-                          memcmp(a.qs, ref[b].qs, 32) == 0;
-        if (!same) {
-            bad++;
-            fprintf(stderr, "q8_1 block %lld: d %g vs %g, s %g vs %g\n", (long long)b, a.d, ref[b].d, a.s, ref[b].s);
-        }
-    }
+    dev_block_q8_1 *a = (dev_block_q8_1 *)malloc((size_t)(n / 32) * sizeof(dev_block_q8_1));
+    for (int64_t b = 0; b < n / 32; b++) q8_1_quantize_block(x + 32 * b, a + b);
+    const int bad = blocks_differ(a, ref, n / 32, "q8_1 quantise");
     CHECK(bad == 0);
     printf("q8_1 quantise: %lld blocks, %d differ from quantize_row_q8_act_scalar\n", (long long)(n / 32), bad);
     free(x);
     free(ref);
+    free(a);
 }
 
 // Group dot products: each against the float sum over the dequantised weights and the
@@ -242,9 +241,9 @@ static void test_float_types(void) {
     for (uint32_t h = 0; h < 65536; h++) {
         const uint16_t v = (uint16_t)h;
         const float a = weight_f16_at(&v, 0), b = fp16_to_fp32(v);
-        if (!(bits(a) == bits(b) || (isnan(a) && isnan(b)))) bad16++;
+        if (!(f2u(a) == f2u(b) || (isnan(a) && isnan(b)))) bad16++;
         const float c = weight_bf16_at(&v, 0), d = bf16_to_fp32(v);
-        if (!(bits(c) == bits(d) || (isnan(c) && isnan(d)))) badbf++;
+        if (!(f2u(c) == f2u(d) || (isnan(c) && isnan(d)))) badbf++;
     }
     CHECK(bad16 == 0);
     CHECK(badbf == 0);
@@ -339,29 +338,11 @@ static void emulate_swiglu_q8_1(const float *gate, const float *up, int n, int T
         }
 }
 
-// Blocks a[0..n) against the CPU's b[0..n): d, s and the quants bit for bit (NaN d and s where
-// both are NaN); returns how many differ.
-static int blocks_differ(const dev_block_q8_1 *a, const block_q8_act *b, int64_t n, const char *what) {
-    int bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const bool nan_ok = isnan(a[i].d) && isnan(b[i].d) && isnan(a[i].s) && isnan(b[i].s);
-        const bool same = (nan_ok || (bits(a[i].d) == bits(b[i].d) && bits(a[i].s) == bits(b[i].s))) &&
-                          memcmp(a[i].qs, b[i].qs, 32) == 0;
-        if (!same && bad++ < 3)
-            fprintf(stderr, "%s block %lld: d %g vs %g, s %g vs %g\n", what, (long long)i, a[i].d, b[i].d, a[i].s, b[i].s);
-    }
-    return bad;
-}
-
 // The warp quantiser against the one-thread one on the blocks test_quantize uses.
 static void test_quantize_warp(void) {
     const int64_t n = 32 * 64;
     float *x = (float *)malloc(n * sizeof(float));
-    random_acts(x, n);
-    x[32 * 5 + 3] = NAN;
-    x[32 * 9 + 31] = -INFINITY;
-    for (int j = 0; j < 32; j++) x[32 * 11 + j] = 1e-39f * (float)(j - 16);
-    for (int j = 0; j < 32; j++) x[32 * 13 + j] = (float)(j - 16) * 0.5f;
+    quantiser_inputs(x, n);
     for (int j = 0; j < 32; j++) x[32 * 17 + j] = -0.0f;
     block_q8_act *ref = (block_q8_act *)malloc(Q8_ACT_BLOCKS(n) * sizeof(block_q8_act));
     quantize_row_q8_act_scalar(x, ref, n);
@@ -394,7 +375,7 @@ static void test_norm_quant(int n, int T) {
     block_q8_act *ref = (block_q8_act *)malloc(Q8_ACT_BLOCKS(n) * sizeof(block_q8_act));
     dev_block_q8_1 *y = (dev_block_q8_1 *)malloc((size_t)(nb * T) * sizeof(dev_block_q8_1));
     random_acts(x, (int64_t)n * T);
-    for (int i = 0; i < n; i++) w[i] = 1.0f + 0.5f * rnd_sym();
+    for (int i = 0; i < n; i++) w[i] = 1.0f + 0.5f * uniform(-1.0f, 1.0f);
     for (int64_t i = 0; i < (int64_t)n * T; i++) up[i] = 3.0f * rnd_normal();
     for (int i = 0; i < n; i++) x[i] *= 30.0f;   // gates far out on both sides of silu (row 0)
     if (T > 1) x[n + n / 2] = INFINITY;
@@ -410,7 +391,7 @@ static void test_norm_quant(int n, int T) {
         const float scale = rms_scale(ss, n, eps);
         for (int i = 0; i < n; i++) {
             const float v = rms_apply(x[(size_t)t * n + i], scale, w[i]);
-            bad_vals += !(bits(v) == bits(f[i]) || (isnan(v) && isnan(f[i])));
+            bad_vals += !(f2u(v) == f2u(f[i]) || (isnan(v) && isnan(f[i])));
         }
         quantize_row_q8_act_scalar(f, ref, n);
         bad_norm += blocks_differ(y + t * nb, ref, nb, "rmsnorm_q8_1");
@@ -421,7 +402,7 @@ static void test_norm_quant(int n, int T) {
         swiglu_scalar(f, x + (size_t)t * n, up + (size_t)t * n, n);
         for (int i = 0; i < n; i++) {
             const float v = silu_mul(x[(size_t)t * n + i], up[(size_t)t * n + i]);
-            bad_vals += !(bits(v) == bits(f[i]) || (isnan(v) && isnan(f[i])));
+            bad_vals += !(f2u(v) == f2u(f[i]) || (isnan(v) && isnan(f[i])));
         }
         quantize_row_q8_act_scalar(f, ref, n);
         bad_swiglu += blocks_differ(y + t * nb, ref, nb, "swiglu_q8_1");
@@ -440,15 +421,6 @@ static void test_norm_quant(int n, int T) {
 }
 
 // ---- the kernels' threads, run one after another ----
-
-static double nmse(const float *a, const double *b, int64_t n) {
-    double num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return den > 0.0 ? num / den : num;
-}
 
 // matvec_q8_kernel / matvec_f_kernel: every lane of each row's warp, the lanes' sums added.
 template <class Q, int FLOAT_W>
@@ -513,10 +485,10 @@ static void test_emulated(int32_t type, const char *name, int64_t cols, int64_t 
     double *twin = (double *)malloc((size_t)(rows * T) * sizeof(double));
     if (FLOAT_W) {
         for (int64_t i = 0; i < cols * rows; i++) {
-            const float v = rnd_sym();
+            const float v = uniform(-1.0f, 1.0f);
             if (type == PYKV_TYPE_F32) memcpy(w + 4 * i, &v, 4);
             else if (type == PYKV_TYPE_F16) put_f16(w + 2 * i, fp32_to_fp16(v));
-            else put_f16(w + 2 * i, (uint16_t)(bits(v) >> 16));
+            else put_f16(w + 2 * i, (uint16_t)(f2u(v) >> 16));
         }
     } else {
         for (size_t i = 0; i < sizeof(TYPES) / sizeof(TYPES[0]); i++)
@@ -542,13 +514,13 @@ static void test_emulated(int32_t type, const char *name, int64_t cols, int64_t 
     }
     for (int64_t i = 0; i < rows * T; i++) out[i] = NAN;
     emulate_matvec<Q, FLOAT_W>(w, cols, rows, x, Tv, out);
-    const double e_twin = nmse(out, twin, rows * Tv), e_mv = nmse(out, ref, rows * Tv);
+    const double e_twin = nmse_d(out, twin, rows * Tv), e_mv = nmse_d(out, ref, rows * Tv);
     CHECK(e_twin <= 1e-9);
     CHECK(e_mv <= (FLOAT_W ? 1e-7 : 5e-4));
 
     for (int64_t i = 0; i < rows * T; i++) out[i] = NAN;
     emulate_mma<Q, FLOAT_W>(w, cols, rows, x, T, out);
-    const double e_mma = nmse(out, ref, rows * T);
+    const double e_mma = nmse_d(out, ref, rows * T);
     CHECK(e_mma <= 1e-5);
     printf("%-5s emulated cols=%lld rows=%lld: matvec T=%d NMSE %.2e (vs the CPU's dot %.2e), mma T=%d NMSE %.2e\n",
            name, (long long)cols, (long long)rows, Tv, e_mv, e_twin, T, e_mma);

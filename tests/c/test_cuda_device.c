@@ -1,8 +1,7 @@
 // ctest-label: cuda
 // The device layer (ggml-cuda/device.h): copies that round-trip, an allocation larger than the
 // card that fails with a message naming the sizes instead of aborting, and memory given back.
-#include "check.h"
-#include "ggml-cuda/device.h"
+#include "cuda-check.h"
 #include "pykv.h"
 
 #include <stdio.h>
@@ -10,13 +9,9 @@
 #include <string.h>
 
 int main(void) {
-    if (cuda_device_count() == 0) {
-        printf("test_cuda_device: skipped: %s\n", cuda_unavailable_reason());
-        return CHECK_SKIP;
-    }
+    if (!cuda_test_start("test_cuda_device")) return CHECK_SKIP;
     char name[256];
     CHECK(cuda_device_describe(0, name, sizeof(name)) == PYKV_OK);
-    printf("device 0: %s\n", name);
     CHECK(strstr(name, "GiB free of") != NULL);
     CHECK(cuda_device_describe(cuda_device_count(), name, sizeof(name)) == PYKV_ERR_INVALID_ARG);
 

@@ -23,14 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
 #include "cpu/ops.h"
 #include "cpu/quant-q8.h"
 #include "cpu/quant.h"
-#include "ggml-cuda/device.h"
 #include "ggml-cuda/kernels.h"
 #include "model/types.h"
 #include "random-rows.h"
+#define CUDA_CHECK_RANDOM_ROWS
+#include "cuda-check.h"
 
 #define NMSE_Q8  5e-4
 #define NMSE_ACC 1e-12
@@ -45,48 +45,6 @@ static const int TS[] = { 1, 3, 8 };
 
 enum path { PATH_RMSNORM, PATH_SWIGLU };
 static const char *PATH_NAME[] = { "rmsnorm", "swiglu" };
-
-static double nmse(const float *a, const double *b, int64_t n) {
-    double num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = (double)a[i] - b[i];
-        num += d * d;
-        den += b[i] * b[i];
-    }
-    return den > 0.0 ? num / den : num;   // NaN stays NaN: an unwritten output fails
-}
-
-static int ok(pykv_status st, const char *what) {
-    if (st == PYKV_OK) return 1;
-    fprintf(stderr, "%s: %s\n", what, pykv_last_error());
-    check_failures++;
-    return 0;
-}
-
-// Wait for the queued kernels and download; 0 (a failed check) on an error.
-static int fetch(void *dst, const void *d_src, size_t bytes, const char *what) {
-    return ok(cuda_check(what), what) && ok(cuda_stream_sync(NULL), what) && ok(cuda_download(dst, d_src, bytes), what);
-}
-
-static void *dev_alloc(size_t bytes) {
-    void *d = NULL;
-    if (!ok(cuda_alloc(&d, bytes, "a test buffer"), "alloc")) return NULL;
-    return d;
-}
-
-// Activations: normal-ish values with a per-row scale and an outlier now and then (as in
-// test_cuda_matmul).
-static void random_x(float *x, int64_t cols, int T) {
-    for (int t = 0; t < T; t++) {
-        const float scale = uniform(0.1f, 4.0f);
-        for (int64_t c = 0; c < cols; c++) {
-            float s = 0.0f;
-            for (int i = 0; i < 4; i++) s += uniform(-1.0f, 1.0f);
-            x[t * cols + c] = scale * 0.866f * s;
-        }
-        if (t % 3 == 1) x[t * cols + (int64_t)(next_u32() % (uint32_t)cols)] = 20.0f * scale;
-    }
-}
 
 // How many of n blocks differ (bytes) between a and b.
 static int64_t blocks_differ(const uint8_t *a, const uint8_t *b, int64_t n) {
@@ -199,7 +157,7 @@ static void run_path(enum path p, int32_t type, const uint8_t *d_w, const float 
     if (!fetch(out, d_out, out_bytes, "matvec_q8_pre accumulate")) goto done;
     int64_t bad_d = 0;
     for (int64_t i = 0; i < n_out; i++) bad_d += !((double)out[i] == want[i]);
-    const double e_d = nmse(out, want, n_out);
+    const double e_d = nmse_d(out, want, n_out);
     CHECK(e_d <= NMSE_ACC);
 
     // (e): the exact product of the CPU's floats on the reference rows.
@@ -212,7 +170,7 @@ static void run_path(enum path p, int32_t type, const uint8_t *d_w, const float 
             ref[t * n_ref + k] = s;
             got_ref[t * n_ref + k] = out_ref[t * rows + ref_rows[k]];
         }
-    const double e_e = nmse(got_ref, ref, n_ref * T);
+    const double e_e = nmse_d(got_ref, ref, n_ref * T);
     CHECK(e_e <= NMSE_Q8);
     printf("%-34s %-8s (c) pre vs matvec_q8: %lld of %lld differ; (d) accumulate NMSE %.2e (%lld not exact);"
            " (e) NMSE %.3e on %lld rows%s\n",
@@ -346,12 +304,7 @@ static void test_float_type_ignored(void) {
 }
 
 int main(void) {
-    if (cuda_device_count() == 0) {
-        printf("test_cuda_fused: skipped, %s\n", cuda_unavailable_reason());
-        return CHECK_SKIP;
-    }
-    char desc[256];
-    if (cuda_device_describe(0, desc, sizeof(desc)) == PYKV_OK) printf("device: %s\n", desc);
+    if (!cuda_test_start("test_cuda_fused")) return CHECK_SKIP;
     CHECK(cuda_q8_1_bytes(576, 3) == 3 * 18 * Q8_1_BLOCK_BYTES);
     CHECK(cuda_q8_1_bytes(576, 0) == 0);
     for (size_t i = 0; i < sizeof(TYPES) / sizeof(TYPES[0]); i++)

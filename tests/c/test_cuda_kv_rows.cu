@@ -19,7 +19,6 @@
 // (this file only passes the struct to the C functions and reads its lists).
 #define _Atomic volatile
 extern "C" {
-#include "check.h"
 #include "cpu/quant.h"
 #include "kv/kv-cache.h"
 }
@@ -28,17 +27,11 @@ extern "C" {
 #include "ggml-cuda/attention-tile.cuh"
 #include "ggml-cuda/kv-rows.cuh"
 
+#define CUDA_CHECK_SEED 0x2545F4914F6CDD1Dull
+#include "cuda-check.h"
+
 static_assert(CUDA_KV_F32 == KV_F32 && CUDA_KV_F16 == KV_F16 && CUDA_KV_Q8_0 == KV_Q8_0, "the formats' numbers");
 static_assert(CUDA_KV_Q8_BLOCK == KV_Q8_BLOCK && CUDA_KV_Q8_BLOCK_BYTES == KV_Q8_BLOCK_BYTES, "q8_0 blocks");
-
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint32_t next_u32(void) {
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next_u32() & 0xFFFFFF) / 16777216.0f; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 // ---- float -> half ----
 

@@ -21,13 +21,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "check.h"
 #include "cpu/quant-q8.h"
 #include "cpu/quant.h"
-#include "ggml-cuda/device.h"
 #include "ggml-cuda/kernels.h"
 #include "model/types.h"
 #include "random-rows.h"
+#define CUDA_CHECK_RANDOM_ROWS
+#include "cuda-check.h"
 
 #define NMSE_Q8      5e-4
 #define NMSE_FLOAT   1e-7
@@ -51,44 +51,12 @@ static int is_float_type(int32_t type) {
     return type == PYKV_TYPE_F32 || type == PYKV_TYPE_F16 || type == PYKV_TYPE_BF16;
 }
 
-static double nmse(const float *a, const double *b, int64_t n) {
-    double num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = (double)a[i] - b[i];
-        num += d * d;
-        den += b[i] * b[i];
-    }
-    return den > 0.0 ? num / den : num;   // NaN stays NaN: an unwritten output fails
-}
-
-static int ok(pykv_status st, const char *what) {
-    if (st == PYKV_OK) return 1;
-    fprintf(stderr, "%s: %s\n", what, pykv_last_error());
-    check_failures++;
-    return 0;
-}
-
-// Activations: normal-ish values with a per-row scale and an outlier now and then.
-static void random_x(float *x, int64_t cols, int T) {
-    for (int t = 0; t < T; t++) {
-        const float scale = uniform(0.1f, 4.0f);
-        for (int64_t c = 0; c < cols; c++) {
-            float s = 0.0f;
-            for (int i = 0; i < 4; i++) s += uniform(-1.0f, 1.0f);
-            x[t * cols + c] = scale * 0.866f * s;
-        }
-        if (t % 3 == 1) x[t * cols + (int64_t)(next_u32() % (uint32_t)cols)] = 20.0f * scale;
-    }
-}
-
 // One path's output, downloaded and compared.
 static double run_path(const char *path, int32_t type, const struct shape *sh, const float *d_out, float *out,
                        const double *ref, double thr) {
     const int64_t n = (int64_t)sh->T * sh->rows;
-    if (!ok(cuda_check(path), path) || !ok(cuda_stream_sync(NULL), path) ||
-        !ok(cuda_download(out, d_out, (size_t)n * sizeof(float)), path))
-        return NAN;
-    const double e = nmse(out, ref, n);
+    if (!fetch(out, d_out, (size_t)n * sizeof(float), path)) return NAN;
+    const double e = nmse_d(out, ref, n);
     const struct type_traits *tt = type_traits_of(type);
     printf("%-5s cols=%-5lld rows=%-5lld T=%-4d %-10s NMSE %.3e (max %.0e)%s\n", tt->name, (long long)sh->cols,
            (long long)sh->rows, sh->T, path, e, thr, e <= thr ? "" : "  FAIL");
@@ -153,7 +121,7 @@ static void test_case(int32_t type, const struct shape *sh) {
         ok(cuda_memset(d_out, 0xFF, out_bytes, NULL), "memset");
         cuda_matvec_q8(NULL, d_out, d_w, type, cols, rows, d_x, T, d_work);
         run_path("matvec_q8", type, sh, d_out, out, ref, is_float_type(type) ? NMSE_FLOAT : NMSE_Q8);
-        const double e = nmse(out, twin, (int64_t)T * rows);
+        const double e = nmse_d(out, twin, (int64_t)T * rows);
         if (!(e <= NMSE_TWIN)) printf("      matvec_q8 vs the CPU's %s dot: NMSE %.3e  FAIL\n", is_float_type(type) ? "float" : "q8", e);
         CHECK(e <= NMSE_TWIN);
     }
@@ -203,8 +171,7 @@ static void test_get_rows(int32_t type, int64_t cols, int64_t rows, int n_ids) {
         ok(cuda_upload(d_ids, ids, (size_t)n_ids * sizeof(int32_t)), "upload") &&
         ok(cuda_memset(d_out, 0xFF, (size_t)(cols * n_ids) * sizeof(float), NULL), "memset")) {
         cuda_get_rows(NULL, d_out, d_w, type, cols, d_ids, n_ids);
-        if (ok(cuda_check("get_rows"), "get_rows") && ok(cuda_stream_sync(NULL), "get_rows") &&
-            ok(cuda_download(out, d_out, (size_t)(cols * n_ids) * sizeof(float)), "download")) {
+        if (fetch(out, d_out, (size_t)(cols * n_ids) * sizeof(float), "get_rows")) {
             bad = 0;
             for (int64_t i = 0; i < cols * n_ids; i++) bad += !(out[i] == ref[i]);   // NaN (unwritten) counts
         }
@@ -261,12 +228,7 @@ static void report_speed(int32_t type, int64_t cols, int64_t rows) {
 }
 
 int main(void) {
-    if (cuda_device_count() == 0) {
-        printf("test_cuda_matmul: skipped, %s\n", cuda_unavailable_reason());
-        return CHECK_SKIP;
-    }
-    char desc[256];
-    if (cuda_device_describe(0, desc, sizeof(desc)) == PYKV_OK) printf("device: %s\n", desc);
+    if (!cuda_test_start("test_cuda_matmul")) return CHECK_SKIP;
     for (size_t i = 0; i < sizeof(TYPES) / sizeof(TYPES[0]); i++) {
         CHECK(cuda_matmul_supported(TYPES[i]));
         for (size_t j = 0; j < sizeof(SHAPES) / sizeof(SHAPES[0]); j++) test_case(TYPES[i], &SHAPES[j]);

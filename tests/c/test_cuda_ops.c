@@ -16,41 +16,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
 #include "cpu/attention.h"
 #include "cpu/ops.h"
 #include "ggml-cuda/kernels.h"
 #include "kv/kv-cache.h"
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float uniform(float lo, float hi) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return lo + (hi - lo) * (float)((rng >> 40) & 0xFFFFFF) / 16777216.0f;
-}
-static void fill(float *x, size_t n, float lo, float hi) { for (size_t i = 0; i < n; i++) x[i] = uniform(lo, hi); }
-
-static double nmse(const float *got, const float *want, size_t n) {
-    double err = 0.0, ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = (double)got[i] - (double)want[i];
-        err += e * e;
-        ref += (double)want[i] * want[i];
-    }
-    return ref > 0.0 ? err / ref : err;
-}
-
-// Device copies; a failure counts as a failed check (and the test goes on with NULL).
-static void *dev_upload(const void *src, size_t bytes) {
-    void *d = NULL;
-    CHECK(cuda_alloc(&d, bytes, "a test buffer") == PYKV_OK);
-    if (d && src) CHECK(cuda_upload(d, src, bytes) == PYKV_OK);
-    return d;
-}
-static void dev_download(void *dst, const void *d_src, size_t bytes) {
-    CHECK(cuda_stream_sync(NULL) == PYKV_OK);
-    CHECK(cuda_check("the kernels") == PYKV_OK);
-    CHECK(cuda_download(dst, d_src, bytes) == PYKV_OK);
-}
+// This test's uniforms take the state's top 24 bits.
+#define CUDA_CHECK_SEED 0x9E3779B97F4A7C15ull
+#define CUDA_CHECK_UNIFORM_SHIFT 40
+#include "cuda-check.h"
 
 static void report(const char *what, double e, double limit) {
     printf("%-60s NMSE %.3e\n", what, e);
@@ -294,12 +268,7 @@ static void test_prefill(int d, int fmt_k, int fmt_v, int n_rep, int T, int n_be
 }
 
 int main(void) {
-    if (cuda_device_count() == 0) {
-        printf("test_cuda_ops: skipped: %s\n", cuda_unavailable_reason());
-        return CHECK_SKIP;
-    }
-    char desc[256];
-    if (cuda_device_describe(0, desc, sizeof(desc)) == PYKV_OK) printf("device: %s\n", desc);
+    if (!cuda_test_start("test_cuda_ops")) return CHECK_SKIP;
     CHECK(cuda_set_device(0) == PYKV_OK);
 
     const int lengths[] = { 1, 31, 256, 4096, 5003 };

@@ -18,42 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
 #include "core/threadpool.h"
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-cache.h"
 #include "kv/policies/common/window-scores.h"
 #include "model/model.h"
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint32_t next_u32(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static int next_int(int n) { return (int)(next_u32() % (uint32_t)n); }
-static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next_u32() & 0xFFFFFF) / 16777216.0f; }
-
-static double nmse(const float *got, const float *want, size_t n) {
-    double err = 0.0, ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = (double)got[i] - (double)want[i];
-        err += e * e;
-        ref += (double)want[i] * want[i];
-    }
-    return ref > 0.0 ? err / ref : err;
-}
-
-static void *dev_upload(const void *src, size_t bytes) {
-    void *d = NULL;
-    CHECK(cuda_alloc(&d, bytes ? bytes : 1, "a test buffer") == PYKV_OK);
-    if (d && src && bytes) CHECK(cuda_upload(d, src, bytes) == PYKV_OK);
-    return d;
-}
-static void dev_download(void *dst, const void *d_src, size_t bytes) {
-    CHECK(cuda_stream_sync(NULL) == PYKV_OK);
-    CHECK(cuda_check("the policy kernels") == PYKV_OK);
-    if (bytes) CHECK(cuda_download(dst, d_src, bytes) == PYKV_OK);
-}
+#define CUDA_CHECK_SEED 0x9E3779B97F4A7C15ull
+#include "cuda-check.h"
 
 // ---- gather ----
 
@@ -174,20 +146,6 @@ static void test_window(const struct win_case *wc, struct threadpool *pool, floa
 
 // ---- top-k ----
 
-// Scores of kind: 0 uniform, 1 a few values (ties), 2 few values with NaN, inf, zeros of
-// both signs and subnormals, 3 all equal.
-static void fill_scores(float *s, int32_t n, int kind) {
-    const float odd[] = { NAN, -INFINITY, INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 1.0f };
-    for (int32_t j = 0; j < n; j++) {
-        switch (kind) {
-        case 0: s[j] = uniform(-1.0f, 1.0f); break;
-        case 1: s[j] = (float)next_int(5) * 0.25f; break;
-        case 2: s[j] = next_int(3) == 0 ? odd[next_int(8)] : (float)next_int(4) - 1.5f; break;
-        default: s[j] = 0.125f; break;
-        }
-    }
-}
-
 // m lists back to back in scores (list i at off[i], n[i] entries, k[i] wanted), selected on
 // the device in one call; the CPU's set for each. d_scores: the scores already on the device,
 // or NULL to upload them.
@@ -247,12 +205,7 @@ static void test_select(int kind) {
 }
 
 int main(void) {
-    if (cuda_device_count() == 0) {
-        printf("test_cuda_policy: skipped: %s\n", cuda_unavailable_reason());
-        return CHECK_SKIP;
-    }
-    char desc[256];
-    if (cuda_device_describe(0, desc, sizeof(desc)) == PYKV_OK) printf("device: %s\n", desc);
+    if (!cuda_test_start("test_cuda_policy")) return CHECK_SKIP;
     CHECK(cuda_set_device(0) == PYKV_OK);
 
     const size_t row_bytes[] = { 4, 128, 272, 68, 34, 6, 3 };

@@ -26,7 +26,6 @@
 // volatile int64_t has the same size and alignment, so the struct's layout is the C one.
 #define _Atomic volatile
 extern "C" {
-#include "check.h"
 #include "core/threadpool.h"
 #include "kv/kv-cache.h"
 #include "kv/policies/common/window-scores.h"
@@ -38,28 +37,12 @@ extern "C" {
 #include "ggml-cuda/topk-radix.cuh"
 #include "ggml-cuda/window-math.cuh"
 
+#define CUDA_CHECK_SEED 0x2545F4914F6CDD1Dull
+#include "cuda-check.h"
+
 static_assert(CUDA_KV_F32 == KV_F32 && CUDA_KV_F16 == KV_F16 && CUDA_KV_Q8_0 == KV_Q8_0, "the formats' numbers");
 static_assert(WS_POOL_MAX == 0 && WS_POOL_AVG == 1 && WS_GQA_MEAN == 0 && WS_GQA_MAX == 1, "the option numbers");
 static_assert(WIN_MAX_D == PYKV_MAX_HEAD_DIM, "the longest head");
-
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint32_t next_u32(void) {
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static int next_int(int n) { return (int)(next_u32() % (uint32_t)n); }
-static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next_u32() & 0xFFFFFF) / 16777216.0f; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-static double nmse(const float *got, const float *want, size_t n) {
-    double err = 0.0, ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = (double)got[i] - (double)want[i];
-        err += e * e;
-        ref += (double)want[i] * want[i];
-    }
-    return ref > 0.0 ? err / ref : err;
-}
 
 // ---- top-k keys ----
 
@@ -140,20 +123,6 @@ static void check_select(const float *s, int32_t n, int32_t k) {
                                           (long long)n_want, (long long)n_got);
     free(want);
     free(got);
-}
-
-// Scores of kind: 0 uniform, 1 a few values (ties), 2 few values with NaN, inf, zeros of
-// both signs and subnormals, 3 all equal.
-static void fill_scores(float *s, int32_t n, int kind) {
-    const float odd[] = { NAN, -INFINITY, INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 1.0f };
-    for (int32_t j = 0; j < n; j++) {
-        switch (kind) {
-        case 0: s[j] = uniform(-1.0f, 1.0f); break;
-        case 1: s[j] = (float)next_int(5) * 0.25f; break;
-        case 2: s[j] = next_int(3) == 0 ? odd[next_int(8)] : (float)next_int(4) - 1.5f; break;
-        default: s[j] = 0.125f; break;
-        }
-    }
 }
 
 static void test_select(void) {

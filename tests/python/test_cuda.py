@@ -112,6 +112,38 @@ def test_layers_asked_of_a_missing_gpu_run_on_the_cpu(model_path):
         assert llm.kv_stats()["device_bytes"] == 0
 
 
+def _cli(*args):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "pykv", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_cli_gpu_flags(model_path):
+    """-ngl on generate gives the CPU's greedy text (on a GPU within the tolerance's near-ties,
+    which a tiny model's 8 greedy tokens do not meet); info names what goes to the GPU."""
+    path = model_path("llama_q8_0_h8kv2")
+    cpu = _cli("generate", path, "-p", "the cat", "-n", "8", "--temp", "0", "-t", "2", "--no-display-prompt")
+    gpu = _cli("generate", path, "-p", "the cat", "-n", "8", "--temp", "0", "-t", "2", "--no-display-prompt",
+               "-ngl", "99", "-mg", "0")
+    assert cpu.returncode == 0 and gpu.returncode == 0, gpu.stderr
+    assert gpu.stdout == cpu.stdout
+    info = _cli("info", path, "-ngl", "99")
+    assert info.returncode == 0, info.stderr
+    system = _cli("info", "--system")
+    if HAS_GPU:
+        assert "3 of 3 layers and the classifier on CUDA device 0" in info.stdout
+        assert "| GPU 0 = " in system.stdout and "GiB free of" in system.stdout
+    else:
+        assert "n_gpu_layers=99" in gpu.stderr and "every layer runs on the CPU" in gpu.stderr
+        assert "GPU offload (-ngl 99):\n  none: " in info.stdout
+        assert "CUDA = 0" in system.stdout
+
+
 def test_bad_gpu_arguments_are_clear_errors(model_path):
     path = model_path("llama_q8_0_h8kv2")
     with pytest.raises(pykv.InvalidArgumentError, match="n_gpu_layers must be an integer >= -1"):
