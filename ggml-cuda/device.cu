@@ -125,8 +125,7 @@ extern "C" void cuda_free_async(void *d_ptr, cuda_stream s) {
 extern "C" void cuda_pool_trim(void) {
     int dev = 0;
     cudaMemPool_t pool;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess &&
-        cudaDeviceSynchronize() == cudaSuccess)
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess)
         cudaMemPoolTrimTo(pool, 0);
     cudaGetLastError();
 }
@@ -170,7 +169,7 @@ extern "C" void cuda_host_free(void *p) {
 }
 
 extern "C" pykv_status cuda_graph_capture_begin(cuda_stream s) {
-    // relaxed: another thread's allocations (another context's cache growing) stay legal
+    // relaxed: other threads' allocations and frees (another context's cache) stay legal
     CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "starting a CUDA graph capture");
     return PYKV_OK;
 }
@@ -211,7 +210,9 @@ extern "C" void cuda_graph_free(cuda_graph exec) {
 
 extern "C" pykv_status cuda_stream_create(cuda_stream *s) {
     cudaStream_t st;
-    CUDA_TRY(cudaStreamCreate(&st), "creating a stream");
+    // non-blocking: no implicit order with the legacy default stream, which another thread
+    // may use (loading a model) while this stream records a graph
+    CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "creating a stream");
     *s = st;
     return PYKV_OK;
 }

@@ -28,7 +28,8 @@ void        cuda_free(void *d_ptr);                                      // NULL
 // Stream-ordered allocation from the device's memory pool (no device-wide wait, so a KV list
 // can grow between kernels cheaply): the memory may be used by work queued on s after the call,
 // and is freed once the work queued before cuda_free_async is done. Freed memory stays in the
-// pool for the next allocation until cuda_pool_trim gives it back.
+// pool for the next allocation until cuda_pool_trim gives back what no queued work still holds
+// (synchronise the streams that freed it first).
 pykv_status cuda_alloc_async(void **d_ptr, size_t bytes, cuda_stream s, const char *what);
 void        cuda_free_async(void *d_ptr, cuda_stream s);
 void        cuda_pool_trim(void);
@@ -53,6 +54,7 @@ pykv_status cuda_graph_capture_end(cuda_stream s, cuda_graph *exec);
 pykv_status cuda_graph_launch(cuda_graph exec, cuda_stream s);
 void        cuda_graph_free(cuda_graph exec);
 
+// A stream with no implicit order with the legacy default stream (non-blocking).
 pykv_status cuda_stream_create(cuda_stream *s);
 void        cuda_stream_destroy(cuda_stream s);
 pykv_status cuda_stream_sync(cuda_stream s);

@@ -103,6 +103,19 @@ static void test_case(int32_t type, const struct shape *sh) {
             ref[t * rows + r] = s;
         }
     if (few) cpu_twin(type, w, row_bytes, cols, rows, x, T, twin);
+    // The 8-bit path's bound: NMSE_Q8 against the exact product, or 1.5x the CPU's own 8-bit
+    // error where that is larger (a product of a few 32-value dots, whose error an NMSE bound
+    // meant for whole rows does not cover).
+    double q8_thr = NMSE_Q8;
+    if (few && !is_float_type(type)) {
+        double num = 0.0, den = 0.0;
+        for (int64_t i = 0; i < (int64_t)T * rows; i++) {
+            num += (twin[i] - ref[i]) * (twin[i] - ref[i]);
+            den += ref[i] * ref[i];
+        }
+        const double cpu_err = den > 0.0 ? num / den : num;
+        if (1.5 * cpu_err > q8_thr) q8_thr = 1.5 * cpu_err;
+    }
 
     void *d_w = NULL, *d_work = NULL;
     float *d_x = NULL, *d_out = NULL;
@@ -120,7 +133,7 @@ static void test_case(int32_t type, const struct shape *sh) {
     if (few) {
         ok(cuda_memset(d_out, 0xFF, out_bytes, NULL), "memset");
         cuda_matvec_q8(NULL, d_out, d_w, type, cols, rows, d_x, T, d_work);
-        run_path("matvec_q8", type, sh, d_out, out, ref, is_float_type(type) ? NMSE_FLOAT : NMSE_Q8);
+        run_path("matvec_q8", type, sh, d_out, out, ref, is_float_type(type) ? NMSE_FLOAT : q8_thr);
         const double e = nmse_d(out, twin, (int64_t)T * rows);
         if (!(e <= NMSE_TWIN)) printf("      matvec_q8 vs the CPU's %s dot: NMSE %.3e  FAIL\n", is_float_type(type) ? "float" : "q8", e);
         CHECK(e <= NMSE_TWIN);
@@ -132,7 +145,7 @@ static void test_case(int32_t type, const struct shape *sh) {
     ok(cuda_memset(d_out, 0xFF, out_bytes, NULL), "memset");
     cuda_matmul(NULL, d_out, d_w, type, cols, rows, d_x, T, d_work);
     run_path("matmul", type, sh, d_out, out, ref,
-             T > CUDA_MATVEC_MAX_T ? NMSE_MMA : is_float_type(type) ? NMSE_FLOAT : NMSE_Q8);
+             T > CUDA_MATVEC_MAX_T ? NMSE_MMA : is_float_type(type) ? NMSE_FLOAT : q8_thr);
 
 done:
     cuda_free(d_w);

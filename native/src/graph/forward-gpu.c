@@ -62,10 +62,9 @@ static const char *gpu_refusal(const pykv_context *ctx, char *buf, size_t cap) {
                  "layer on the CPU", ops->name);
     else if (ctx->buf.matmul.exact)
         snprintf(buf, cap, "exact_matmul runs on the CPU: this context runs every layer there");
-    else if (hp->n_head_kv > CUDA_MAX_KV_HEADS || hp->head_dim > GPU_MAX_HEAD_DIM || hp->head_dim % 32 != 0)
-        snprintf(buf, cap, "the CUDA kernels take up to %d KV heads of up to %d values (a multiple of 32); this "
-                 "model has %d of %d: every layer runs on the CPU", CUDA_MAX_KV_HEADS, GPU_MAX_HEAD_DIM,
-                 hp->n_head_kv, hp->head_dim);
+    else if (hp->n_head_kv > CUDA_MAX_KV_HEADS || hp->head_dim > GPU_MAX_HEAD_DIM)
+        snprintf(buf, cap, "the CUDA kernels take up to %d KV heads of up to %d values; this model has %d of %d: "
+                 "every layer runs on the CPU", CUDA_MAX_KV_HEADS, GPU_MAX_HEAD_DIM, hp->n_head_kv, hp->head_dim);
     else
         return NULL;
     return buf;
@@ -141,19 +140,19 @@ pykv_status gpu_run_init(pykv_context *ctx) {
     g->h_cs = g->h_x + hp->n_embd;
     g->h_lens = (int32_t *)(g->h_cs + hp->n_rot);
     ctx->gpu = g;
-    kv_cache_set_device(&ctx->cache, g->first_layer, mg->device);
+    kv_cache_set_device(&ctx->cache, g->first_layer, mg->device, g->stream);
     return PYKV_OK;
 }
 
 void gpu_run_free(pykv_context *ctx) {
     struct gpu_run *g = ctx->gpu;
     if (!g) return;
-    cuda_stream_sync(g->stream);
+    cuda_stream_sync(g->stream);   // the lists' memory, freed on the stream, is back in the pool
+    cuda_pool_trim();              // and goes back to the device
     cuda_graph_free(g->graph);
     cuda_stream_destroy(g->stream);
     cuda_host_free(g->h_x);
     cuda_free(g->arena);
-    cuda_pool_trim();   // the memory the cache's lists were freed into goes back to the device
     free(g);
     ctx->gpu = NULL;
 }

@@ -68,10 +68,10 @@ static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t c
 static pykv_status device_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
     const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
     c->device_moves++;   // even a failed resize may have moved the keys
-    PYKV_TRY(kv_device_resize(c->device, &l->k, (size_t)l->cap * kb, (size_t)cap * kb));
-    pykv_status st = kv_device_resize(c->device, &l->v, (size_t)l->cap * vb, (size_t)cap * vb);
+    PYKV_TRY(kv_device_resize(c->device, c->device_stream, &l->k, (size_t)l->cap * kb, (size_t)cap * kb));
+    pykv_status st = kv_device_resize(c->device, c->device_stream, &l->v, (size_t)l->cap * vb, (size_t)cap * vb);
     if (st != PYKV_OK) {   // k already has the new size: bring it back so both agree with cap
-        kv_device_resize(c->device, &l->k, (size_t)cap * kb, (size_t)l->cap * kb);
+        kv_device_resize(c->device, c->device_stream, &l->k, (size_t)cap * kb, (size_t)l->cap * kb);
         return st;
     }
     c->device_bytes += (int64_t)(cap - l->cap) * (int64_t)(kb + vb);
@@ -242,15 +242,16 @@ void kv_list_push_positions(struct kv_list *l, int32_t pos0, int32_t T) {
     l->n += T;
 }
 
-void kv_cache_set_device(struct kv_cache *c, int first_layer, int device) {
+void kv_cache_set_device(struct kv_cache *c, int first_layer, int device, void *stream) {
     c->device = device;
+    c->device_stream = stream;
     for (int i = first_layer * c->n_head_kv; i < c->n_layer * c->n_head_kv; i++) c->lists[i].on_device = 1;
 }
 
 pykv_status kv_list_read_rows(const struct kv_cache *c, const struct kv_list *l, int values, int32_t n, void *dst) {
     const size_t bytes = (size_t)n * (values ? kv_cache_value_bytes(c) : kv_cache_key_bytes(c));
     const void *src = values ? l->v : l->k;
-    if (l->on_device) return kv_device_read(dst, src, bytes);
+    if (l->on_device) return kv_device_read(c->device_stream, dst, src, bytes);
     if (bytes) memcpy(dst, src, bytes);
     return PYKV_OK;
 }
@@ -258,7 +259,7 @@ pykv_status kv_list_read_rows(const struct kv_cache *c, const struct kv_list *l,
 pykv_status kv_list_write_rows(const struct kv_cache *c, struct kv_list *l, int values, int32_t n, const void *src) {
     const size_t bytes = (size_t)n * (values ? kv_cache_value_bytes(c) : kv_cache_key_bytes(c));
     void *dst = values ? l->v : l->k;
-    if (l->on_device) return kv_device_write(dst, src, bytes);
+    if (l->on_device) return kv_device_write(c->device_stream, dst, src, bytes);
     if (bytes) memcpy(dst, src, bytes);
     return PYKV_OK;
 }

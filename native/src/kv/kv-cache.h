@@ -95,6 +95,7 @@ struct kv_cache {
     _Atomic int64_t merged;
     _Atomic int64_t device_bytes;   // the part of bytes in GPU memory (device lists' keys and values)
     int32_t         device;         // the CUDA device of the device lists
+    void           *device_stream;  // the context's stream (a cuda_stream) their memory work runs on
     int64_t         device_moves;   // counts the device lists' reallocations (a recorded decode
                                     // step holds their addresses: forward-gpu.c)
 };
@@ -158,8 +159,9 @@ void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const f
 void kv_list_push_positions(struct kv_list *l, int32_t pos0, int32_t T);
 
 // Keep the keys and values of every list of layers [first_layer, n_layer) in the memory of
-// CUDA device `device`. The cache must be empty.
-void kv_cache_set_device(struct kv_cache *c, int first_layer, int device);
+// CUDA device `device`, allocated, copied and freed in order on `stream` (a cuda_stream, the
+// context's). The cache must be empty.
+void kv_cache_set_device(struct kv_cache *c, int first_layer, int device, void *stream);
 // Copy n entries' keys (values = 0) or values (values = 1) of a list, wherever they are
 // stored, from or to host memory (saved states).
 pykv_status kv_list_read_rows(const struct kv_cache *c, const struct kv_list *l, int values, int32_t n, void *dst);

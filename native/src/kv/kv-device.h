@@ -7,9 +7,10 @@
 #include <stddef.h>
 #include "pykv.h"
 
+// All three run on the context's stream s (a cuda_stream), after the kernels queued there.
 // *p becomes a buffer of new_bytes on CUDA device `device` holding the first min(old_bytes, new_bytes) bytes
 // of the old one (freed); new_bytes == 0 frees it and sets *p to NULL. On failure *p is
 // unchanged.
-pykv_status kv_device_resize(int device, void **p, size_t old_bytes, size_t new_bytes);
-pykv_status kv_device_read(void *dst, const void *d_src, size_t bytes);
-pykv_status kv_device_write(void *d_dst, const void *src, size_t bytes);
+pykv_status kv_device_resize(int device, void *s, void **p, size_t old_bytes, size_t new_bytes);
+pykv_status kv_device_read(void *s, void *dst, const void *d_src, size_t bytes);
+pykv_status kv_device_write(void *s, void *d_dst, const void *src, size_t bytes);
