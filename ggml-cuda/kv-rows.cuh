@@ -30,25 +30,6 @@ static __host__ __device__ __forceinline__ int kv_row_units(int fmt, int d) {
     return fmt == CUDA_KV_Q8_0 ? d / CUDA_KV_Q8_BLOCK : d;
 }
 
-static __host__ __device__ __forceinline__ uint32_t kv_f32_bits(float f) {
-#ifdef __CUDA_ARCH__
-    return (uint32_t)__float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-static __host__ __device__ __forceinline__ float kv_bits_f32(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
 // Correctly rounded float arithmetic on both sides: the device code is compiled with
 // --use_fast_math, where `/` is an approximation and a multiply may fuse into an add.
 static __host__ __device__ __forceinline__ float kv_div_rn(float a, float b) {
@@ -70,7 +51,7 @@ static __host__ __device__ __forceinline__ float kv_mul_rn(float a, float b) {
 // a quiet NaN with the top of its payload, >= 65520 becomes inf. Subnormal halves by integer
 // rounding (the same value the CPU's float-add trick gives; no denormal floats involved).
 static __host__ __device__ __forceinline__ uint16_t kv_f32_to_f16_bits(float f) {
-    const uint32_t x = kv_f32_bits(f);
+    const uint32_t x = f32_bits(f);
     const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     uint32_t a = x & 0x7FFFFFFFu;
     if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));

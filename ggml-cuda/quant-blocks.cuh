@@ -94,16 +94,7 @@ static __host__ __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) { r
 
 static __host__ __device__ __forceinline__ float f16_at(const uint8_t *p) { return f16_bits_to_float(ld_u16(p)); }
 
-static __host__ __device__ __forceinline__ float bf16_bits_to_float(uint16_t h) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float((uint32_t)h << 16);
-#else
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
+static __host__ __device__ __forceinline__ float bf16_bits_to_float(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
 // sum over the 4 bytes of sign-extended a[i] * b[i], plus c.
 static __host__ __device__ __forceinline__ int dp4a(int a, int b, int c) {

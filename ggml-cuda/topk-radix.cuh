@@ -18,7 +18,7 @@
 // The float's bits mapped so that unsigned order is score order: NaN as -inf, -0 as +0,
 // then negative values with every bit flipped, the others with the sign bit set.
 static __host__ __device__ __forceinline__ uint32_t topk_order_bits(float s) {
-    uint32_t u = kv_f32_bits(s);
+    uint32_t u = f32_bits(s);
     const uint32_t a = u & 0x7FFFFFFFu;
     if (a > 0x7F800000u) u = 0xFF800000u;   // NaN: -inf
     else if (a == 0) u = 0;                 // -0: +0

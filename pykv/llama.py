@@ -215,10 +215,9 @@ class Llama:
         mparams = new_params("struct pykv_model_params", lib.pykv_model_default_params)
         mparams.use_mmap = int(bool(use_mmap))
         mparams.vocab_only = int(bool(vocab_only))
-        for name, value in (("n_gpu_layers", n_gpu_layers), ("main_gpu", main_gpu)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (-1 if name == "n_gpu_layers" else 0):
-                raise errors.InvalidArgumentError(
-                    f"{name} must be an integer >= {-1 if name == 'n_gpu_layers' else 0}, got {value!r}")
+        for name, value, least in (("n_gpu_layers", n_gpu_layers, -1), ("main_gpu", main_gpu, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise errors.InvalidArgumentError(f"{name} must be an integer >= {least}, got {value!r}")
         mparams.n_gpu_layers = n_gpu_layers
         mparams.main_gpu = main_gpu
         out = ffi.new("pykv_model **")
