@@ -1,7 +1,9 @@
 // kv-gather.cu - rows of a KV list picked by index into another buffer: dst row j = src row
 // keep[j] (twin: kv_compact_rows of native/src/kv/kv-cache.c on a copy). A thread per copy
 // unit, the widest of 16, 4, 2 or 1 bytes that divides the row and the two pointers' alignment,
-// over the flat (row, unit) range in a grid-stride loop.
+// over the flat (row, unit) range in a grid-stride loop. And rows moved towards the front of
+// their own buffer (cuda_move_rows): one block stages each piece of a move in shared memory,
+// every load before any store, so overlapping ranges move as memmove moves them.
 #include "common.cuh"
 #include "policy-kernels.h"
 
@@ -36,4 +38,37 @@ extern "C" void cuda_gather_rows(cuda_stream s, void *dst, const void *src, size
     else if (a % 4 == 0) gather_launch<uint32_t>(s, dst, src, row_bytes, d_keep, n_keep);
     else if (a % 2 == 0) gather_launch<uint16_t>(s, dst, src, row_bytes, d_keep, n_keep);
     else gather_launch<uint8_t>(s, dst, src, row_bytes, d_keep, n_keep);
+}
+
+#define MOVE_THREADS 256
+#define MOVE_STAGE_BYTES (16 * 1024)
+
+// Pieces of at most MOVE_STAGE_BYTES: a piece's source rows lie at or after its destination
+// rows and after every earlier piece's destination, so loading it whole before storing it
+// never reads a row already overwritten.
+template <class U>
+static __global__ void __launch_bounds__(MOVE_THREADS)
+move_rows_kernel(U *base, int64_t units, struct cuda_row_moves m) {
+    __shared__ U stage[MOVE_STAGE_BYTES / sizeof(U)];
+    const int64_t piece_rows = (int64_t)(MOVE_STAGE_BYTES / sizeof(U)) / units;
+    for (int i = 0; i < m.n; i++) {
+        for (int64_t r0 = 0; r0 < m.len[i]; r0 += piece_rows) {
+            const int64_t rows = m.len[i] - r0 < piece_rows ? m.len[i] - r0 : piece_rows, n = rows * units;
+            const U *src = base + ((int64_t)m.src[i] + r0) * units;
+            U *dst = base + ((int64_t)m.dst[i] + r0) * units;
+            for (int64_t u = threadIdx.x; u < n; u += MOVE_THREADS) stage[u] = src[u];
+            __syncthreads();
+            for (int64_t u = threadIdx.x; u < n; u += MOVE_THREADS) dst[u] = stage[u];
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" void cuda_move_rows(cuda_stream s, void *d_base, size_t row_bytes, const struct cuda_row_moves *m) {
+    if (m->n <= 0 || row_bytes == 0 || row_bytes > MOVE_STAGE_BYTES) return;
+    const uintptr_t a = (uintptr_t)d_base | (uintptr_t)row_bytes;
+    if (a % 16 == 0) move_rows_kernel<uint4><<<1, MOVE_THREADS, 0, s>>>((uint4 *)d_base, (int64_t)(row_bytes / 16), *m);
+    else if (a % 4 == 0) move_rows_kernel<uint32_t><<<1, MOVE_THREADS, 0, s>>>((uint32_t *)d_base, (int64_t)(row_bytes / 4), *m);
+    else if (a % 2 == 0) move_rows_kernel<uint16_t><<<1, MOVE_THREADS, 0, s>>>((uint16_t *)d_base, (int64_t)(row_bytes / 2), *m);
+    else move_rows_kernel<uint8_t><<<1, MOVE_THREADS, 0, s>>>((uint8_t *)d_base, (int64_t)row_bytes, *m);
 }

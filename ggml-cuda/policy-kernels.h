@@ -1,7 +1,7 @@
 // policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
-// gathering kept rows, the observation-window scores of the SnapKV family and top-k
-// selection. Each launcher enqueues its work on stream s and returns at once (launch errors
-// surface at cuda_check or the next synchronising call). Pointers named d_* and every
+// gathering and moving kept rows, the observation-window scores of the SnapKV family, value
+// norms and top-k selection. Each launcher enqueues its work on stream s and returns at once
+// (launch errors surface at cuda_check or the next synchronising call). Pointers named d_* and every
 // array argument not said to be host memory are device memory. Each kernel has a CPU twin
 // (named below); tests/c/test_cuda_policy.c compares them, tests/c/test_cuda_policy_host.cu
 // checks the per-element math on the host.
@@ -15,13 +15,25 @@
 extern "C" {
 #endif
 
-// ---- row gather (kv-gather.cu) ----
+// ---- row gather and moves (kv-gather.cu) ----
 // Row j of dst = row keep[j] of src for j < n_keep, rows of row_bytes bytes (any size: keys
 // and values in their stored format, 4-byte positions). Out of place: dst and src must not
 // overlap; keep may hold any in-range indices in any order. Twin: kv_compact_rows applied to
 // a copy of src (whose keep must be ascending).
 void cuda_gather_rows(cuda_stream s, void *dst, const void *src, size_t row_bytes, const int32_t *d_keep,
                       int32_t n_keep);
+
+// Moves of rows inside one buffer, done in order: move i copies len[i] rows from row src[i]
+// to row dst[i], with dst[i] <= src[i] (rows only move towards the front, as compaction moves
+// them; the ranges may overlap). A decode step's eviction from a list that keeps its room:
+// a few runs, in place, with no index array to upload. Twin: kv_compact_rows and kv_drop_row,
+// whose memmoves these are.
+#define CUDA_MAX_ROW_MOVES 8
+struct cuda_row_moves {
+    int32_t n;   // moves, at most CUDA_MAX_ROW_MOVES
+    int32_t dst[CUDA_MAX_ROW_MOVES], src[CUDA_MAX_ROW_MOVES], len[CUDA_MAX_ROW_MOVES];
+};
+void cuda_move_rows(cuda_stream s, void *d_base, size_t row_bytes, const struct cuda_row_moves *m);
 
 // ---- observation-window scores (window-scores.cu) ----
 // Twin: ws_stats_compute and ws_layer_scores (native/src/kv/policies/common/window-scores.c),
@@ -43,6 +55,13 @@ struct cuda_window_args {
     int32_t pool;      // enum ws_pool: 0 max, 1 avg
     int32_t kernel;    // odd pooling kernel, >= 1 (1: no pooling)
     int32_t gqa;       // enum ws_gqa: 0 mean, 1 max
+    // NULL: the window's causal rule above. Else (device, rows * n_head_kv) row r of KV head g
+    // sees its first vis[r * n_head_kv + g] entries (TAKE's probe, causal by position), every
+    // entry is a candidate (protect must be 0), and a row adds 0 for an entry it does not see.
+    const int32_t *vis;
+    // NULL, or (device, total * G doubles, laid out as mean) per candidate and query head the
+    // sum over the rows of p log(p + 1e-10): CAKE's attention entropy, summed by the host.
+    double        *ent;
 };
 
 // Output layout (host memory in, host memory out): n_cand[g] and offset_kv[g] (either may be
@@ -59,11 +78,18 @@ size_t cuda_window_work_bytes(const struct cuda_kv_layer *layer, const struct cu
 // scores: total floats (per KV head, ws_layer_scores); NULL skips the reduce and pooling.
 // mean: NULL, or total * G floats (per query head, ws_stats.mean); NULL keeps it in work.
 // var: NULL (not computed), or total * G floats (ws_stats.var). q: (T, n_head, head_dim).
-// Does nothing for arguments out of range (rows < 1 or > T or > protect, an even or < 1
+// Does nothing for arguments out of range (rows < 1 or > T, > protect without vis, an even or < 1
 // kernel, head_dim > 512 or not a multiple of 32 for q8_0 keys, n_head not a multiple of
 // n_head_kv).
 void cuda_window_scores(cuda_stream s, const struct cuda_kv_layer *layer, const float *q,
                         const struct cuda_window_args *a, float *scores, float *mean, float *var, void *work);
+
+// ---- value norms (value-norms.cu) ----
+// out[g] = the largest L1 norm (sum of |v_i| in index order) among values 0 .. rows[g] - 1
+// of list g of the layer, 0 when there are none; NaN norms are passed over. rows: host
+// memory, one per KV head; out: n_head_kv floats. Twin: ws_value_l1_max (window-scores.c),
+// equal bit for bit.
+void cuda_value_l1_max(cuda_stream s, const struct cuda_kv_layer *layer, const int32_t *rows, float *out);
 
 // ---- top-k selection (topk.cu) ----
 // For each of m lists: list i is scores[off[i] .. off[i] + n[i]); its k = clamp(k[i], 0, n[i])

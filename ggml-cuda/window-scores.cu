@@ -10,7 +10,8 @@
 //     tiles in tile order -> ml (n_head, rows).
 //  3. stats_kernel, grid (tile of WIN_TJ candidates, query head): the same logits again, the
 //     probabilities exp(x - M) / sum, and per candidate (a thread each) Welford's mean and
-//     variance over the rows in row order -> mean, var (the ws_stats layout).
+//     variance over the rows in row order -> mean, var (the ws_stats layout), and if asked
+//     the sum of p log(p + 1e-10) -> ent.
 //  4. reduce_kernel then pool_kernel, grid (candidates, KV head): GQA reduce of the means,
 //     then pooling -> scores (per KV head).
 #include "common.cuh"
@@ -25,10 +26,12 @@ struct win_params {
     int32_t      n_cand[CUDA_MAX_KV_HEADS];
     int64_t      offset_kv[CUDA_MAX_KV_HEADS];
     const float *q;
+    const int32_t *vis;     // (rows, n_head_kv) or NULL (cuda_window_args.vis)
     float2      *part;      // (n_head, rows, n_tiles): per tile (max, sum of exp)
     float2      *ml;        // (n_head, rows): (M, 1 / L)
     float       *mean;      // total * group
     float       *var;       // total * group, or NULL
+    double      *ent;       // total * group, or NULL (cuda_window_args.ent)
     float       *reduced;   // total: the GQA reduce before pooling
     float       *scores;    // total
     int32_t      n_head, group, T, rows, n_tiles;
@@ -54,6 +57,11 @@ static __device__ __forceinline__ void tile_logits(const struct win_params &p, i
     }
 }
 
+// The entries window row r of KV head g sees.
+static __device__ __forceinline__ int32_t row_visible(const struct win_params &p, int g, int r) {
+    return p.vis ? p.vis[(size_t)r * p.layer.n_head_kv + g] : win_visible(p.layer.n[g], p.rows, r);
+}
+
 static __global__ void __launch_bounds__(WIN_THREADS) partial_kernel(const struct win_params p) {
     __shared__ float P[WIN_RC][WIN_TJ];
     const int h = blockIdx.y, g = h / p.group, tile = blockIdx.x;
@@ -68,7 +76,7 @@ static __global__ void __launch_bounds__(WIN_THREADS) partial_kernel(const struc
         __syncthreads();
         for (int rr = warp; rr < rc; rr += WIN_THREADS / CUDA_WARP) {
             const int r = r0 + rr;
-            const int vis = min(kt, win_visible(n, p.rows, r) - j0);   // entries of the tile row r sees
+            const int vis = min(kt, row_visible(p, g, r) - j0);   // entries of the tile row r sees
             float m = -INFINITY;
             for (int jl = lane; jl < vis; jl += CUDA_WARP) m = fmaxf(m, P[rr][jl]);
             m = warp_max(m);
@@ -87,8 +95,8 @@ static __global__ void __launch_bounds__(WIN_FLAT_THREADS) combine_kernel(const 
     if (i >= (int64_t)p.n_head * p.rows) return;
     const int h = (int)(i / p.rows), r = (int)(i % p.rows), g = h / p.group;
     if (p.n_cand[g] <= 0) return;
-    const int32_t vis = win_visible(p.layer.n[g], p.rows, r);
-    const int n_tiles = (vis + WIN_TJ - 1) / WIN_TJ;   // every one of them has an entry row r sees
+    const int32_t vis = row_visible(p, g, r);
+    const int n_tiles = vis > 0 ? (vis + WIN_TJ - 1) / WIN_TJ : 0;   // every one of them has an entry row r sees
     float M, L;
     win_combine(p.part + (size_t)i * p.n_tiles, n_tiles, &M, &L);
     p.ml[i] = make_float2(M, L > 0.0f ? kv_div_rn(1.0f, L) : 0.0f);
@@ -103,15 +111,18 @@ static __global__ void __launch_bounds__(WIN_THREADS) stats_kernel(const struct 
     const int kt = min(WIN_TJ, nc - j0);
     const int jl = threadIdx.x;
     const float2 *ml = p.ml + (size_t)h * p.rows;
-    double mu = 0.0, m2 = 0.0;
+    double mu = 0.0, m2 = 0.0, ent = 0.0;
     for (int r0 = 0; r0 < p.rows; r0 += WIN_RC) {
         const int rc = min(WIN_RC, p.rows - r0);
         tile_logits(p, h, p.layer.k[g], j0, kt, r0, rc, P);
         __syncthreads();
-        if (jl < kt)   // a candidate: every window row sees it (rows <= protect)
+        if (jl < kt)   // a candidate: every window row sees it (rows <= protect), or with vis the rows that do
             for (int rr = 0; rr < rc; rr++) {
                 const float2 f = ml[r0 + rr];
-                win_welford(&mu, &m2, win_prob(P[rr][jl], f.x, f.y), r0 + rr + 1);
+                const int seen = !p.vis || j0 + jl < row_visible(p, g, r0 + rr);
+                const float prob = seen ? win_prob(P[rr][jl], f.x, f.y) : 0.0f;
+                win_welford(&mu, &m2, prob, r0 + rr + 1);
+                if (p.ent) ent += (double)prob * log((double)prob + 1e-10);
             }
         __syncthreads();
     }
@@ -119,6 +130,7 @@ static __global__ void __launch_bounds__(WIN_THREADS) stats_kernel(const struct 
     const int64_t at = p.offset_kv[g] * p.group + (int64_t)(h - g * p.group) * nc + j0 + jl;
     p.mean[at] = (float)mu;
     if (p.var) p.var[at] = win_variance(m2, p.rows);
+    if (p.ent) p.ent[at] = ent;
 }
 
 // grid (candidate tiles, KV head); out: p.reduced, or p.scores directly when kernel is 1.
@@ -164,7 +176,8 @@ static int win_valid(const struct cuda_kv_layer *layer, const struct cuda_window
     const int d = layer->head_dim, n_kv = layer->n_head_kv;
     if (n_kv <= 0 || n_kv > CUDA_MAX_KV_HEADS || a->n_head <= 0 || a->n_head % n_kv != 0) return 0;
     if (d <= 0 || d > WIN_MAX_D || (layer->fmt_k == CUDA_KV_Q8_0 && d % CUDA_KV_Q8_BLOCK != 0)) return 0;
-    if (a->rows < 1 || a->rows > a->T || a->rows > a->protect) return 0;
+    if (a->rows < 1 || a->rows > a->T) return 0;
+    if (a->vis ? a->protect != 0 : a->rows > a->protect) return 0;
     return a->kernel >= 1 && a->kernel % 2 == 1;
 }
 
@@ -208,10 +221,12 @@ extern "C" void cuda_window_scores(cuda_stream s, const struct cuda_kv_layer *la
     cuda_window_layout(layer, a->protect, p.n_cand, p.offset_kv);
     char *w = (char *)work;
     p.q = q;
+    p.vis = a->vis;
     p.part = (float2 *)(w + pl.part_at);
     p.ml = (float2 *)(w + pl.ml_at);
     p.mean = mean ? mean : (float *)(w + pl.mean_at);
     p.var = var;
+    p.ent = a->ent;
     p.reduced = (float *)(w + pl.reduced_at);
     p.scores = scores;
     p.n_head = a->n_head;

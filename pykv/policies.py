@@ -27,7 +27,8 @@ def policy_info() -> list:
     options (its policy arguments and their defaults), choose (when to choose it), the
     default budget (default_budget_frac of the prompt, at least default_budget_min entries),
     budget_floor (the least a share budget becomes), evicts, evicts_while_reading (n_ctx then
-    bounds the cache, not the prompt) and evicts_every_step (decoding keeps the budget)."""
+    bounds the cache, not the prompt), evicts_every_step (decoding keeps the budget) and
+    runs_on_gpu (it runs with the layers on a GPU; without, n_gpu_layers leaves them on the CPU)."""
     from ._ffi import check, new_params
     out = []
     for i in range(lib.pykv_policy_count()):
@@ -44,6 +45,7 @@ def policy_info() -> list:
             "evicts": bool(info.evicts),
             "evicts_while_reading": bool(info.evicts_while_reading),
             "evicts_every_step": bool(info.evicts_every_step),
+            "runs_on_gpu": bool(info.runs_on_gpu),
         })
     return out
 

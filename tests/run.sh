@@ -37,7 +37,7 @@ cmake -S . -B "$CUDA_BUILD" -DPYKV_CUDA=ON -DPYKV_BUILD_TESTS=ON -DCMAKE_CUDA_CO
 cmake --build "$CUDA_BUILD" -j "$JOBS"
 (cd "$CUDA_BUILD" && ctest --output-on-failure -j "$JOBS" -R cuda)
 PYKV_LIBRARY="$PWD/$CUDA_BUILD/libpykv.so" "$PYTHON" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py \
-    tests/python/test_compat.py tests/python/test_forward_tiny.py
+    tests/python/test_cuda_policies.py tests/python/test_compat.py tests/python/test_forward_tiny.py
 
 echo "==> damaged models, saved states and grammars through the C API (ASan + UBSan, tiny models)"
 # Seeded mutations (tests/c/fuzz_inputs.c): most iterations must end in a clean error, the rest

@@ -40,7 +40,7 @@ extern "C" {
 
 /* --- cffi begin --- */
 
-#define PYKV_ABI_VERSION 6
+#define PYKV_ABI_VERSION 7
 #define PYKV_DEFAULT_SEED 4294967295
 
 typedef int32_t pykv_token;
@@ -403,6 +403,8 @@ struct pykv_policy_info {
     int32_t     evicts;               /* 0 for `full` (a budget is an error) */
     int32_t     evicts_while_reading; /* 1: evicts after every prefill chunk by itself (take) */
     int32_t     evicts_every_step;    /* 1: decode steps evict too (the cache stays at the budget) */
+    int32_t     runs_on_gpu;          /* 1: scores and evicts with the layers on a GPU (n_gpu_layers);
+                                         0: a context with it runs every layer on the CPU */
 };
 PYKV_API pykv_status pykv_policy_get_info(int32_t i, struct pykv_policy_info *info);
 

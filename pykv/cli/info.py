@@ -57,8 +57,12 @@ def _print_system() -> None:
 def _policy_lines(info: dict) -> list:
     """What `pykv info --policies` says of one policy, after its name and description."""
     from ..policies import default_budget_text
+    if not info["runs_on_gpu"]:
+        gpu = "GPU: no; with -ngl a context keeps every layer on the CPU"
+    else:
+        gpu = "GPU: runs with the layers on the GPU (-ngl)" + (", scoring and evicting there" if info["evicts"] else "")
     if not info["evicts"]:
-        return [f"choose: {info['choose']}"]
+        return [f"choose: {info['choose']}", gpu]
     reading = ("yes: it evicts after every prefill chunk, so -c bounds the cache, not the prompt"
                if info["evicts_while_reading"] else "with evict_every_chunk=1 (--evict-every-chunk)")
     return [f"options: {info['options']}",
@@ -66,6 +70,7 @@ def _policy_lines(info: dict) -> list:
             f"{info['budget_floor']} entries or the policy's window",
             f"decode: {'evicts every step (the cache stays at the budget)' if info['evicts_every_step'] else 'the cache grows'}; "
             f"prompts longer than -c: {reading}",
+            gpu,
             f"choose: {info['choose']}"]
 
 

@@ -4,6 +4,13 @@
 //  * cuda_gather_rows vs kv_compact_rows on a copy: rows of 4 (positions), 128 (f16, head 64),
 //    272 (q8_0, head 128), 68, 34, 6 and 3 bytes, a misaligned destination, 1 to 70000 rows,
 //    keep lists of every row, none but one, random subsets; equal bytes;
+//  * cuda_move_rows vs kv_drop_row (one row, tails 0 to 40) and kv_compact_rows (random
+//    subsets, many launches of runs), rows of 3 bytes to 2 KiB; equal bytes;
+//  * cuda_window_scores with per-row limits (vis) vs take_layer_scores (TAKE's probe, rows
+//    after the list or causal at its end), the means vs ws_softmax_row's rows averaged, the
+//    entropy terms vs sum p log(p + 1e-10); one row (a decode step's attention); NMSE <= 1e-6;
+//  * cuda_value_l1_max vs ws_value_l1_max: values f32, f16, q8_0, head_dim 64 and 128, up
+//    to 8 lists of up to 3000 rows, no candidates to all; equal bits;
 //  * cuda_window_scores vs ws_stats_compute (mean, variance) and ws_layer_scores: keys f32,
 //    f16, q8_0; head_dim 64 and 128; GQA groups 1, 3, 4; ragged lists from 1 to 20000 entries
 //    (one without candidates), rows < protect < T, rows past one chunk of 32, pool max and
@@ -22,10 +29,20 @@
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-cache.h"
 #include "kv/policies/common/window-scores.h"
+#include "kv/policies/take/take-score.h"
+#include "cpu/attention.h"
 #include "model/model.h"
 
 #define CUDA_CHECK_SEED 0x9E3779B97F4A7C15ull
 #include "cuda-check.h"
+
+// A layer of n_kv lists of head size d stored as fmt, every list empty.
+static void empty_layer(struct cuda_kv_layer *layer, int n_kv, int d, int fmt) {
+    memset(layer, 0, sizeof(*layer));
+    layer->n_head_kv = n_kv;
+    layer->head_dim = d;
+    layer->fmt_k = layer->fmt_v = fmt;
+}
 
 // ---- gather ----
 
@@ -51,6 +68,51 @@ static void test_gather(size_t row_bytes, int32_t n, int kind, int misalign) {
     free(src); free(want); free(got); free(keep);
 }
 
+// ---- moves in place ----
+
+// A decode step's eviction, as kv_list_retain and kv_list_drop send it: kind 0 drops one row
+// keeping the last `tail` in order (kv_drop_row), kind 1 drops a random ascending few (the
+// runs of kv_compact_rows, more than one launch's worth when many), on a buffer whose rows
+// move at most MOVE_STAGE_BYTES at a time, so large rows and long runs take several pieces.
+static void test_move(size_t row_bytes, int32_t n, int kind, int32_t tail) {
+    const size_t bytes = (size_t)n * row_bytes;
+    unsigned char *buf = malloc(bytes), *want = malloc(bytes), *got = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) buf[i] = (unsigned char)next_u32();
+    memcpy(want, buf, bytes);
+    struct cuda_row_moves m = { 0 };
+    int32_t *keep = malloc((size_t)n * sizeof(int32_t)), n_keep = 0;
+    if (kind == 0) {
+        const int32_t j = next_int(n), h = n - tail > j + 1 ? n - tail : j + 1;
+        kv_drop_row(want, row_bytes, n, j, tail);
+        if (h - 1 > j) m = (struct cuda_row_moves){ .n = 1, .dst = { j }, .src = { h - 1 }, .len = { 1 } };
+        m.dst[m.n] = h - 1; m.src[m.n] = h; m.len[m.n] = n - h; m.n++;
+    } else {
+        for (int32_t j = 0; j < n; j++) if (next_int(8) != 0 || j == 0) keep[n_keep++] = j;
+        kv_compact_rows(want, row_bytes, keep, n_keep);
+    }
+    unsigned char *d = dev_upload(buf, bytes);
+    if (kind == 0) cuda_move_rows(NULL, d, row_bytes, &m);
+    for (int32_t j = 0, launches = 0; kind == 1 && j < n_keep; launches++) {   // runs, CUDA_MAX_ROW_MOVES a launch
+        m.n = 0;
+        for (; j < n_keep && m.n < CUDA_MAX_ROW_MOVES; j++) {
+            int32_t end = j + 1;
+            while (end < n_keep && keep[end] - end == keep[j] - j) end++;
+            if (keep[j] != j) {
+                m.dst[m.n] = j; m.src[m.n] = keep[j]; m.len[m.n] = end - j; m.n++;
+            }
+            j = end - 1;
+        }
+        cuda_move_rows(NULL, d, row_bytes, &m);
+    }
+    dev_download(got, d, bytes);
+    const size_t cmp = (size_t)(kind == 0 ? n - 1 : n_keep) * row_bytes;
+    const int same = memcmp(got, want, cmp) == 0;
+    printf("move row_bytes=%zu n=%d kind=%d tail=%d: %s\n", row_bytes, n, kind, tail, same ? "equal" : "DIFFERENT");
+    CHECK(same);
+    cuda_free(d);
+    free(buf); free(want); free(got); free(keep);
+}
+
 // ---- window scores ----
 
 struct win_case {
@@ -68,10 +130,7 @@ static void test_window(const struct win_case *wc, struct threadpool *pool, floa
     struct kv_cache c;
     CHECK(kv_cache_init(&c, 1, wc->n_kv, d, n_max, wc->fmt, wc->fmt) == PYKV_OK);
     struct cuda_kv_layer layer;
-    memset(&layer, 0, sizeof(layer));
-    layer.n_head_kv = wc->n_kv;
-    layer.head_dim = d;
-    layer.fmt_k = layer.fmt_v = wc->fmt;
+    empty_layer(&layer, wc->n_kv, d, wc->fmt);
     float *k = malloc((size_t)d * sizeof(float)), *v = calloc((size_t)d, sizeof(float));
     for (int g = 0; g < wc->n_kv; g++) {
         struct kv_list *l = kv_cache_list(&c, 0, g);
@@ -141,6 +200,139 @@ static void test_window(const struct win_case *wc, struct threadpool *pool, floa
     free(mean); free(var); free(scores2); free(want); free(q); free(k); free(v);
     ws_stats_free(&st);
     ws_stats_free(&st2);
+    kv_cache_free(&c);
+}
+
+// ---- every entry, each row up to its own limit (vis): TAKE's probe and the attention sums ----
+
+// The kernel in vis mode against the host on one layer of n[g] entries: with TAKE's
+// arguments (avg pooling, GQA mean) its scores against take_layer_scores, whose rows see the
+// entries up to their positions; its means against ws_softmax_row averaged over the rows
+// (unseen entries 0); its entropy terms against sum p log(p + 1e-10) over the same rows.
+static void test_visible(int fmt, int d, int n_kv, int group, int rows, int kernel, const int32_t *n, int causal,
+                         struct threadpool *pool) {
+    const int n_head = n_kv * group;
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, n_kv, d, 30000, fmt, fmt) == PYKV_OK);
+    struct cuda_kv_layer layer;
+    empty_layer(&layer, n_kv, d, fmt);
+    float *k = malloc((size_t)d * sizeof(float)), *v = calloc((size_t)d, sizeof(float));
+    int64_t total = 0, offset[8];
+    for (int g = 0; g < n_kv; g++) {
+        struct kv_list *l = kv_cache_list(&c, 0, g);
+        CHECK(kv_list_reserve(&c, l, n[g]) == PYKV_OK);
+        for (int32_t j = 0; j < n[g]; j++) {
+            for (int i = 0; i < d; i++) k[i] = uniform(-2.0f, 2.0f);
+            kv_list_push(&c, l, k, v, j);   // position j: the probe's rows are causal by index too
+        }
+        layer.k[g] = dev_upload(l->k, kv_format_row_bytes(fmt, d) * (size_t)n[g]);
+        layer.n[g] = n[g];
+        offset[g] = total;
+        total += n[g];
+    }
+    // causal: the rows are the list's last entries (pos0 = n - rows); else they all come after
+    int32_t n_max = 0;
+    for (int g = 0; g < n_kv; g++) n_max = n[g] > n_max ? n[g] : n_max;
+    const int32_t pos0 = causal ? n_max - rows : n_max;
+    int32_t *vis = malloc((size_t)rows * n_kv * sizeof(int32_t));
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < n_kv; g++) {
+            int32_t x = n[g];
+            while (x > 0 && x - 1 > pos0 + r) x--;
+            vis[(size_t)r * n_kv + g] = x;
+        }
+    const size_t nq = (size_t)rows * n_head * d;
+    float *q = malloc(nq * sizeof(float));
+    for (size_t i = 0; i < nq; i++) q[i] = uniform(-1.0f, 1.0f);
+    struct hparams hp = { .n_layer = 1, .n_head = n_head, .n_head_kv = n_kv, .head_dim = d };
+    struct policy_event ev = { .cache = &c, .hp = &hp, .pool = pool, .layer = 0, .q = q, .T = rows, .n_prompt = rows,
+                               .is_last_chunk = 1 };
+    const size_t n_out = (size_t)total * group;
+    float *want = malloc((size_t)total * sizeof(float)), *want_mean = calloc(n_out, sizeof(float));
+    double *want_ent = calloc(n_out, sizeof(double));
+    CHECK(take_layer_scores(&ev, q, rows, pos0, n, offset, kernel, TAKE_ROWS_EQUAL, want) == PYKV_OK);
+    float *z = malloc((size_t)n_max * sizeof(float));
+    for (int h = 0; h < n_head; h++) {   // the means and entropy terms of every entry, on the host
+        const int g = h / group;
+        const struct kv_list *l = kv_cache_list(&c, 0, g);
+        const size_t row = (size_t)offset[g] * group + (size_t)(h % group) * n[g];
+        for (int r = 0; r < rows; r++) {
+            const int32_t seen = vis[(size_t)r * n_kv + g];
+            if (seen == 0) continue;
+            attention_weights(q + ((size_t)r * n_head + h) * d, 1, l, seen, d, z);
+            for (int32_t j = 0; j < seen; j++) {
+                want_mean[row + j] += z[j] / (float)rows;
+                want_ent[row + j] += (double)z[j] * log((double)z[j] + 1e-10);
+            }
+        }
+    }
+    struct cuda_window_args a = { n_head, rows, rows, 0, WS_POOL_AVG, kernel, WS_GQA_MEAN };
+    a.vis = dev_upload(vis, (size_t)rows * n_kv * sizeof(int32_t));
+    a.ent = dev_upload(NULL, n_out * sizeof(double));
+    float *dq = dev_upload(q, nq * sizeof(float)), *dscores = dev_upload(NULL, (size_t)total * sizeof(float));
+    float *dmean = dev_upload(NULL, n_out * sizeof(float));
+    void *work = dev_upload(NULL, cuda_window_work_bytes(&layer, &a));
+    cuda_window_scores(NULL, &layer, dq, &a, dscores, dmean, NULL, work);
+    float *got = malloc((size_t)total * sizeof(float)), *mean = malloc(n_out * sizeof(float));
+    double *ent = malloc(n_out * sizeof(double));
+    dev_download(got, dscores, (size_t)total * sizeof(float));
+    dev_download(mean, dmean, n_out * sizeof(float));
+    dev_download(ent, a.ent, n_out * sizeof(double));
+    float *entf = malloc(n_out * sizeof(float));
+    for (size_t i = 0; i < n_out; i++) entf[i] = (float)ent[i];
+    const double e_scores = nmse(got, want, (size_t)total), e_mean = nmse(mean, want_mean, n_out);
+    const double e_ent = nmse_d(entf, want_ent, (int64_t)n_out);
+    printf("visible k=%s d=%d G=%d n=%d..%d rows=%d %s kernel=%d: NMSE take scores %.2e means %.2e entropy %.2e\n",
+           kv_format_name(fmt), d, group, n[0], n[n_kv - 1], rows, causal ? "causal" : "after", kernel, e_scores,
+           e_mean, e_ent);
+    CHECK(e_scores <= 1e-6);
+    CHECK(e_mean <= 1e-6);
+    CHECK(e_ent <= 1e-6);
+    cuda_free(dq); cuda_free(dscores); cuda_free(dmean); cuda_free(work); cuda_free((void *)a.vis); cuda_free(a.ent);
+    for (int g = 0; g < n_kv; g++) cuda_free(layer.k[g]);
+    free(k); free(v); free(vis); free(q); free(want); free(want_mean); free(want_ent); free(z); free(got); free(mean);
+    free(ent); free(entf);
+    kv_cache_free(&c);
+}
+
+// ---- value norms ----
+
+// LAVa's vbar of every list on the device against ws_value_l1_max on the host: equal bits.
+// Values uniform with a few large rows (the maximum away from the end), one list empty of
+// candidates, one whose candidates are all its rows.
+static void test_value_norms(int fmt, int d, int n_kv) {
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, n_kv, d, 3000, fmt, fmt) == PYKV_OK);
+    struct cuda_kv_layer layer;
+    empty_layer(&layer, n_kv, d, fmt);
+    int32_t n_cand[8];
+    float *k = calloc((size_t)d, sizeof(float)), *v = malloc((size_t)d * sizeof(float));
+    for (int g = 0; g < n_kv; g++) {
+        struct kv_list *l = kv_cache_list(&c, 0, g);
+        const int32_t n = 1 + next_int(3000);
+        CHECK(kv_list_reserve(&c, l, n) == PYKV_OK);
+        for (int32_t j = 0; j < n; j++) {
+            const float scale = next_int(50) == 0 ? 8.0f : 1.0f;
+            for (int i = 0; i < d; i++) v[i] = uniform(-scale, scale);
+            kv_list_push(&c, l, k, v, j);
+        }
+        n_cand[g] = g == 0 ? 0 : g == 1 ? n : next_int(n + 1);
+        layer.v[g] = dev_upload(l->v, kv_format_row_bytes(fmt, d) * (size_t)n);
+        layer.n[g] = n;
+    }
+    struct hparams hp = { .n_layer = 1, .n_head = n_kv, .n_head_kv = n_kv, .head_dim = d };
+    struct policy_event ev = { .cache = &c, .hp = &hp, .layer = 0 };
+    float want[8], got[8];
+    CHECK(ws_value_l1_max(&ev, n_cand, want) == PYKV_OK);
+    float *dout = dev_upload(NULL, sizeof(got));
+    cuda_value_l1_max(NULL, &layer, n_cand, dout);
+    dev_download(got, dout, (size_t)n_kv * sizeof(float));
+    const int same = memcmp(got, want, (size_t)n_kv * sizeof(float)) == 0;
+    printf("value norms v=%s d=%d lists=%d: %s\n", kv_format_name(fmt), d, n_kv, same ? "equal" : "DIFFERENT");
+    CHECK(same);
+    cuda_free(dout);
+    for (int g = 0; g < n_kv; g++) cuda_free(layer.v[g]);
+    free(k); free(v);
     kv_cache_free(&c);
 }
 
@@ -215,6 +407,15 @@ int main(void) {
             for (int kind = 0; kind < 3; kind++) test_gather(row_bytes[a], rows[b], kind, 0);
     test_gather(272, 1000, 2, 1);
     test_gather(128, 333, 2, 2);
+    const size_t move_bytes[] = { 128, 272, 2048, 34, 6, 3 };
+    for (int a = 0; a < 6; a++) {
+        for (int32_t tail = 0; tail <= 40; tail += 8) test_move(move_bytes[a], 1000, 0, tail);
+        test_move(move_bytes[a], 2, 0, 1);
+        test_move(move_bytes[a], 300, 1, 0);
+    }
+
+    for (int fmt = 0; fmt < KV_N_FORMATS; fmt++)
+        for (int d = 64; d <= 128; d += 64) test_value_norms(fmt, d, fmt == KV_F16 ? 8 : 3);
 
     struct threadpool *pool = threadpool_create(2);
     CHECK(pool != NULL);
@@ -238,6 +439,12 @@ int main(void) {
         { KV_F16, 128, 8, 4, 512, 64, 64, WS_POOL_MAX, 7, WS_GQA_MEAN, { 20000, 19999, 5000, 64, 65, 3001, 7, 12345 } },
     };
     for (size_t i = 0; i < sizeof(more) / sizeof(more[0]) - 1; i++) test_window(&more[i], pool, NULL, NULL, NULL);
+    const int32_t vis_n[][4] = { { 300, 41 }, { 1000, 999, 64, 7 }, { 33, 1 } };
+    for (int fmt = 0; fmt < KV_N_FORMATS; fmt++) {
+        test_visible(fmt, 64, 2, 3, 32, 7, vis_n[0], 0, pool);
+        test_visible(fmt, 128, 4, 2, 40, 5, vis_n[1], 1, pool);
+        test_visible(fmt, 64, 2, 1, 1, 1, vis_n[2], 1, pool);   // one row: a decode step's attention
+    }
 
     for (int kind = 0; kind < 4; kind++) test_select(kind);
 

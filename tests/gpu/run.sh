@@ -5,9 +5,10 @@
 #   2. the kernel tests (tests/c/test_cuda_*: every kernel against its CPU twin) under
 #      compute-sanitizer's memcheck;
 #   3. the model tests (tests/python/test_cuda.py: tiny random models and a SmolLM2-shaped one,
-#      GPU against CPU);
+#      GPU against CPU; test_cuda_policies.py: the eviction policies' kept positions);
 #   4. the GPU benchmark: `pykv bench -ngl 99` on random-weight files of SmolLM2-135M's and
-#      Llama-3.1-8B's shapes (bench/gpu_models.py), the tests of ../shared/gpu-anchor.md.
+#      Llama-3.1-8B's shapes (bench/gpu_models.py), the tests of ../shared/gpu-anchor.md, then
+#      the policies: decode at depth 32768 with 256 entries a list, and pp4096 against full.
 # Prints one line per check ("PASS name" / "FAIL name (why)") and a summary; everything goes
 # to $OUT/gpu.log (or build-gpu/gpu.log), the benchmark rows to bench-gpu.jsonl beside it.
 #
@@ -69,6 +70,7 @@ for t in "$BUILD"/tests/c/test_cuda_*; do
     check "$(basename "$t") (memcheck)" 240 compute-sanitizer --tool memcheck --error-exitcode 99 "$t"
 done
 check "test_cuda.py" 300 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py
+check "test_cuda_policies.py" 300 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda_policies.py
 
 if [ -z "${SKIP_BENCH:-}" ]; then
     MODELS=/tmp/pykv-gpu-models
@@ -80,11 +82,17 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     check "bench smollm2 tg32 @ d8192" 200 bench "$MODELS/smollm2-shape-q4_1.gguf" -p 0 -n 32 -d 8192
     check "bench llama8b pp2048 tg128" 300 bench "$MODELS/llama8b-shape-q4_0.gguf" -p 2048 -n 128
     check "bench llama8b tg32 @ d8192" 300 bench "$MODELS/llama8b-shape-q4_0.gguf" -p 0 -n 32 -d 8192
+    POLICIES=full,snapkv,adakv,cake,lava,take
+    check "bench smollm2 policies tg32 @ d32768" 300 bench "$MODELS/smollm2-shape-q4_1.gguf" -p 0 -n 32 -d 32768 \
+        --policy $POLICIES --budget 256
+    check "bench smollm2 policies pp4096" 200 bench "$MODELS/smollm2-shape-q4_1.gguf" -p 4096 -n 0 \
+        --policy $POLICIES --budget 1024
     "$PYTHON" - "$OUTDIR/bench-gpu.jsonl" <<'EOF'
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    print(f"bench {r['model']:>26} {r['test']:>14}: {r['t_s']:10.1f} ± {r['t_s_sd']:.1f} t/s (median {r['t_s_median']:.1f})")
+    print(f"bench {r['model']:>26} {r['test']:>14} {r['policy']:>7} {r['budget'] or '-':>5}: {r['t_s']:10.1f} "
+          f"± {r['t_s_sd']:.1f} t/s (median {r['t_s_median']:.1f}), KV {r['kv_MiB']:.1f} MiB, peak {r['kv_peak_MiB']:.1f}")
 EOF
 fi
 

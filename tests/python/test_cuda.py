@@ -305,10 +305,13 @@ def test_cancelled_prefill_leaves_the_gpu_context_usable(model_path):
 
 
 @needs_gpu
-def test_evicting_policy_keeps_the_layers_on_the_cpu(model_path):
+def test_policy_without_a_gpu_path_keeps_the_layers_on_the_cpu(model_path):
+    """A policy that keeps state the GPU lists cannot hold (EMS's merged entries) runs every
+    layer on the CPU, with one warning; the ones that run on the GPU are in
+    test_cuda_policies.py."""
     path = model_path("llama_q8_0_h8kv2")
-    with pytest.warns(RuntimeWarning, match="the GPU layers run the full cache only: with the 'snapkv' policy"):
-        llm = Llama(path, n_ctx=256, n_gpu_layers=-1, policy="snapkv", budget=64)
+    with pytest.warns(RuntimeWarning, match="the 'ems' policy does not run on the GPU: this context runs every layer"):
+        llm = Llama(path, n_ctx=256, n_gpu_layers=-1, policy="ems", budget=64)
     with llm:
         llm.eval(random_tokens(100, seed=10))
         assert llm.kv_stats()["device_bytes"] == 0 and llm.kv_stats()["evicted"] > 0

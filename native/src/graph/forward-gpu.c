@@ -14,6 +14,8 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/kernels.h"
+#include "kv/kv-device.h"
+#include "kv/policies/common/window-scores.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -57,9 +59,9 @@ int gpu_first_layer(const pykv_context *ctx) {
 static const char *gpu_refusal(const pykv_context *ctx, char *buf, size_t cap) {
     const struct hparams *hp = &ctx->model->hp;
     const struct policy_ops *ops = ctx->policy->ops;
-    if (!ops->keeps_every_entry)
-        snprintf(buf, cap, "the GPU layers run the full cache only: with the '%s' policy this context runs every "
-                 "layer on the CPU", ops->name);
+    if (!policy_runs_on_gpu(ops))
+        snprintf(buf, cap, "the '%s' policy does not run on the GPU: this context runs every layer on the CPU",
+                 ops->name);
     else if (ctx->buf.matmul.exact)
         snprintf(buf, cap, "exact_matmul runs on the CPU: this context runs every layer there");
     else if (hp->n_head_kv > CUDA_MAX_KV_HEADS || hp->head_dim > GPU_MAX_HEAD_DIM)
@@ -161,25 +163,6 @@ static void matmul_gpu(struct gpu_run *g, float *out, const struct gpu_tensor *w
     cuda_matmul(g->stream, out, w->data, w->type, w->ne[0], w->ne[1], x, T, g->matmul_work);
 }
 
-// The layer's lists as the kernels take them: their current lengths, or with lens set the
-// device array the kernels read them from when they run.
-static void kv_layer_view(const pykv_context *ctx, int layer, const int32_t *lens, struct cuda_kv_layer *kl) {
-    const struct kv_cache *c = &ctx->cache;
-    memset(kl, 0, sizeof(*kl));
-    kl->n_head_kv = c->n_head_kv;
-    kl->head_dim = c->head_dim;
-    kl->fmt_k = c->fmt_k;
-    kl->fmt_v = c->fmt_v;
-    kl->n_dev = lens;
-    kl->n_bound = c->max_entries;
-    for (int h = 0; h < c->n_head_kv; h++) {
-        const struct kv_list *l = &c->lists[(size_t)layer * c->n_head_kv + h];
-        kl->k[h] = l->k;
-        kl->v[h] = l->v;
-        kl->n[h] = l->n;
-    }
-}
-
 // A decode step's layer when its products can share quantised activations (decode_fused):
 // the same steps as enqueue_layer in fewer kernels. The norms and SwiGLU write Q8_1
 // activations directly, q|k|v and gate|up are one product each (their weights stored back to
@@ -256,24 +239,58 @@ static void enqueue_logits(struct gpu_run *g, const pykv_model *m, int T) {
     matmul_gpu(g, g->logits, &mg->out, g->xb, 1);
 }
 
+// The policy's hooks for a layer on the GPU, once its kernels are queued: the work the policy
+// queues on the stream (scoring, compaction) runs after them and before the next layer's.
+// d_q: the layer's queries, still in g->q, or NULL when the hooks run after a recorded decode
+// step. The attention sums, which the CPU's attention writes as it goes, are computed again
+// from them into the same host buffer. A decode step calls decode_list for each list in turn,
+// after after_layer as on the CPU.
+static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, const float *d_q) {
+    const struct policy_ops *ops = ctx->policy->ops;
+    struct policy_event ev = ctx->event;
+    ev.layer = layer;
+    ev.n_past = ctx->n_past + T - n_probe;
+    ev.q = NULL;
+    ev.q_device = d_q;
+    ev.T = T;
+    ev.probe.n = n_probe;
+    ev.probe.q = NULL;   // the last n_probe rows of q_device
+    ev.probe.rope_inv_freq = ctx->buf.rope_inv_freq;
+    ev.wo = &ctx->model->layers[layer].wo;
+    ev.attn_colsum = NULL;
+    const int decode_step = T == 1 && ev.n_prompt == 1;
+    if (d_q && policy_needs_sums(ops) && (T == 1 || (ops->needs & POLICY_NEEDS_ATTENTION_SUMS))) {
+        PYKV_TRY(ws_attention_sums_device(&ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
+        ev.attn_colsum = ctx->buf.attn_colsum;
+        ev.attn_colsum_stride = (int32_t)ctx->buf.colsum_stride;
+    }
+    if (ops->after_layer) PYKV_TRY(ops->after_layer(ctx->policy, &ev));
+    for (int g = 0; decode_step && ops->decode_list && g < ctx->model->hp.n_head_kv; g++)
+        PYKV_TRY(ops->decode_list(ctx->policy, &ev, g));
+    return PYKV_OK;
+}
+
 // The chunk layer by layer: each layer's kernels queued as the host appends the chunk's
-// positions to its lists.
+// positions to its lists, then the policy's hook.
 static pykv_status run_layers(pykv_context *ctx, int T, int n_probe) {
     struct gpu_run *g = ctx->gpu;
     const struct hparams *hp = &ctx->model->hp;
+    // a chunk stops between layers only while no hook may have changed a list (forward.c)
+    const int hooks = ctx->policy->ops->after_layer || ctx->policy->ops->decode_list;
     PYKV_TRY(cuda_upload_async(g->x, ctx->buf.x, (size_t)T * hp->n_embd * sizeof(float), g->stream));
     PYKV_TRY(cuda_upload_async(g->rope_cs, ctx->buf.rope_cs, (size_t)T * hp->n_rot * sizeof(float), g->stream));
     for (int layer = g->first_layer; layer < hp->n_layer; layer++) {
-        if (layer > g->first_layer && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
+        if (!hooks && layer > g->first_layer && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
             return pykv_error(PYKV_ERR_CANCELLED, "cancelled");
         struct cuda_kv_layer before, after;
-        kv_layer_view(ctx, layer, NULL, &before);
+        kv_device_layer(&ctx->cache, layer, NULL, &before);
         after = before;
         for (int h = 0; h < hp->n_head_kv; h++) {
             kv_list_push_positions(kv_cache_list(&ctx->cache, layer, h), ctx->n_past, T);
             after.n[h] += T;
         }
         enqueue_layer(g, ctx->model, layer, T, &before, &after);
+        if (hooks) PYKV_TRY(layer_hook(ctx, layer, T, n_probe, g->q));
         for (int h = 0; n_probe && h < hp->n_head_kv; h++) {   // the probe's K/V are never kept
             struct kv_list *l = kv_cache_list(&ctx->cache, layer, h);
             kv_list_truncate(&ctx->cache, l, l->n - n_probe);
@@ -294,7 +311,7 @@ static pykv_status record_decode(pykv_context *ctx) {
     if (st == PYKV_OK) st = cuda_upload_async(g->lens, g->h_lens, (size_t)offloaded_lists(ctx) * sizeof(int32_t), s);
     for (int layer = g->first_layer; st == PYKV_OK && layer < hp->n_layer; layer++) {
         struct cuda_kv_layer kl;
-        kv_layer_view(ctx, layer, g->lens + (size_t)(layer - g->first_layer) * hp->n_head_kv, &kl);
+        kv_device_layer(&ctx->cache, layer, g->lens + (size_t)(layer - g->first_layer) * hp->n_head_kv, &kl);
         enqueue_layer(g, ctx->model, layer, 1, &kl, &kl);
     }
     if (st == PYKV_OK) enqueue_logits(g, ctx->model, 1);
@@ -338,12 +355,22 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
     const struct hparams *hp = &ctx->model->hp;
     *logits_done = 0;
     PYKV_TRY(cuda_set_device(mg->device));   // the calling thread may not have chosen it yet
-    if (g->graphs && T == 1 && !n_probe && !want_x && want_logits && mg->output) {
+    // a recorded step keeps no layer's queries: the hooks that need them (attention sums,
+    // decode_list) run layer by layer instead
+    const struct policy_ops *ops = ctx->policy->ops;
+    const int hooks = ops->after_layer || ops->decode_list;
+    const int hooks_after_step = !hooks ||
+                                 (T == 1 && ctx->event.n_prompt == 1 && !policy_needs_sums(ops) && !ops->decode_list);
+    if (g->graphs && T == 1 && !n_probe && !want_x && want_logits && mg->output && hooks_after_step) {
         int done = 0;
         PYKV_TRY(run_decode_graph(ctx, &done));
         if (done) {
             *logits_done = 1;
-            return PYKV_OK;
+            // a decode step's hooks touch their own layer's lists only (policy_ops.device_lists),
+            // so they may all run once the step is done
+            for (int layer = g->first_layer; hooks && layer < hp->n_layer; layer++)
+                PYKV_TRY(layer_hook(ctx, layer, 1, 0, NULL));
+            return cuda_stream_sync(g->stream);
         }
     }
     PYKV_TRY(run_layers(ctx, T, n_probe));

@@ -78,9 +78,8 @@ static pykv_status device_resize(struct kv_cache *c, struct kv_list *l, int32_t 
     return PYKV_OK;
 }
 
-static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
-    if (cap == l->cap) return PYKV_OK;
-    if (l->on_device) PYKV_TRY(device_resize(c, l, cap));
+// Everything of a resize but a device list's keys and values.
+static pykv_status host_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
     if (cap == 0) {
         if (l->member_pool) pool_free(c, l);
         if (!l->on_device) {
@@ -119,6 +118,12 @@ static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
     account(c, (int64_t)(cap - l->cap) * entry_bytes(c, l));
     l->cap = cap;
     return PYKV_OK;
+}
+
+static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
+    if (cap == l->cap) return PYKV_OK;
+    if (l->on_device) PYKV_TRY(device_resize(c, l, cap));
+    return host_resize(c, l, cap);
 }
 
 pykv_status kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries,
@@ -311,13 +316,16 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
 // now, as the bytes reported are the bytes held. A decode step that drops an entry or two
 // keeps the room (at most one growth step of an eighth), so a fixed-budget policy reuses it
 // on the next token instead of shrinking and regrowing every list on every step.
+static int32_t cap_after_drop(const struct kv_list *l, int32_t n_keep) {
+    const int32_t dropped = l->n - n_keep, cap = n_keep > KV_MIN_CAP ? n_keep : KV_MIN_CAP;
+    if (dropped <= KV_DECODE_DROP && l->cap - n_keep <= n_keep / 8 + KV_DECODE_DROP) return l->cap;
+    return cap < l->cap ? cap : l->cap;
+}
 static pykv_status shrink_after_drop(struct kv_cache *c, struct kv_list *l, int32_t n_keep) {
-    const int32_t dropped = l->n - n_keep;
-    c->evicted += dropped;
+    const int32_t cap = cap_after_drop(l, n_keep);
+    c->evicted += l->n - n_keep;
     l->n = n_keep;
-    const int32_t cap = n_keep > KV_MIN_CAP ? n_keep : KV_MIN_CAP;
-    if (dropped <= KV_DECODE_DROP && l->cap - n_keep <= n_keep / 8 + KV_DECODE_DROP) return PYKV_OK;
-    return cap < l->cap ? list_resize(c, l, cap) : PYKV_OK;
+    return list_resize(c, l, cap);
 }
 
 void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j, int32_t tail) {
@@ -354,11 +362,49 @@ void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t 
     }
 }
 
+// A device list's keys and values follow keep on the GPU: in place, run by run, when the list
+// keeps its room (a decode step), else gathered into buffers of the smaller size, which gives
+// the memory back in the same pass. The host compacts the positions.
+static pykv_status device_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
+    const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
+    const int32_t cap = cap_after_drop(l, n_keep);
+    if (cap < l->cap) {
+        c->device_moves++;   // the kernels of a recorded decode step hold the old buffers
+        PYKV_TRY(kv_device_gather(c->device, c->device_stream, &l->k, kb, &l->v, vb, keep, n_keep, cap));
+        c->device_bytes += (int64_t)(cap - l->cap) * (int64_t)(kb + vb);
+        kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
+        c->evicted += l->n - n_keep;
+        l->n = n_keep;
+        return host_resize(c, l, cap);   // the positions' room follows
+    }
+    struct kv_row_move moves[KV_DECODE_DROP + 1];
+    int n_moves = 0;
+    for (int32_t j = 0; j < n_keep;) {
+        const int32_t end = run_end(keep, n_keep, j);
+        if (keep[j] != j) {
+            if (n_moves == KV_DECODE_DROP + 1) {   // more runs than a decode step has: send these
+                PYKV_TRY(kv_device_move_rows(c->device_stream, l->k, kb, moves, n_moves));
+                PYKV_TRY(kv_device_move_rows(c->device_stream, l->v, vb, moves, n_moves));
+                n_moves = 0;
+            }
+            moves[n_moves++] = (struct kv_row_move){ .dst = j, .src = keep[j], .len = end - j };
+        }
+        j = end;
+    }
+    PYKV_TRY(kv_device_move_rows(c->device_stream, l->k, kb, moves, n_moves));
+    PYKV_TRY(kv_device_move_rows(c->device_stream, l->v, vb, moves, n_moves));
+    kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
+    return shrink_after_drop(c, l, n_keep);   // which keeps the room
+}
+
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
-    if (l->on_device) return pykv_error(PYKV_ERR_UNSUPPORTED, "evicting from a KV list in GPU memory is not supported");
     for (int32_t j = 0; j < n_keep; j++)   // checked first, so that a bad list changes nothing
         if (keep[j] < j || keep[j] >= l->n || (j > 0 && keep[j] <= keep[j - 1]))
             return pykv_error(PYKV_ERR_INTERNAL, "kv_list_retain: keep indices must be ascending and in range");
+    if (l->on_device) {
+        if (l->n_members) return pykv_error(PYKV_ERR_UNSUPPORTED, "merged KV entries are not kept in GPU memory");
+        return device_retain(c, l, keep, n_keep);
+    }
     if (l->n_members) {   // the dropped entries' members go first
         for (int32_t j = 0, d = 0; d < l->n; d++) {
             if (j < n_keep && keep[j] == d) j++;
@@ -380,7 +426,15 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
 
 pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
     if (j < 0 || j >= l->n || tail < 0) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
-    if (l->on_device) return pykv_error(PYKV_ERR_UNSUPPORTED, "evicting from a KV list in GPU memory is not supported");
+    if (l->on_device) {
+        if (l->n_members) return pykv_error(PYKV_ERR_UNSUPPORTED, "merged KV entries are not kept in GPU memory");
+        const int32_t h = l->n - tail > j + 1 ? l->n - tail : j + 1;   // kv_drop_row's two moves
+        const struct kv_row_move moves[2] = { { .dst = j, .src = h - 1, .len = h - 1 > j }, { .dst = h - 1, .src = h, .len = l->n - h } };
+        PYKV_TRY(kv_device_move_rows(c->device_stream, l->k, kv_cache_key_bytes(c), moves, 2));
+        PYKV_TRY(kv_device_move_rows(c->device_stream, l->v, kv_cache_value_bytes(c), moves, 2));
+        kv_drop_row(l->pos, sizeof(int32_t), l->n, j, tail);
+        return shrink_after_drop(c, l, l->n - 1);
+    }
     free_members(c, l, j);
     kv_drop_row(l->k, kv_cache_key_bytes(c), l->n, j, tail);
     kv_drop_row(l->v, kv_cache_value_bytes(c), l->n, j, tail);

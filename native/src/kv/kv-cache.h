@@ -169,14 +169,15 @@ pykv_status kv_list_write_rows(const struct kv_cache *c, struct kv_list *l, int 
 
 // Keep only the entries whose indices are listed in keep (ascending, n_keep of them), and
 // give back the memory no longer needed (a decode step's one or two dropped entries leave
-// their room for the next token). Counts the dropped entries as evicted.
+// their room for the next token). Counts the dropped entries as evicted. A device list's keys
+// and values are moved by kernels queued on the cache's stream; merged entries stay on the host.
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep);
 
 // Drop entry j alone (a decode step's eviction). The last `tail` entries (a window) stay
 // last and in order; the entry just before them fills slot j, so a step moves tail + 1
 // entries instead of every entry after j (the others' order changes). tail = n makes it
 // an ordered drop. Counts it as evicted; keeps the room for the next token, as
-// kv_list_retain does.
+// kv_list_retain does; on a device list too.
 pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail);
 
 // Move rows keep[0..n_keep) (ascending) of an array of rows to its front, in order: one

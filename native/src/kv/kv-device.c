@@ -4,6 +4,10 @@
 
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
+#include "ggml-cuda/policy-kernels.h"
+#include "kv/kv-cache.h"
+
+#include <string.h>
 
 // Stream-ordered on the context's stream: the copy and the free come after the kernels queued
 // there that read the old buffer, the kernels queued after them see the new one, and nothing
@@ -40,6 +44,65 @@ pykv_status kv_device_write(void *s, void *d_dst, const void *src, size_t bytes)
     return cuda_stream_sync((cuda_stream)s);
 }
 
+pykv_status kv_device_move_rows(void *s, void *d_base, size_t row_bytes, const struct kv_row_move *moves, int n) {
+    for (int i = 0; i < n;) {   // launches of up to CUDA_MAX_ROW_MOVES moves, in order on the stream
+        struct cuda_row_moves m = { 0 };
+        for (; i < n && m.n < CUDA_MAX_ROW_MOVES; i++) {
+            if (moves[i].len <= 0 || moves[i].dst == moves[i].src) continue;
+            m.dst[m.n] = moves[i].dst;
+            m.src[m.n] = moves[i].src;
+            m.len[m.n] = moves[i].len;
+            m.n++;
+        }
+        cuda_move_rows((cuda_stream)s, d_base, row_bytes, &m);
+    }
+    return cuda_check("moving KV entries on the GPU");
+}
+
+pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v, size_t vb, const int32_t *keep,
+                             int32_t n_keep, int32_t rows) {
+    const cuda_stream st = (cuda_stream)s;
+    PYKV_TRY(cuda_set_device(device));
+    void *d_keep = NULL, *nk = NULL, *nv = NULL;
+    pykv_status err = cuda_alloc_async(&d_keep, (size_t)(n_keep > 0 ? n_keep : 1) * sizeof(int32_t), st, "the KV cache");
+    // from pageable memory: the call returns once keep is staged, so the caller may free it
+    if (err == PYKV_OK && n_keep > 0) err = cuda_upload_async(d_keep, keep, (size_t)n_keep * sizeof(int32_t), st);
+    if (err == PYKV_OK) err = cuda_alloc_async(&nk, (size_t)rows * kb, st, "the KV cache");
+    if (err == PYKV_OK) err = cuda_alloc_async(&nv, (size_t)rows * vb, st, "the KV cache");
+    if (err == PYKV_OK) {
+        cuda_gather_rows(st, nk, *k, kb, (const int32_t *)d_keep, n_keep);
+        cuda_gather_rows(st, nv, *v, vb, (const int32_t *)d_keep, n_keep);
+        err = cuda_check("compacting KV entries on the GPU");
+    }
+    cuda_free_async(d_keep, st);
+    if (err != PYKV_OK) {
+        cuda_free_async(nk, st);
+        cuda_free_async(nv, st);
+        return err;
+    }
+    cuda_free_async(*k, st);
+    cuda_free_async(*v, st);
+    *k = nk;
+    *v = nv;
+    return PYKV_OK;
+}
+
+void kv_device_layer(const struct kv_cache *c, int layer, const int32_t *d_lens, struct cuda_kv_layer *out) {
+    memset(out, 0, sizeof(*out));
+    out->n_head_kv = c->n_head_kv;
+    out->head_dim = c->head_dim;
+    out->fmt_k = c->fmt_k;
+    out->fmt_v = c->fmt_v;
+    out->n_dev = d_lens;
+    out->n_bound = c->max_entries;
+    for (int h = 0; h < c->n_head_kv; h++) {
+        const struct kv_list *l = &c->lists[(size_t)layer * c->n_head_kv + h];
+        out->k[h] = l->k;
+        out->v[h] = l->v;
+        out->n[h] = l->n;
+    }
+}
+
 #else
 
 static pykv_status no_cuda(void) {
@@ -55,6 +118,15 @@ pykv_status kv_device_read(void *s, void *dst, const void *d_src, size_t bytes) 
 }
 pykv_status kv_device_write(void *s, void *d_dst, const void *src, size_t bytes) {
     (void)s; (void)d_dst; (void)src; (void)bytes;
+    return no_cuda();
+}
+pykv_status kv_device_move_rows(void *s, void *d_base, size_t row_bytes, const struct kv_row_move *moves, int n) {
+    (void)s; (void)d_base; (void)row_bytes; (void)moves; (void)n;
+    return no_cuda();
+}
+pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v, size_t vb, const int32_t *keep,
+                             int32_t n_keep, int32_t rows) {
+    (void)device; (void)s; (void)k; (void)kb; (void)v; (void)vb; (void)keep; (void)n_keep; (void)rows;
     return no_cuda();
 }
 

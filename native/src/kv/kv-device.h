@@ -5,6 +5,7 @@
 // calls fail with PYKV_ERR_UNSUPPORTED.
 #pragma once
 #include <stddef.h>
+#include <stdint.h>
 #include "pykv.h"
 
 // All three run on the context's stream s (a cuda_stream), after the kernels queued there.
@@ -13,4 +14,23 @@
 // unchanged.
 pykv_status kv_device_resize(int device, void *s, void **p, size_t old_bytes, size_t new_bytes);
 pykv_status kv_device_read(void *s, void *dst, const void *d_src, size_t bytes);
+// Eviction from a device list (kv_list_retain, kv_list_drop), on stream s:
+// moves[0..n) in order, each len rows from row src to row dst <= src of the buffer, in place
+// (a few runs: a decode step's eviction, which keeps the list's room);
+struct kv_row_move { int32_t dst, src, len; };
+pykv_status kv_device_move_rows(void *s, void *d_base, size_t row_bytes, const struct kv_row_move *moves, int n);
+// or rows keep[0..n_keep) of *k (rows of kb bytes) and of *v (vb bytes) gathered into new
+// buffers of `rows` rows each, which replace them (the old ones are freed): a compaction
+// that gives memory back. On failure *k and *v are unchanged.
+pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v, size_t vb, const int32_t *keep,
+                             int32_t n_keep, int32_t rows);
 pykv_status kv_device_write(void *s, void *d_dst, const void *src, size_t bytes);
+
+#ifdef PYKV_CUDA
+// The lists of one layer as the CUDA kernels take them (ggml-cuda/kernels.h): their buffers
+// and current lengths, or with d_lens set the device array the kernels read the lengths from
+// when they run.
+struct kv_cache;
+struct cuda_kv_layer;
+void kv_device_layer(const struct kv_cache *c, int layer, const int32_t *d_lens, struct cuda_kv_layer *out);
+#endif

@@ -155,6 +155,7 @@ pykv_status pykv_policy_get_info(int32_t i, struct pykv_policy_info *info) {
     info->evicts = !p->keeps_every_entry;
     info->evicts_while_reading = p->evicts_while_reading;
     info->evicts_every_step = (p->needs & POLICY_NEEDS_STEP_ROOM) != 0;
+    info->runs_on_gpu = policy_runs_on_gpu(p);
     return PYKV_OK;
 }
 

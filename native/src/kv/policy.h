@@ -77,7 +77,10 @@ struct policy_event {
     int32_t               is_first_chunk; // this chunk starts the current pykv_decode() call
     // after_layer only: this chunk's queries, post-RoPE, (T, n_head, head_dim); the chunk's
     // tokens sit at positions [n_past - T, n_past) and are the last T entries of each list.
+    // A layer on the GPU gives them in device memory as q_device instead (q and probe.q are
+    // NULL; q_device is NULL too on a decode step whose hooks run after the recorded step).
     const float          *q;
+    const float          *q_device;
     int32_t               T;
     // after_layer and decode_list, for policies with POLICY_NEEDS_ATTENTION_SUMS (one-token
     // chunks only with POLICY_NEEDS_DECODE_ATTENTION_SUMS; NULL otherwise): the attention
@@ -182,7 +185,21 @@ struct policy_ops {
     // Nonzero: evicts after every prefill chunk by itself (TAKE), so a prompt longer than
     // n_ctx goes through: n_ctx bounds the cache, not the prompt.
     int           evicts_while_reading;
+    // Nonzero: the hooks work on the lists of layers offloaded to a GPU, whose keys and values
+    // are in device memory: they read them and the queries only through the helpers that
+    // take q_device (ws_stats_compute, ws_value_l1_max, take_layer_scores and
+    // take_query_rows_device; the attention sums come computed) or through the score
+    // functions of es_layer_keep_top (which reads a host copy), change lists only through
+    // kv_list_retain, kv_list_drop and kv_list_truncate, make no scoring passes, and on a
+    // decode step touch only the lists of ev->layer (without sums or decode_list, after_layer
+    // runs for every GPU layer once the step is done). A context whose policy lacks it runs
+    // every layer on the CPU.
+    int           device_lists;
 };
+
+// Nonzero when a context with the policy runs the model's GPU layers there (pykv_policy_info's
+// runs_on_gpu): its hooks work on device lists and it makes no scoring passes.
+static inline int policy_runs_on_gpu(const struct policy_ops *ops) { return ops->device_lists && !ops->scoring_pass; }
 
 // Nonzero when the forward pass keeps attention sums for the policy (on any step).
 static inline int policy_needs_sums(const struct policy_ops *ops) {

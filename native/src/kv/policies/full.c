@@ -23,6 +23,7 @@ const struct policy_ops policy_full = {
     .init = full_init,
     .free = full_free,
     .keeps_every_entry = 1,
+    .device_lists = 1,
     .options = "",
     .choose = "the exact model: nothing is evicted and the cache grows with every token (a budget is an error)",
 };

@@ -137,28 +137,25 @@ static int by_score_desc(const void *pa, const void *pb) {
 // Score layer ev->layer into ll; returns log e (normalized entropy) in *log_e.
 static pykv_status lava_score(struct lava *p, const struct policy_event *ev, struct ws_window w,
                               struct lava_layer *ll, double *log_e) {
-    const int hkv = p->n_head_kv, hd = ev->hp->head_dim;
+    const int hkv = p->n_head_kv;
     struct ws_stats st;
     float *s = NULL;
     PYKV_TRY(ws_layer_scores(ev, &p->o, w, &st, &s));
     struct ranked *r = NULL;
+    pykv_status rc;
     ll->n_orig = malloc((size_t)hkv * sizeof(int32_t));
     ll->n_cand = malloc((size_t)hkv * sizeof(int32_t));
     ll->s = calloc((size_t)hkv, sizeof(float *));
     ll->rank = malloc((size_t)(st.total ? st.total : 1) * sizeof(uint16_t));
     r = malloc((size_t)(st.total ? st.total : 1) * sizeof(*r));
-    if (!ll->n_orig || !ll->n_cand || !ll->s || !ll->rank || !r) goto nomem;
+    float *vbars = malloc((size_t)hkv * sizeof(float));
+    if (!ll->n_orig || !ll->n_cand || !ll->s || !ll->rank || !r || !vbars) goto nomem;
+    rc = ws_value_l1_max(ev, st.n_cand, vbars);
+    if (rc != PYKV_OK) goto fail;
     double sum = 0.0;
     for (int g = 0; g < hkv; g++) {
         const int32_t nc = st.n_cand[g];
-        const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
-        float vbar = 0.0f;
-        for (int32_t j = 0; j < nc; j++) {
-            float n1 = 0.0f, tmp[PYKV_MAX_HEAD_DIM];
-            const float *v = kv_value_f32(l, j, hd, tmp);
-            for (int d = 0; d < hd; d++) n1 += fabsf(v[d]);
-            if (n1 > vbar) vbar = n1;
-        }
+        const float vbar = vbars[g];
         ll->n_orig[g] = ll->n_cand[g] = nc;
         if (!(ll->s[g] = malloc((size_t)(nc ? nc : 1) * sizeof(float)))) goto nomem;
         float *sg = s + st.offset_kv[g];
@@ -184,14 +181,16 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
         while (h + 1 < hkv && r[i].i >= st.offset_kv[h + 1]) h++;
         ll->rank[i] = (uint16_t)h;
     }
-    free(r); free(s);
+    free(r); free(s); free(vbars);
     ws_stats_free(&st);
     return PYKV_OK;
 nomem:
-    free(r); free(s);
+    rc = pykv_error(PYKV_ERR_NOMEM, "out of memory scoring layer %d for LAVa", ev->layer);
+fail:
+    free(r); free(s); free(vbars);
     ws_stats_free(&st);
     layer_free(ll, hkv);
-    return pykv_error(PYKV_ERR_NOMEM, "out of memory scoring layer %d for LAVa", ev->layer);
+    return rc;
 }
 
 // Head budgets of a layer for K entries: prefix counts, safeguard, largest remainder, caps.
@@ -297,4 +296,5 @@ const struct policy_ops policy_lava = {
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
+    .device_lists = 1,
 };

@@ -114,8 +114,10 @@ static pykv_status evict_prefill(struct tova *p, const struct policy_event *ev, 
     if (n_max <= B) return PYKV_OK;
     struct head_rows job = { ev, malloc((size_t)ev->hp->n_head * (size_t)n_max * sizeof(float)), n_max };
     if (!job.w) return pykv_error(PYKV_ERR_NOMEM, "out of memory in TOVA");
-    threadpool_run(ev->pool, last_query_task, &job);
-    pykv_status st = keep_top(p, ev, job.w, (size_t)n_max, B);
+    pykv_status st = PYKV_OK;
+    if (ev->q_device) st = ws_attention_sums_device(ev, 1, job.w, (size_t)n_max);   // the last query's row
+    else threadpool_run(ev->pool, last_query_task, &job);
+    if (st == PYKV_OK) st = keep_top(p, ev, job.w, (size_t)n_max, B);
     free(job.w);
     return st;
 }
@@ -165,4 +167,5 @@ const struct policy_ops policy_tova = {
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
+    .device_lists = 1,
 };

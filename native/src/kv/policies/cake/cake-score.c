@@ -54,6 +54,7 @@ static void entropy_task(void *arg, int ith, int nth) {
 
 static pykv_status layer_entropy(const struct policy_event *ev, struct ws_window w, const int32_t *n_cand, double *H) {
     const struct hparams *hp = ev->hp;
+    if (ev->q_device) return ws_window_entropy_device(ev, w, n_cand, H);
     struct ent_job job = { .ev = ev, .w = w, .n_cand = n_cand };
     for (int g = 0; g < hp->n_head_kv; g++) {
         const struct kv_list *l = &ev->cache->lists[(size_t)ev->layer * ev->cache->n_head_kv + g];

@@ -12,5 +12,6 @@ typedef void (*es_score_fn)(const struct kv_policy *p, const struct policy_event
                             const struct kv_list *l, float *s, float *tmp);
 
 // Score every list of ev->layer holding more than B entries (on the pool) and keep its top
-// B; the other lists are left as they are.
+// B; the other lists are left as they are. A layer on the GPU is scored from a copy of its
+// lists in host memory (l then points there), and evicted on the device.
 pykv_status es_layer_keep_top(const struct kv_policy *p, const struct policy_event *ev, int32_t B, es_score_fn score);

@@ -91,7 +91,7 @@ pykv_status ws_stats_compute(const struct policy_event *ev, struct ws_window w, 
     const struct hparams *hp = ev->hp;
     const int hkv = hp->n_head_kv;
     memset(st, 0, sizeof(*st));
-    if (!ev->q || w.rows < 1 || w.rows > ev->T)
+    if ((!ev->q && !ev->q_device) || w.rows < 1 || w.rows > ev->T)
         return pykv_error(PYKV_ERR_INTERNAL, "window scores need the window's queries (rows=%d, chunk=%d)", w.rows, ev->T);
     st->n_head_kv = hkv;
     st->group = hp->n_head / hkv;
@@ -112,6 +112,12 @@ pykv_status ws_stats_compute(const struct policy_event *ev, struct ws_window w, 
     size_t n_out = (size_t)st->total * st->group;
     st->mean = malloc((n_out ? n_out : 1) * sizeof(float));
     if (want_var) st->var = malloc((n_out ? n_out : 1) * sizeof(float));
+    if (ev->q_device) {
+        if (!st->mean || (want_var && !st->var)) goto nomem;
+        const pykv_status err = ws_stats_device(ev, w, st);
+        if (err != PYKV_OK) ws_stats_free(st);
+        return err;
+    }
     int nth = threadpool_size(ev->pool);
     job.z = malloc((size_t)nth * (job.n_max ? job.n_max : 1) * sizeof(float));
     job.acc = malloc((size_t)nth * 2 * (job.nc_max ? job.nc_max : 1) * sizeof(double));
@@ -126,6 +132,22 @@ pykv_status ws_stats_compute(const struct policy_event *ev, struct ws_window w, 
 nomem:
     ws_stats_free(st);
     return pykv_error(PYKV_ERR_NOMEM, "out of memory scoring the observation window of layer %d", ev->layer);
+}
+
+pykv_status ws_value_l1_max(const struct policy_event *ev, const int32_t *n_cand, float *vbar) {
+    const int hkv = ev->hp->n_head_kv, hd = ev->hp->head_dim;
+    if (kv_cache_list(ev->cache, ev->layer, 0)->on_device) return ws_value_l1_max_device(ev, n_cand, vbar);
+    for (int g = 0; g < hkv; g++) {
+        const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
+        vbar[g] = 0.0f;
+        for (int32_t j = 0; j < n_cand[g]; j++) {
+            float n1 = 0.0f, tmp[PYKV_MAX_HEAD_DIM];
+            const float *v = kv_value_f32(l, j, hd, tmp);
+            for (int d = 0; d < hd; d++) n1 += fabsf(v[d]);
+            if (n1 > vbar[g]) vbar[g] = n1;
+        }
+    }
+    return PYKV_OK;
 }
 
 pykv_status ws_layer_scores(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,

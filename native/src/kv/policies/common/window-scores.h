@@ -49,8 +49,27 @@ struct ws_stats {
     float   *mean;
     float   *var;      // NULL unless asked for (unbiased, 0 when rows == 1)
 };
+// A layer on the GPU (ev->q_device set) is scored there: ws_stats_device fills the means
+// (and variances) of a laid-out st on the device (window-scores-gpu.c).
 pykv_status ws_stats_compute(const struct policy_event *ev, struct ws_window w, int want_var, struct ws_stats *out);
 void        ws_stats_free(struct ws_stats *s);
+pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, struct ws_stats *st);
+
+// vbar[g] = the largest L1 norm among the values of candidates 0 .. n_cand[g] - 1 of list g
+// of ev->layer (0 when none; NaN norms passed over): LAVa's value scale. On the GPU for a
+// layer there (ws_value_l1_max_device, the same bits).
+pykv_status ws_value_l1_max(const struct policy_event *ev, const int32_t *n_cand, float *vbar);
+pykv_status ws_value_l1_max_device(const struct policy_event *ev, const int32_t *n_cand, float *vbar);
+
+// A layer on the GPU (ev->q_device set; window-scores-gpu.c):
+// row h of out (stride apart) = the attention query head h's list entries receive from the
+// chunk's last `rows` queries, summed (causal: each sees the entries up to its own) - the
+// forward pass's attention sums (policy_event.attn_colsum) and TOVA's last-query row;
+pykv_status ws_attention_sums_device(const struct policy_event *ev, int32_t rows, float *out, size_t stride);
+// CAKE's entropy of the window: -sum over query heads, window rows and the first n_cand[g]
+// entries of each list of p log(p + 1e-10).
+pykv_status ws_window_entropy_device(const struct policy_event *ev, struct ws_window w, const int32_t *n_cand,
+                                     double *H);
 
 // Reduce `group` rows of n values, row r at rows + r * stride, to one (mean or max); fixed
 // order.

@@ -223,20 +223,25 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
     const int32_t real = ev->T - ev->probe.n;
     const size_t width = (size_t)hp->n_head * hp->head_dim;
     int32_t rows, pos0;
-    const float *q_rows;
     if (ev->probe.n > 0) {
         rows = ev->probe.n;
         pos0 = ev->n_past;
-        q_rows = ev->probe.q;
     } else {
         rows = e->rows > 0 ? e->rows : p->probe_len;
         if (rows > real) rows = real;
         pos0 = ev->n_past - rows;
-        q_rows = ev->q + (size_t)(ev->T - rows) * width;
     }
-    float *qa = malloc((size_t)rows * width * sizeof(float));
-    if (!qa) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
-    pykv_status st = take_ema_update(e, q_rows, rows, pos0, p->alpha, ev, qa);
+    // the probe rows are the chunk's last ones either way; a layer on the GPU sends them down
+    const int32_t t0 = ev->T - rows;
+    float *qa = malloc((size_t)rows * width * sizeof(float)), *q_host = NULL;
+    if (!qa || (ev->q_device && !(q_host = malloc((size_t)rows * width * sizeof(float))))) {
+        free(qa);
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
+    }
+    pykv_status st = ev->q_device ? take_query_rows_device(ev, t0, rows, q_host) : PYKV_OK;
+    const float *q_rows = ev->q_device ? q_host : ev->q + (size_t)t0 * width;
+    if (st == PYKV_OK) st = take_ema_update(e, q_rows, rows, pos0, p->alpha, ev, qa);
+    free(q_host);
 
     const int32_t B = policy_budget(&base->cfg, ev->n_prompt);
     int64_t Bw = p->warmup_budget > 0 ? p->warmup_budget : (ev->n_prompt < 20LL * B ? ev->n_prompt : 20LL * B);
@@ -277,4 +282,5 @@ const struct policy_ops policy_take = {
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
     .evicts_while_reading = 1,
+    .device_lists = 1,
 };

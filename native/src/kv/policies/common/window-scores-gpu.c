@@ -1,0 +1,180 @@
+// window-scores-gpu.c - the window policies' reads of a layer on the GPU: the statistics of
+// ws_stats_compute (the window's attention over the lists runs there, ggml-cuda/
+// window-scores.cu, the twin of the CPU's stats_head) and LAVa's value norms. Only the
+// per-candidate means (and variances) and the norms come back, so everything the policies do
+// with them after is the CPU's code.
+#include "kv/policies/common/window-scores.h"
+#include "core/error.h"
+#include "model/model.h"
+
+#include <stdlib.h>
+
+#ifdef PYKV_CUDA
+#include "ggml-cuda/device.h"
+#include "ggml-cuda/policy-kernels.h"
+#include "kv/kv-device.h"
+
+pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, struct ws_stats *st) {
+    const struct kv_cache *c = ev->cache;
+    const cuda_stream s = (cuda_stream)c->device_stream;
+    const size_t n_out = (size_t)st->total * (size_t)st->group;
+    if (n_out == 0) return PYKV_OK;
+    struct cuda_kv_layer kl;
+    kv_device_layer(c, ev->layer, NULL, &kl);
+    // the statistics alone: the policy reduces and pools them on the host, as on the CPU
+    const struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = w.rows, .protect = w.protect,
+                                        .pool = WS_POOL_MAX, .kernel = 1, .gqa = WS_GQA_MEAN };
+    const size_t work = (cuda_window_work_bytes(&kl, &a) + 255) / 256 * 256;
+    if (work == 0)
+        return pykv_error(PYKV_ERR_INTERNAL, "the GPU cannot score layer %d's window (rows=%d, chunk=%d)", ev->layer,
+                          w.rows, ev->T);
+    PYKV_TRY(cuda_set_device(c->device));
+    void *d = NULL;
+    PYKV_TRY(cuda_alloc_async(&d, work + (st->var ? 2 : 1) * n_out * sizeof(float), s, "the observation window's scores"));
+    float *d_mean = (float *)((char *)d + work), *d_var = st->var ? d_mean + n_out : NULL;
+    cuda_window_scores(s, &kl, ev->q_device, &a, NULL, d_mean, d_var, d);
+    pykv_status err = cuda_check("scoring the observation window on the GPU");
+    if (err == PYKV_OK) err = cuda_download_async(st->mean, d_mean, n_out * sizeof(float), s);
+    if (err == PYKV_OK && d_var) err = cuda_download_async(st->var, d_var, n_out * sizeof(float), s);
+    cuda_free_async(d, s);
+    const pykv_status done = cuda_stream_sync(s);
+    return err != PYKV_OK ? err : done;
+}
+
+pykv_status ws_value_l1_max_device(const struct policy_event *ev, const int32_t *n_cand, float *vbar) {
+    const struct kv_cache *c = ev->cache;
+    const cuda_stream s = (cuda_stream)c->device_stream;
+    struct cuda_kv_layer kl;
+    kv_device_layer(c, ev->layer, NULL, &kl);
+    PYKV_TRY(cuda_set_device(c->device));
+    void *d = NULL;
+    PYKV_TRY(cuda_alloc_async(&d, (size_t)c->n_head_kv * sizeof(float), s, "LAVa's value norms"));
+    cuda_value_l1_max(s, &kl, n_cand, d);
+    pykv_status err = cuda_check("LAVa's value norms on the GPU");
+    if (err == PYKV_OK) err = cuda_download_async(vbar, d, (size_t)c->n_head_kv * sizeof(float), s);
+    cuda_free_async(d, s);
+    const pykv_status done = cuda_stream_sync(s);
+    return err != PYKV_OK ? err : done;
+}
+
+// The window kernel over every entry of the layer's lists (vis mode) for the chunk's last
+// `rows` queries, each seeing the entries up to its own (causal): means per query head and
+// entry in the ws_stats layout, and the entropy terms when ent_out is set.
+static pykv_status all_entries_stats(const struct policy_event *ev, int32_t rows, float *mean_out, double *ent_out,
+                                     int64_t *total_out) {
+    const struct kv_cache *c = ev->cache;
+    const cuda_stream s = (cuda_stream)c->device_stream;
+    const int hkv = c->n_head_kv;
+    const int32_t G = ev->hp->n_head / hkv;
+    struct cuda_kv_layer kl;
+    kv_device_layer(c, ev->layer, NULL, &kl);
+    int64_t total = 0;
+    for (int g = 0; g < hkv; g++) total += kl.n[g];
+    *total_out = total;
+    if (total == 0) return PYKV_OK;
+    int32_t *vis = malloc((size_t)rows * hkv * sizeof(int32_t));
+    if (!vis) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the attention sums of layer %d", ev->layer);
+    for (int32_t r = 0; r < rows; r++)
+        for (int g = 0; g < hkv; g++) {
+            const int32_t v = kl.n[g] - (rows - 1 - r);
+            vis[(size_t)r * hkv + g] = v > 0 ? v : 0;
+        }
+    struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = rows, .protect = 0,
+                                  .pool = WS_POOL_MAX, .kernel = 1, .gqa = WS_GQA_MEAN };
+    a.vis = vis;   // for the size check only: the work does not depend on where vis is
+    const size_t n_out = (size_t)total * G;
+    const size_t work = (cuda_window_work_bytes(&kl, &a) + 255) / 256 * 256;
+    const size_t vis_bytes = ((size_t)rows * hkv * sizeof(int32_t) + 255) / 256 * 256;
+    const size_t mean_bytes = (n_out * sizeof(float) + 255) / 256 * 256;
+    pykv_status err = work ? cuda_set_device(c->device)
+                           : pykv_error(PYKV_ERR_INTERNAL, "the GPU cannot take layer %d's attention over %d rows",
+                                        ev->layer, rows);
+    char *d = NULL;
+    if (err == PYKV_OK)
+        err = cuda_alloc_async((void **)&d, work + vis_bytes + mean_bytes + (ent_out ? n_out * sizeof(double) : 0), s,
+                               "the attention sums");
+    if (err == PYKV_OK) {
+        float *d_mean = (float *)(d + work + vis_bytes);
+        a.vis = (const int32_t *)(d + work);
+        a.ent = ent_out ? (double *)(d + work + vis_bytes + mean_bytes) : NULL;
+        err = cuda_upload_async((void *)a.vis, vis, (size_t)rows * hkv * sizeof(int32_t), s);
+        if (err == PYKV_OK) {
+            cuda_window_scores(s, &kl, ev->q_device, &a, NULL, d_mean, NULL, d);
+            err = cuda_check("the attention sums on the GPU");
+        }
+        if (err == PYKV_OK) err = cuda_download_async(mean_out, d_mean, n_out * sizeof(float), s);
+        if (err == PYKV_OK && ent_out) err = cuda_download_async(ent_out, a.ent, n_out * sizeof(double), s);
+        cuda_free_async(d, s);
+        const pykv_status done = cuda_stream_sync(s);
+        if (err == PYKV_OK) err = done;
+    }
+    free(vis);
+    return err;
+}
+
+pykv_status ws_attention_sums_device(const struct policy_event *ev, int32_t rows, float *out, size_t stride) {
+    const struct kv_cache *c = ev->cache;
+    const int hkv = c->n_head_kv;
+    const int32_t G = ev->hp->n_head / hkv;
+    int64_t total = 0;
+    for (int g = 0; g < hkv; g++) total += kv_cache_list(ev->cache, ev->layer, g)->n;
+    float *mean = malloc((size_t)(total * G > 0 ? total * G : 1) * sizeof(float));
+    if (!mean) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the attention sums of layer %d", ev->layer);
+    pykv_status err = all_entries_stats(ev, rows, mean, NULL, &total);
+    for (int g = 0, off = 0; err == PYKV_OK && g < hkv; g++) {   // KV head g's block of G rows
+        const int32_t n = kv_cache_list(ev->cache, ev->layer, g)->n;
+        for (int32_t i = 0; i < G; i++) {
+            float *row = out + (size_t)(g * G + i) * stride;
+            const float *m = mean + (size_t)off * G + (size_t)i * n;
+            for (int32_t j = 0; j < n; j++) row[j] = m[j] * (float)rows;   // the mean over the rows back to their sum
+        }
+        off += n;
+    }
+    free(mean);
+    return err;
+}
+
+pykv_status ws_window_entropy_device(const struct policy_event *ev, struct ws_window w, const int32_t *n_cand,
+                                     double *H) {
+    const int hkv = ev->cache->n_head_kv;
+    const int32_t G = ev->hp->n_head / hkv;
+    int64_t total = 0;
+    for (int g = 0; g < hkv; g++) total += kv_cache_list(ev->cache, ev->layer, g)->n;
+    float *mean = malloc((size_t)(total * G > 0 ? total * G : 1) * sizeof(float));
+    double *ent = malloc((size_t)(total * G > 0 ? total * G : 1) * sizeof(double));
+    pykv_status err = mean && ent ? all_entries_stats(ev, w.rows, mean, ent, &total)
+                                  : pykv_error(PYKV_ERR_NOMEM, "out of memory for the entropy of layer %d", ev->layer);
+    double sum = 0.0;
+    for (int g = 0, off = 0; err == PYKV_OK && g < hkv; g++) {   // the candidates' terms, head by head
+        const int32_t n = kv_cache_list(ev->cache, ev->layer, g)->n;
+        for (int32_t i = 0; i < G; i++)
+            for (int32_t j = 0; j < n_cand[g]; j++) sum += ent[(size_t)off * G + (size_t)i * n + j];
+        off += n;
+    }
+    *H = -sum;
+    free(mean);
+    free(ent);
+    return err;
+}
+
+#else
+
+pykv_status ws_attention_sums_device(const struct policy_event *ev, int32_t rows, float *out, size_t stride) {
+    (void)ev; (void)rows; (void)out; (void)stride;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ws_window_entropy_device(const struct policy_event *ev, struct ws_window w, const int32_t *n_cand,
+                                     double *H) {
+    (void)ev; (void)w; (void)n_cand; (void)H;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ws_value_l1_max_device(const struct policy_event *ev, const int32_t *n_cand, float *vbar) {
+    (void)ev; (void)n_cand; (void)vbar;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, struct ws_stats *st) {
+    (void)ev; (void)w; (void)st;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+
+#endif

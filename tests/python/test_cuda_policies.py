@@ -1,0 +1,251 @@
+"""The eviction policies with the layers on the GPU, checked against the CPU path.
+
+The policies that run there (policy_ops.device_lists: all but ems, kvzip, expected_attention,
+finch, criticalkv and criticaladakv) score on the device (the observation window, TAKE's
+probe, the attention sums, LAVa's value norms; knorm, keydiff and lagkv from a host copy of
+the lists) and compact the lists in GPU memory. Each is run on the same prompt by a context
+with every layer on the GPU and by one on the CPU's exact path, and compared: the positions
+every (layer, KV head) list keeps, the byte counts of kv_stats, the budget, and the logits.
+
+Positions chosen by position alone (streamingllm, random) must be equal. Those chosen by
+scores may differ where two candidates' scores are closer than the two sides' rounding (the
+GPU's 8-bit and f16 products against the CPU's floats): such near-ties are counted, and
+bounded to a small share of the kept entries. Without a GPU every test skips with the reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _tiny_models import random_tokens
+from test_cuda import LOGIT_RTOL, SMOL_SHAPE, _close_enough, _open, model_path, needs_gpu  # noqa: F401
+
+# The policies whose hooks run on GPU lists, with arguments that make them evict here.
+SCORED = ["snapkv", "pyramidkv", "adakv", "chunkkv", "lava", "take", "cake", "h2o", "tova", "knorm", "keydiff", "lagkv"]
+BY_POSITION = ["streamingllm", "random"]
+ON_CPU_ONLY = ["ems", "kvzip", "expected_attention", "finch", "criticalkv", "criticaladakv"]
+BUDGET = 48
+# Kept entries of scored policies that may differ between GPU and CPU (near-ties), as a share
+# of the kept entries.
+NEAR_TIE_SHARE = 0.03
+# Lists whose decode step evicted another entry on the GPU than on the CPU from the same
+# cache (policies that evict while decoding), as a share of the lists stepped.
+DECODE_NEAR_TIE_SHARE = 0.05
+
+
+def test_policy_info_says_which_policies_run_on_the_gpu():
+    """pykv_policy_info's runs_on_gpu, and `pykv info --policies`, name the policies a
+    context runs on the GPU: every one tested here, and not the others."""
+    from pykv.policies import policy_info
+    from test_cuda import _cli
+    on_gpu = {p["name"] for p in policy_info() if p["runs_on_gpu"]}
+    assert on_gpu == {p["name"] for p in policy_info()} - set(ON_CPU_ONLY)
+    assert set(SCORED + BY_POSITION + ["full"]) == on_gpu
+    out = _cli("info", "--policies")
+    assert out.returncode == 0, out.stderr
+    blocks, name = {}, None
+    for line in out.stdout.splitlines():   # "  NAME  description", then its lines indented further
+        if line.startswith("  ") and not line.startswith("   "):
+            name = line.split()[0]
+        elif name:
+            blocks[name] = blocks.get(name, "") + line.strip() + "\n"
+    assert "GPU: runs with the layers on the GPU (-ngl), scoring and evicting there" in blocks["snapkv"]
+    assert "GPU: runs with the layers on the GPU (-ngl)\n" in blocks["full"]
+    assert "GPU: no; with -ngl a context keeps every layer on the CPU" in blocks["ems"]
+
+
+def _positions(llm):
+    info = llm.model_info
+    return [[llm.kv_positions(layer, g) for g in range(info["n_head_kv"])] for layer in range(info["n_layer"])]
+
+
+def _differing(a, b):
+    """Entries kept by one side and not the other, over every list; and the entries kept."""
+    diff = kept = 0
+    for la, lb in zip(a, b):
+        for pa, pb in zip(la, lb):
+            diff += len(set(pa) ^ set(pb))
+            kept += len(pa)
+    return diff, kept
+
+
+def _pair(path, policy, layers=-1, **kw):
+    kw.setdefault("n_ctx", 512)
+    kw.setdefault("budget", BUDGET)
+    return _open(path, exact_matmul=True, policy=policy, **kw), _open(path, layers, policy=policy, **kw)
+
+
+def _check_same_cache(cpu, gpu, policy, exact):
+    a, b = _positions(cpu), _positions(gpu)
+    diff, kept = _differing(a, b)
+    if exact:
+        assert a == b, f"{policy}: the GPU kept other positions than the CPU"
+    else:
+        assert diff <= NEAR_TIE_SHARE * kept, f"{policy}: {diff} of {kept} kept entries differ"
+    sa, sb = cpu.kv_stats(), gpu.kv_stats()
+    assert sa["entries"] == sb["entries"] and sa["evicted"] == sb["evicted"] > 0
+    assert sa["entries_per_head"] == sb["entries_per_head"]
+    assert sa["bytes"] == sb["bytes"], "the lists' room differs"
+    return diff
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ["llama_q8_0_h8kv2", "mistral_f16_h4kv1", "llama_q4_0_h6kv1_tied"])
+@pytest.mark.parametrize("policy", SCORED + BY_POSITION)
+def test_policy_on_the_gpu_keeps_what_the_cpu_keeps(model_path, name, policy):
+    """A 200-token prompt in chunks of 64 (the window's queries in the last one): the same
+    kept positions and byte counts, the budget held, the logits within the offload tolerance
+    where the kept sets agree. Then 16 decode steps, each from the same cache on both sides
+    (the GPU's state loaded into the CPU context first, so that one near-tie does not carry
+    into every later step): the lists whose step evicted another entry are counted."""
+    path = model_path(name)
+    cpu, gpu = _pair(path, policy, n_batch=64)
+    with cpu, gpu:
+        prompt = random_tokens(200, seed=21)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        diff = _check_same_cache(cpu, gpu, policy, exact=policy in BY_POSITION)
+        lists = gpu.model_info["n_layer"] * gpu.model_info["n_head_kv"]
+        assert gpu.kv_stats()["entries"] <= BUDGET * lists   # the budget is the lists' average
+        assert 0 < gpu.kv_stats()["device_bytes"] <= gpu.kv_stats()["bytes"]
+        if diff == 0:
+            assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+        flips = 0
+        for step in range(16):
+            cpu.load_state(gpu.save_state())
+            token = int(np.argmax(gpu.logits()))
+            cpu.eval([token])
+            gpu.eval([token])
+            a, b = _positions(cpu), _positions(gpu)
+            flips += sum(pa != pb for la, lb in zip(a, b) for pa, pb in zip(la, lb))
+            assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL, step
+        assert flips <= (0 if policy in BY_POSITION else DECODE_NEAR_TIE_SHARE * 16 * lists), flips
+
+
+@needs_gpu
+def test_streamingllm_decode_evicts_in_place_at_a_fixed_budget(model_path):
+    """Every decode step appends and evicts on the GPU (in place, the lists keep their room):
+    the positions stay the CPU's for 150 steps, the device bytes stay fixed, and the logits
+    stay within the tolerance, through the recorded decode step."""
+    path = model_path("llama_q8_0_h8kv2")
+    cpu, gpu = _pair(path, "streamingllm", budget=64, sink=4)
+    with cpu, gpu:
+        prompt = random_tokens(100, seed=22)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        device_bytes = None
+        for step in range(150):
+            assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL, step
+            token = int(np.argmax(cpu.logits()))
+            cpu.eval([token])
+            gpu.eval([token])
+            if step % 25 == 24:
+                assert _positions(gpu) == _positions(cpu), step
+            if step == 10:
+                device_bytes = gpu.kv_stats()["device_bytes"]
+        assert gpu.kv_stats()["device_bytes"] == device_bytes
+        assert gpu.kv_positions(0, 0)[:4] == [0, 1, 2, 3] and len(gpu.kv_positions(0, 0)) == 64
+
+
+@needs_gpu
+def test_eviction_gives_device_memory_back(model_path):
+    """After a compressing prefill the lists hold their budget in GPU memory, not the prompt."""
+    path = model_path("llama_q8_0_h8kv2")
+    prompt = random_tokens(400, seed=23)
+    with _open(path, -1, n_ctx=512) as full, _open(path, -1, n_ctx=512, policy="snapkv", budget=40) as snap:
+        full.eval(prompt)
+        snap.eval(prompt)
+        a, b = full.kv_stats()["device_bytes"], snap.kv_stats()["device_bytes"]
+        assert b * 5 < a, (a, b)
+        assert snap.kv_stats()["peak_bytes"] >= full.kv_stats()["bytes"] * 0.9
+
+
+@needs_gpu
+@pytest.mark.parametrize("layers", [1, 2])
+def test_partial_offload_with_a_policy(model_path, layers):
+    """Layers on the CPU and on the GPU under one policy: each keeps what the CPU keeps."""
+    path = model_path("llama_q8_0_h8kv2")
+    cpu, gpu = _pair(path, "snapkv", layers=layers, n_batch=64)
+    with cpu, gpu:
+        prompt = random_tokens(160, seed=24)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        assert 0 < gpu.kv_stats()["device_bytes"] < gpu.kv_stats()["bytes"]
+        _check_same_cache(cpu, gpu, "snapkv", exact=False)
+
+
+@needs_gpu
+@pytest.mark.parametrize("policy", ["snapkv", "adakv"])
+def test_question_after_the_context_and_every_chunk(model_path, policy):
+    """Question-aware (a second prefill call compresses again with its own window) and
+    question-agnostic (evict_every_chunk=1: every chunk compresses) orders."""
+    path = model_path("mistral_q4_0_h8kv2")
+    context, question = random_tokens(180, seed=25), random_tokens(40, seed=26)
+    cpu, gpu = _pair(path, policy, n_batch=64)
+    with cpu, gpu:
+        for part in (context, question):
+            cpu.eval(part)
+            gpu.eval(part)
+        _check_same_cache(cpu, gpu, policy, exact=False)
+    cpu, gpu = _pair(path, policy, n_batch=64, policy_kwargs={"evict_every_chunk": 1})
+    with cpu, gpu:
+        cpu.eval(context)
+        gpu.eval(context)
+        _check_same_cache(cpu, gpu, policy, exact=False)
+
+
+@needs_gpu
+def test_chunked_prefill_without_eviction_equals_one_shot(model_path):
+    """A prompt that fits the budget is not evicted: chunk sizes change nothing on the GPU."""
+    path = model_path("llama_f16_h4kv2_tied")
+    prompt = random_tokens(60, seed=27)
+    with _open(path, -1, n_batch=8, policy="snapkv", budget=64) as small, \
+            _open(path, -1, n_batch=64, policy="snapkv", budget=64) as whole:
+        small.eval(prompt)
+        whole.eval(prompt)
+        assert small.kv_stats()["evicted"] == whole.kv_stats()["evicted"] == 0
+        assert _positions(small) == _positions(whole)
+        assert _close_enough(small.logits(), whole.logits()) < LOGIT_RTOL
+
+
+@needs_gpu
+def test_state_of_a_policy_context_crosses_to_the_cpu(model_path):
+    path = model_path("llama_q4_1_h4kv2_tied")
+    cpu, gpu = _pair(path, "streamingllm")
+    with cpu, gpu:
+        gpu.eval(random_tokens(150, seed=28))
+        cpu.load_state(gpu.save_state())
+        assert _positions(cpu) == _positions(gpu)
+        gpu.eval([5])
+        cpu.eval([5])
+        assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+        assert _positions(cpu) == _positions(gpu)
+
+
+@needs_gpu
+def test_smollm2_shape_with_snapkv(model_path):
+    """SmolLM2-135M's shape, a 300-token prompt kept at 64 entries per list."""
+    cpu, gpu = _pair(model_path(SMOL_SHAPE), "snapkv", budget=64, n_batch=128)
+    with cpu, gpu:
+        prompt = random_tokens(300, seed=29)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        _check_same_cache(cpu, gpu, "snapkv", exact=False)
+
+
+@needs_gpu
+def test_take_reads_a_prompt_longer_than_the_cache(model_path):
+    """TAKE evicts after every chunk, its probe scored on the GPU: a prompt three times n_ctx
+    goes through, the device memory stays within the cache, and the kept positions are the
+    CPU's (near-ties aside)."""
+    path = model_path("llama_q8_0_h8kv2")
+    cpu, gpu = _pair(path, "take", n_ctx=200, budget=40, n_batch=64)
+    with cpu, gpu:
+        prompt = random_tokens(600, seed=30)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        _check_same_cache(cpu, gpu, "take", exact=False)
+        assert gpu.kv_stats()["peak_bytes"] == cpu.kv_stats()["peak_bytes"]
+        with _open(path, -1, n_ctx=640, n_batch=64) as full:
+            full.eval(prompt)
+            assert gpu.kv_stats()["peak_bytes"] < 0.6 * full.kv_stats()["bytes"]
