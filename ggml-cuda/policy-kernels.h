@@ -62,6 +62,9 @@ struct cuda_window_args {
     // NULL, or (device, total * G doubles, laid out as mean) per candidate and query head the
     // sum over the rows of p log(p + 1e-10): CAKE's attention entropy, summed by the host.
     double        *ent;
+    // With vis: nonzero weighs row r's probabilities by vis[r], the mean being their weighted
+    // sum over rows (FINCH's normalisation; the variance stays unweighted).
+    int32_t        weight_seen;
 };
 
 // Output layout (host memory in, host memory out): n_cand[g] and offset_kv[g] (either may be

@@ -32,6 +32,7 @@ struct win_params {
     float       *mean;      // total * group
     float       *var;       // total * group, or NULL
     double      *ent;       // total * group, or NULL (cuda_window_args.ent)
+    int32_t      weight_seen;   // cuda_window_args.weight_seen
     float       *reduced;   // total: the GQA reduce before pooling
     float       *scores;    // total
     int32_t      n_head, group, T, rows, n_tiles;
@@ -111,7 +112,7 @@ static __global__ void __launch_bounds__(WIN_THREADS) stats_kernel(const struct 
     const int kt = min(WIN_TJ, nc - j0);
     const int jl = threadIdx.x;
     const float2 *ml = p.ml + (size_t)h * p.rows;
-    double mu = 0.0, m2 = 0.0, ent = 0.0;
+    double mu = 0.0, m2 = 0.0, ent = 0.0, weighted = 0.0;
     for (int r0 = 0; r0 < p.rows; r0 += WIN_RC) {
         const int rc = min(WIN_RC, p.rows - r0);
         tile_logits(p, h, p.layer.k[g], j0, kt, r0, rc, P);
@@ -122,13 +123,14 @@ static __global__ void __launch_bounds__(WIN_THREADS) stats_kernel(const struct 
                 const int seen = !p.vis || j0 + jl < row_visible(p, g, r0 + rr);
                 const float prob = seen ? win_prob(P[rr][jl], f.x, f.y) : 0.0f;
                 win_welford(&mu, &m2, prob, r0 + rr + 1);
+                if (p.weight_seen) weighted += (double)row_visible(p, g, r0 + rr) * (double)prob;
                 if (p.ent) ent += (double)prob * log((double)prob + 1e-10);
             }
         __syncthreads();
     }
     if (jl >= kt) return;
     const int64_t at = p.offset_kv[g] * p.group + (int64_t)(h - g * p.group) * nc + j0 + jl;
-    p.mean[at] = (float)mu;
+    p.mean[at] = p.weight_seen ? (float)(weighted / (double)p.rows) : (float)mu;
     if (p.var) p.var[at] = win_variance(m2, p.rows);
     if (p.ent) p.ent[at] = ent;
 }
@@ -227,6 +229,7 @@ extern "C" void cuda_window_scores(cuda_stream s, const struct cuda_kv_layer *la
     p.mean = mean ? mean : (float *)(w + pl.mean_at);
     p.var = var;
     p.ent = a->ent;
+    p.weight_seen = a->vis ? a->weight_seen : 0;
     p.reduced = (float *)(w + pl.reduced_at);
     p.scores = scores;
     p.n_head = a->n_head;

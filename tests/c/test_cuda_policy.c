@@ -7,7 +7,8 @@
 //  * cuda_move_rows vs kv_drop_row (one row, tails 0 to 40) and kv_compact_rows (random
 //    subsets, many launches of runs), rows of 3 bytes to 2 KiB; equal bytes;
 //  * cuda_window_scores with per-row limits (vis) vs take_layer_scores (TAKE's probe, rows
-//    after the list or causal at its end), the means vs ws_softmax_row's rows averaged, the
+//    after the list or causal at its end; rows weighted by the entries they see, as FINCH's),
+//    the means vs ws_softmax_row's rows averaged, the
 //    entropy terms vs sum p log(p + 1e-10); one row (a decode step's attention); NMSE <= 1e-6;
 //  * cuda_value_l1_max vs ws_value_l1_max: values f32, f16, q8_0, head_dim 64 and 128, up
 //    to 8 lists of up to 3000 rows, no candidates to all; equal bits;
@@ -210,7 +211,7 @@ static void test_window(const struct win_case *wc, struct threadpool *pool, floa
 // entries up to their positions; its means against ws_softmax_row averaged over the rows
 // (unseen entries 0); its entropy terms against sum p log(p + 1e-10) over the same rows.
 static void test_visible(int fmt, int d, int n_kv, int group, int rows, int kernel, const int32_t *n, int causal,
-                         struct threadpool *pool) {
+                         enum take_row_weight weight, struct threadpool *pool) {
     const int n_head = n_kv * group;
     struct kv_cache c;
     CHECK(kv_cache_init(&c, 1, n_kv, d, 30000, fmt, fmt) == PYKV_OK);
@@ -250,7 +251,7 @@ static void test_visible(int fmt, int d, int n_kv, int group, int rows, int kern
     const size_t n_out = (size_t)total * group;
     float *want = malloc((size_t)total * sizeof(float)), *want_mean = calloc(n_out, sizeof(float));
     double *want_ent = calloc(n_out, sizeof(double));
-    CHECK(take_layer_scores(&ev, q, rows, pos0, n, offset, kernel, TAKE_ROWS_EQUAL, want) == PYKV_OK);
+    CHECK(take_layer_scores(&ev, q, rows, pos0, n, offset, kernel, weight, want) == PYKV_OK);
     float *z = malloc((size_t)n_max * sizeof(float));
     for (int h = 0; h < n_head; h++) {   // the means and entropy terms of every entry, on the host
         const int g = h / group;
@@ -260,13 +261,15 @@ static void test_visible(int fmt, int d, int n_kv, int group, int rows, int kern
             const int32_t seen = vis[(size_t)r * n_kv + g];
             if (seen == 0) continue;
             attention_weights(q + ((size_t)r * n_head + h) * d, 1, l, seen, d, z);
+            const float w = weight == TAKE_ROWS_BY_SEEN ? (float)seen : 1.0f;
             for (int32_t j = 0; j < seen; j++) {
-                want_mean[row + j] += z[j] / (float)rows;
+                want_mean[row + j] += w * z[j] / (float)rows;
                 want_ent[row + j] += (double)z[j] * log((double)z[j] + 1e-10);
             }
         }
     }
     struct cuda_window_args a = { n_head, rows, rows, 0, WS_POOL_AVG, kernel, WS_GQA_MEAN };
+    a.weight_seen = weight == TAKE_ROWS_BY_SEEN;
     a.vis = dev_upload(vis, (size_t)rows * n_kv * sizeof(int32_t));
     a.ent = dev_upload(NULL, n_out * sizeof(double));
     float *dq = dev_upload(q, nq * sizeof(float)), *dscores = dev_upload(NULL, (size_t)total * sizeof(float));
@@ -282,9 +285,9 @@ static void test_visible(int fmt, int d, int n_kv, int group, int rows, int kern
     for (size_t i = 0; i < n_out; i++) entf[i] = (float)ent[i];
     const double e_scores = nmse(got, want, (size_t)total), e_mean = nmse(mean, want_mean, n_out);
     const double e_ent = nmse_d(entf, want_ent, (int64_t)n_out);
-    printf("visible k=%s d=%d G=%d n=%d..%d rows=%d %s kernel=%d: NMSE take scores %.2e means %.2e entropy %.2e\n",
-           kv_format_name(fmt), d, group, n[0], n[n_kv - 1], rows, causal ? "causal" : "after", kernel, e_scores,
-           e_mean, e_ent);
+    printf("visible k=%s d=%d G=%d n=%d..%d rows=%d %s kernel=%d%s: NMSE take scores %.2e means %.2e entropy %.2e\n",
+           kv_format_name(fmt), d, group, n[0], n[n_kv - 1], rows, causal ? "causal" : "after", kernel,
+           weight == TAKE_ROWS_BY_SEEN ? " rows by seen" : "", e_scores, e_mean, e_ent);
     CHECK(e_scores <= 1e-6);
     CHECK(e_mean <= 1e-6);
     CHECK(e_ent <= 1e-6);
@@ -441,9 +444,10 @@ int main(void) {
     for (size_t i = 0; i < sizeof(more) / sizeof(more[0]) - 1; i++) test_window(&more[i], pool, NULL, NULL, NULL);
     const int32_t vis_n[][4] = { { 300, 41 }, { 1000, 999, 64, 7 }, { 33, 1 } };
     for (int fmt = 0; fmt < KV_N_FORMATS; fmt++) {
-        test_visible(fmt, 64, 2, 3, 32, 7, vis_n[0], 0, pool);
-        test_visible(fmt, 128, 4, 2, 40, 5, vis_n[1], 1, pool);
-        test_visible(fmt, 64, 2, 1, 1, 1, vis_n[2], 1, pool);   // one row: a decode step's attention
+        test_visible(fmt, 64, 2, 3, 32, 7, vis_n[0], 0, TAKE_ROWS_EQUAL, pool);
+        test_visible(fmt, 128, 4, 2, 40, 5, vis_n[1], 1, TAKE_ROWS_EQUAL, pool);
+        test_visible(fmt, 64, 2, 1, 1, 1, vis_n[2], 1, TAKE_ROWS_EQUAL, pool);   // one row: a decode step's attention
+        test_visible(fmt, 128, 2, 4, 32, 1, vis_n[0], 1, TAKE_ROWS_BY_SEEN, pool);   // FINCH's question
     }
 
     for (int kind = 0; kind < 4; kind++) test_select(kind);

@@ -1,11 +1,12 @@
 """The eviction policies with the layers on the GPU, checked against the CPU path.
 
-The policies that run there (policy_ops.device_lists: all but ems, kvzip, expected_attention,
-finch, criticalkv and criticaladakv) score on the device (the observation window, TAKE's
-probe, the attention sums, LAVa's value norms; knorm, keydiff and lagkv from a host copy of
-the lists) and compact the lists in GPU memory. Each is run on the same prompt by a context
-with every layer on the GPU and by one on the CPU's exact path, and compared: the positions
-every (layer, KV head) list keeps, the byte counts of kv_stats, the budget, and the logits.
+The policies that run there (policy_ops.device_lists: all but ems) score on the device (the
+observation window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms) or from
+what comes down of the layer (knorm, keydiff and lagkv's keys, criticalkv's values,
+expected_attention's and KVzip's queries and keys), and compact the lists in GPU memory.
+Each is run on the same prompt by a context with every layer on the GPU and by one on the
+CPU's exact path, and compared: the positions every (layer, KV head) list keeps, the byte
+counts of kv_stats, the budget, and the logits.
 
 Positions chosen by position alone (streamingllm, random) must be equal. Those chosen by
 scores may differ where two candidates' scores are closer than the two sides' rounding (the
@@ -21,9 +22,10 @@ from _tiny_models import random_tokens
 from test_cuda import LOGIT_RTOL, SMOL_SHAPE, _close_enough, _open, model_path, needs_gpu  # noqa: F401
 
 # The policies whose hooks run on GPU lists, with arguments that make them evict here.
-SCORED = ["snapkv", "pyramidkv", "adakv", "chunkkv", "lava", "take", "cake", "h2o", "tova", "knorm", "keydiff", "lagkv"]
+SCORED = ["snapkv", "pyramidkv", "adakv", "chunkkv", "lava", "take", "cake", "h2o", "tova", "knorm", "keydiff", "lagkv", "finch",
+          "criticalkv", "criticaladakv", "expected_attention", "kvzip"]
 BY_POSITION = ["streamingllm", "random"]
-ON_CPU_ONLY = ["ems", "kvzip", "expected_attention", "finch", "criticalkv", "criticaladakv"]
+ON_CPU_ONLY = ["ems"]
 BUDGET = 48
 # Kept entries of scored policies that may differ between GPU and CPU (near-ties), as a share
 # of the kept entries.

@@ -227,6 +227,55 @@ const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *
     return row_f32(kv_value_row(l, j, d), l->fmt_v, d, tmp);
 }
 
+pykv_status kv_list_rows_f32(const struct kv_cache *c, const struct kv_list *l, int values, int32_t n, float *out) {
+    const int fmt = values ? l->fmt_v : l->fmt_k;
+    const int32_t d = c->head_dim;
+    const size_t rb = kv_format_row_bytes(fmt, d);
+    const void *base = values ? l->v : l->k;
+    void *copy = NULL;
+    if (l->on_device) {   // the stored rows come down once, then convert as a host list's
+        if (!(copy = malloc((size_t)n * rb + 1))) return pykv_error(PYKV_ERR_NOMEM, "out of memory reading the KV cache");
+        const pykv_status st = kv_list_read_rows(c, l, values, n, copy);
+        if (st != PYKV_OK) {
+            free(copy);
+            return st;
+        }
+        base = copy;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        float *dst = out + (size_t)j * d;
+        const float *row = row_f32((const char *)base + (size_t)j * rb, fmt, d, dst);
+        if (row != dst) memcpy(dst, row, (size_t)d * sizeof(float));
+    }
+    free(copy);
+    return PYKV_OK;
+}
+
+pykv_status kv_layer_host_copy(const struct kv_cache *c, int layer, int values, struct kv_list *copy) {
+    for (int g = 0; g < c->n_head_kv; g++) {
+        copy[g] = c->lists[(size_t)layer * c->n_head_kv + g];
+        copy[g].k = copy[g].v = NULL;
+        copy[g].on_device = 0;
+    }
+    for (int g = 0; g < c->n_head_kv; g++) {
+        const struct kv_list *l = &c->lists[(size_t)layer * c->n_head_kv + g];
+        copy[g].k = malloc((size_t)l->n * kv_cache_key_bytes(c) + 1);
+        if (values) copy[g].v = malloc((size_t)l->n * kv_cache_value_bytes(c) + 1);
+        if (!copy[g].k || (values && !copy[g].v))
+            return pykv_error(PYKV_ERR_NOMEM, "out of memory copying layer %d's KV cache to host memory", layer);
+        PYKV_TRY(kv_list_read_rows(c, l, 0, l->n, copy[g].k));
+        if (values) PYKV_TRY(kv_list_read_rows(c, l, 1, l->n, copy[g].v));
+    }
+    return PYKV_OK;
+}
+
+void kv_layer_host_copy_free(const struct kv_cache *c, struct kv_list *copy) {
+    for (int g = 0; copy && g < c->n_head_kv; g++) {
+        free(copy[g].k);
+        free(copy[g].v);
+    }
+}
+
 float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d) {
     const void *k = kv_key_row(l, j, d);
     if (l->fmt_k == KV_F32) return dot_f32(q, k, d);

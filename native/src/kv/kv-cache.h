@@ -147,6 +147,15 @@ static inline const void *kv_value_row(const struct kv_list *l, int32_t j, int32
 // converted into tmp (d floats).
 const float *kv_key_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp);
 const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp);
+// The first n keys (values = 0) or values (values = 1) of a list as floats, (n, head_dim) in
+// out, wherever they are stored (a device list's come down once).
+pykv_status kv_list_rows_f32(const struct kv_cache *c, const struct kv_list *l, int values, int32_t n, float *out);
+// copy[g] = list g of `layer` with its keys (and its values when asked; v is NULL otherwise)
+// copied into host memory: a list that reads as a host list (kv_key_f32 and the rest) for
+// code that scores a layer on the GPU on the host. The copy's rows are freed by
+// kv_layer_host_copy_free (also after a failure); the rest belongs to the cache.
+pykv_status kv_layer_host_copy(const struct kv_cache *c, int layer, int values, struct kv_list *copy);
+void        kv_layer_host_copy_free(const struct kv_cache *c, struct kv_list *copy);
 // q . key j
 float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d);
 // Overwrite entry j's key and value (d floats each, stored in the list's type).

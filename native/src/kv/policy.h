@@ -187,19 +187,18 @@ struct policy_ops {
     int           evicts_while_reading;
     // Nonzero: the hooks work on the lists of layers offloaded to a GPU, whose keys and values
     // are in device memory: they read them and the queries only through the helpers that
-    // take q_device (ws_stats_compute, ws_value_l1_max, take_layer_scores and
-    // take_query_rows_device; the attention sums come computed) or through the score
-    // functions of es_layer_keep_top (which reads a host copy), change lists only through
-    // kv_list_retain, kv_list_drop and kv_list_truncate, make no scoring passes, and on a
-    // decode step touch only the lists of ev->layer (without sums or decode_list, after_layer
-    // runs for every GPU layer once the step is done). A context whose policy lacks it runs
-    // every layer on the CPU.
+    // take q_device (ws_stats_compute, ws_value_l1_max, ws_query_rows, take_layer_scores;
+    // the attention sums come computed), kv_list_rows_f32, kv_layer_host_copy or the score
+    // functions of es_layer_keep_top (which reads a host copy); change lists only through
+    // kv_list_retain, kv_list_drop and kv_list_truncate; and on a decode step touch only the
+    // lists of ev->layer (without sums or decode_list, after_layer runs for every GPU layer
+    // once the step is done). A context whose policy lacks it runs every layer on the CPU.
     int           device_lists;
 };
 
 // Nonzero when a context with the policy runs the model's GPU layers there (pykv_policy_info's
-// runs_on_gpu): its hooks work on device lists and it makes no scoring passes.
-static inline int policy_runs_on_gpu(const struct policy_ops *ops) { return ops->device_lists && !ops->scoring_pass; }
+// runs_on_gpu): its hooks work on device lists.
+static inline int policy_runs_on_gpu(const struct policy_ops *ops) { return ops->device_lists != 0; }
 
 // Nonzero when the forward pass keeps attention sums for the policy (on any step).
 static inline int policy_needs_sums(const struct policy_ops *ops) {

@@ -353,9 +353,19 @@ static void score_task(void *arg, int ith, int nth) {
 
 // KV head g's scores (group mean of a_j, value norms) and its B best, the sinks kept.
 static pykv_status keep_list(const struct policy_event *ev, const struct expected_attention *p,
-                             const struct score_job *job, int g, int32_t B, float *s, float *tmp) {
+                             const struct score_job *job, int g, int32_t B, float *s) {
     const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
     const int group = p->n_head / ev->hp->n_head_kv, d = p->d;
+    float *values = NULL;   // the list's values as floats, wherever they are stored
+    if (p->use_vnorm) {
+        if (!(values = malloc((size_t)(l->n ? l->n : 1) * d * sizeof(float))))
+            return pykv_error(PYKV_ERR_NOMEM, "out of memory scoring layer %d (expected_attention)", ev->layer);
+        const pykv_status rc = kv_list_rows_f32(ev->cache, l, 1, l->n, values);
+        if (rc != PYKV_OK) {
+            free(values);
+            return rc;
+        }
+    }
     for (int32_t j = 0; j < l->n; j++) {
         if (j < job->first[g]) {
             s[j] = INFINITY;
@@ -365,12 +375,13 @@ static pykv_status keep_list(const struct policy_event *ev, const struct expecte
         for (int r = 0; r < group; r++) sum += job->prob[(size_t)(g * group + r) * job->n_max + j];
         s[j] = sum / (float)group;
         if (p->use_vnorm) {
-            const float *v = kv_value_f32(l, j, d, tmp);
+            const float *v = values + (size_t)j * d;
             double vv = 0.0;
             for (int i = 0; i < d; i++) vv += (double)v[i] * v[i];
             s[j] = (float)(((double)s[j] + p->epsilon) * sqrt(vv));
         }
     }
+    free(values);
     return ws_keep_top(ev, g, s, l->n, B);
 }
 
@@ -407,43 +418,63 @@ static pykv_status ea_compress_layer(struct expected_attention *p, const struct 
     job.prob = malloc((size_t)hp->n_head * job.n_max * sizeof(float));
     job.scratch = malloc((size_t)nth * ((size_t)d + (size_t)d * d + (size_t)job.n_max * d) * sizeof(float));
     job.dscratch = malloc((size_t)nth * ((size_t)d + (size_t)d * d) * sizeof(double));
-    float *s = malloc((size_t)job.n_max * sizeof(float)), *tmp = malloc((size_t)d * sizeof(float));
-    int ok = job.prob && job.scratch && job.dscratch && s && tmp;
-    for (int g = 0; g < hkv && ok; g++) {
+    float *s = malloc((size_t)job.n_max * sizeof(float));
+    int ok = job.prob && job.scratch && job.dscratch && s;
+    for (int g = 0; g < hkv && ok && rc == PYKV_OK; g++) {   // the keys as floats, wherever they are stored
         const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
         keys[g] = malloc((size_t)(l->n ? l->n : 1) * d * sizeof(float));
         ok = keys[g] != NULL;
-        for (int32_t j = 0; ok && j < l->n; j++)
-            memcpy(keys[g] + (size_t)j * d, kv_key_f32(l, j, d, tmp), (size_t)d * sizeof(float));
+        if (ok) rc = kv_list_rows_f32(ev->cache, l, 0, l->n, keys[g]);
     }
-    if (!ok) {
-        rc = pykv_error(PYKV_ERR_NOMEM, "out of memory scoring layer %d (expected_attention)", ev->layer);
-        goto done;
-    }
-    threadpool_run(ev->pool, score_task, &job);
-    for (int g = 0; g < hkv && rc == PYKV_OK; g++) rc = keep_list(ev, p, &job, g, B, s, tmp);
-done:
+    if (!ok) rc = pykv_error(PYKV_ERR_NOMEM, "out of memory scoring layer %d (expected_attention)", ev->layer);
+    if (rc == PYKV_OK) threadpool_run(ev->pool, score_task, &job);
+    for (int g = 0; g < hkv && rc == PYKV_OK; g++) rc = keep_list(ev, p, &job, g, B, s);
     for (int g = 0; g < hkv; g++) free(keys[g]);
     free(keys); free(first);
-    free(job.prob); free(job.scratch); free(job.dscratch); free(s); free(tmp);
+    free(job.prob); free(job.scratch); free(job.dscratch); free(s);
     return rc;
 }
 
-static pykv_status ea_after_layer(struct kv_policy *base, const struct policy_event *ev) {
+static pykv_status ea_after_layer(struct kv_policy *base, const struct policy_event *layer_ev) {
     struct expected_attention *p = (struct expected_attention *)base;
-    if (ev->layer < 0 || ev->n_prompt <= 1 || !ev->q) return PYKV_OK;   // decode steps: no statistics
-    PYKV_TRY(ea_add_chunk(p, ev));
-    pykv_status rc = PYKV_OK;
+    if (layer_ev->layer < 0 || layer_ev->n_prompt <= 1 || (!layer_ev->q && !layer_ev->q_device))
+        return PYKV_OK;   // decode steps: no statistics
+    // a layer on the GPU: the chunk's queries come down, and the statistics run on the host
+    struct policy_event host = *layer_ev;
+    float *q_host = NULL;
+    if (layer_ev->q_device) {
+        q_host = malloc((size_t)layer_ev->T * layer_ev->hp->n_head * layer_ev->hp->head_dim * sizeof(float));
+        if (!q_host) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the queries of layer %d", layer_ev->layer);
+        const pykv_status rc = ws_query_rows(layer_ev, 0, layer_ev->T, q_host);
+        if (rc != PYKV_OK) {
+            free(q_host);
+            return rc;
+        }
+        host.q = q_host;
+        host.q_device = NULL;
+    }
+    const struct policy_event *ev = &host;
+    pykv_status rc = ea_add_chunk(p, ev);
+    if (rc != PYKV_OK) {
+        free(q_host);
+        return rc;
+    }
     if (ws_is_prefill_end(ev)) {
         const int32_t B = ws_budget(&base->cfg, ev);
-        if (B <= p->sink)
-            return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'expected_attention': the budget (%d entries per layer "
-                              "and KV head) must be larger than the %d sink tokens it includes", B, p->sink);
         int any = 0;
         for (int g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n > B;
-        if (any) rc = ea_compress_layer(p, ev, B);
+        if (B <= p->sink)
+            rc = pykv_error(PYKV_ERR_INVALID_ARG, "policy 'expected_attention': the budget (%d entries per layer "
+                            "and KV head) must be larger than the %d sink tokens it includes", B, p->sink);
+        else if (any)
+            rc = ea_compress_layer(p, ev, B);
+        if (rc != PYKV_OK) {
+            free(q_host);
+            return rc;
+        }
     }
     if (ev->n_past >= ev->n_past_end) ea_stats_end(p, ev->layer);   // the call's last chunk
+    free(q_host);
     return rc;
 }
 
@@ -465,4 +496,5 @@ const struct policy_ops policy_expected_attention = {
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
+    .device_lists = 1,
 };

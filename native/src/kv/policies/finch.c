@@ -118,7 +118,7 @@ struct question {
 static struct question question_of(const struct finch *p, const struct policy_event *ev) {
     struct question qn;
     if (ev->probe.n > 0) {
-        qn.q = ev->probe.q;
+        qn.q = ev->probe.q;   // NULL for a layer on the GPU: the caller brings the rows down
         qn.rows = qn.kept = ev->probe.n;
         qn.pos0 = ev->n_past;
         return qn;
@@ -126,7 +126,7 @@ static struct question question_of(const struct finch *p, const struct policy_ev
     int32_t W = p->probe_rows > p->window ? p->probe_rows : p->window;
     if (W > ev->T) W = ev->T;
     if (W > ev->n_prompt) W = ev->n_prompt;
-    qn.q = ev->q + (size_t)(ev->T - W) * ev->hp->n_head * ev->hp->head_dim;
+    qn.q = ev->q ? ev->q + (size_t)(ev->T - W) * ev->hp->n_head * ev->hp->head_dim : NULL;
     qn.rows = qn.kept = W;
     qn.pos0 = ev->n_past - W;
     return qn;
@@ -170,13 +170,23 @@ static pykv_status finch_after_layer(struct kv_policy *base, const struct policy
     else if (!ev->is_last_chunk) return PYKV_OK;
     const int32_t B = ws_budget(&base->cfg, ev);
     PYKV_TRY(ws_check_budget("finch", B, p->window));
-    const struct question qn = question_of(p, ev);
+    struct question qn = question_of(p, ev);
     if (ev->probe.n == 0 && qn.kept > p->window)   // a probe longer than W: the question kept is longer
         PYKV_TRY(ws_check_budget("finch", B, qn.kept));
     const int64_t k = ev->probe.n > 0 ? B : (int64_t)B - qn.kept;
     int any = 0;
     for (int32_t g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n - qn.kept > k;
-    return any ? keep_best(p, ev, &qn, k) : PYKV_OK;
+    if (!any) return PYKV_OK;
+    if (!ev->q_device) return keep_best(p, ev, &qn, k);
+    // a layer on the GPU: the question's rows (the chunk's last ones) come down for the scoring
+    // to take back up with their causal limits
+    float *rows = malloc((size_t)qn.rows * ev->hp->n_head * ev->hp->head_dim * sizeof(float));
+    if (!rows) return pykv_error(PYKV_ERR_NOMEM, "out of memory for FINCH's question");
+    pykv_status st = ws_query_rows(ev, ev->T - qn.rows, qn.rows, rows);
+    qn.q = rows;
+    if (st == PYKV_OK) st = keep_best(p, ev, &qn, k);
+    free(rows);
+    return st;
 }
 
 static int32_t finch_last_chunk_min(const struct kv_policy *base) { return ((const struct finch *)base)->window; }
@@ -204,4 +214,5 @@ const struct policy_ops policy_finch = {
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
     .evicts_while_reading = 1,
+    .device_lists = 1,
 };

@@ -227,6 +227,7 @@ static pykv_status kvzip_scoring_pass(struct kv_policy *base, const struct polic
 // the chunk [c0, c1) and the pass's own [self0, self0 + T).
 struct pass_job {
     const struct policy_event *ev;
+    const struct kv_list      *lists;   // the layer's lists (a host copy for a layer on the GPU)
     int32_t *sink, *c0, *self0;   // (n_head_kv) each
     int32_t  width;       // c1 - c0, the same for every list
     float   *best;        // (n_head, width) the largest weight per query head and chunk entry
@@ -246,7 +247,7 @@ static void pass_row(const struct pass_job *job, int hq, int t, float *z, float 
     const struct policy_event *ev = job->ev;
     const struct hparams *hp = ev->hp;
     const int g = hq / (hp->n_head / hp->n_head_kv), d = hp->head_dim;
-    const struct kv_list *l = &ev->cache->lists[(size_t)ev->layer * hp->n_head_kv + g];
+    const struct kv_list *l = &job->lists[g];
     const float *q = ev->q + ((size_t)t * hp->n_head + hq) * d;
     const float scale = 1.0f / sqrtf((float)d);
     const int32_t ns = job->sink[g], w = job->width, n = ns + w + t + 1;
@@ -271,10 +272,10 @@ static void pass_task(void *arg, int ith, int nth) {
     }
 }
 
-static pykv_status score_pass(struct kvzip *p, const struct policy_event *ev) {
+static pykv_status score_pass(struct kvzip *p, const struct policy_event *ev, const struct kv_list *lists) {
     const struct hparams *hp = ev->hp;
     const int hkv = hp->n_head_kv, group = hp->n_head / hkv;
-    struct pass_job job = { .ev = ev, .width = p->b - p->a };
+    struct pass_job job = { .ev = ev, .lists = lists, .width = p->b - p->a };
     int32_t *at = malloc((size_t)3 * hkv * sizeof(int32_t));
     if (!at) return pykv_error(PYKV_ERR_NOMEM, "out of memory for KVzip's pass");
     job.sink = at;
@@ -321,7 +322,23 @@ static pykv_status kvzip_after_layer(struct kv_policy *base, const struct policy
     struct kvzip *p = (struct kvzip *)base;
     if (ev->probe.n == 0 || ev->probe.n != ev->T || p->n_replay == 0) return PYKV_OK;   // not a pass
     PYKV_TRY(kvzip_lists(p, ev->hp->n_layer * ev->hp->n_head_kv));
-    return score_pass(p, ev);
+    if (!ev->q_device) return score_pass(p, ev, kv_cache_list(ev->cache, ev->layer, 0));
+    // a layer on the GPU: the pass's queries and the layer's keys come down, and the pass's
+    // restricted softmax runs on the host
+    const int hkv = ev->hp->n_head_kv;
+    struct policy_event host = *ev;
+    float *q = malloc((size_t)ev->T * ev->hp->n_head * ev->hp->head_dim * sizeof(float));
+    struct kv_list *lists = calloc((size_t)hkv, sizeof(*lists));
+    pykv_status st = q && lists ? ws_query_rows(ev, 0, ev->T, q)
+                                : pykv_error(PYKV_ERR_NOMEM, "out of memory for KVzip's pass");
+    if (st == PYKV_OK) st = kv_layer_host_copy(ev->cache, ev->layer, 0, lists);
+    host.q = q;
+    host.q_device = NULL;
+    if (st == PYKV_OK) st = score_pass(p, &host, lists);
+    kv_layer_host_copy_free(ev->cache, lists);
+    free(lists);
+    free(q);
+    return st;
 }
 
 // ---- selection ----
@@ -422,4 +439,5 @@ const struct policy_ops policy_kvzip = {
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
+    .device_lists = 1,
 };

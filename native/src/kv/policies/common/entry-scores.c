@@ -33,38 +33,6 @@ static void score_task(void *arg, int ith, int nth) {
     }
 }
 
-// The lists of a layer in GPU memory are scored from copies of their keys and values in host
-// memory (each entry is read once; the eviction then moves the rows on the device): views[g]
-// is list g with its rows here.
-static pykv_status host_views(const struct policy_event *ev, const int64_t *offset, struct kv_list *views) {
-    const struct kv_cache *c = ev->cache;
-    for (int32_t g = 0; g < ev->hp->n_head_kv; g++) {
-        const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
-        views[g] = *l;
-        views[g].k = views[g].v = NULL;
-        views[g].on_device = 0;
-    }
-    for (int32_t g = 0; g < ev->hp->n_head_kv; g++) {
-        if (offset[g] < 0) continue;
-        const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
-        views[g].k = malloc((size_t)l->n * kv_cache_key_bytes(c) + 1);
-        views[g].v = malloc((size_t)l->n * kv_cache_value_bytes(c) + 1);
-        if (!views[g].k || !views[g].v)
-            return pykv_error(PYKV_ERR_NOMEM, "out of memory copying layer %d's KV cache from the GPU", ev->layer);
-        PYKV_TRY(kv_list_read_rows(c, l, 0, l->n, views[g].k));
-        PYKV_TRY(kv_list_read_rows(c, l, 1, l->n, views[g].v));
-    }
-    return PYKV_OK;
-}
-
-static void free_views(struct kv_list *views, int32_t n) {
-    for (int32_t g = 0; views && g < n; g++) {
-        free(views[g].k);
-        free(views[g].v);
-    }
-    free(views);
-}
-
 pykv_status es_layer_keep_top(const struct kv_policy *p, const struct policy_event *ev, int32_t B, es_score_fn score) {
     const int32_t n_head_kv = ev->hp->n_head_kv;
     const int nth = threadpool_size(ev->pool);
@@ -87,12 +55,16 @@ pykv_status es_layer_keep_top(const struct kv_policy *p, const struct policy_eve
     struct kv_list *views = NULL;
     pykv_status st = job.s && job.tmp ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "out of memory scoring KV entries");
     if (st == PYKV_OK && kv_cache_list(ev->cache, ev->layer, 0)->on_device) {
+        // a layer on the GPU is scored from a copy in host memory (each entry is read once; the
+        // eviction then moves the rows on the device)
         views = calloc((size_t)n_head_kv, sizeof(*views));
-        st = views ? host_views(ev, offset, views) : pykv_error(PYKV_ERR_NOMEM, "out of memory scoring KV entries");
+        st = views ? kv_layer_host_copy(ev->cache, ev->layer, 1, views)
+                   : pykv_error(PYKV_ERR_NOMEM, "out of memory scoring KV entries");
         job.views = views;
     }
     if (st == PYKV_OK) threadpool_run(ev->pool, score_task, &job);
-    free_views(views, n_head_kv);
+    kv_layer_host_copy_free(ev->cache, views);
+    free(views);
     for (int32_t g = 0; g < n_head_kv && st == PYKV_OK; g++) {
         if (offset[g] < 0) continue;
         const int32_t n = kv_cache_list(ev->cache, ev->layer, g)->n;

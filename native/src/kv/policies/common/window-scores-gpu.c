@@ -1,5 +1,5 @@
-// window-scores-gpu.c - the window policies' reads of a layer on the GPU: the statistics of
-// ws_stats_compute (the window's attention over the lists runs there, ggml-cuda/
+// window-scores-gpu.c - the policies' reads of a layer on the GPU: the chunk's query rows, the
+// statistics of ws_stats_compute (the window's attention over the lists runs there, ggml-cuda/
 // window-scores.cu, the twin of the CPU's stats_head) and LAVa's value norms. Only the
 // per-candidate means (and variances) and the norms come back, so everything the policies do
 // with them after is the CPU's code.
@@ -39,6 +39,15 @@ pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, s
     cuda_free_async(d, s);
     const pykv_status done = cuda_stream_sync(s);
     return err != PYKV_OK ? err : done;
+}
+
+pykv_status ws_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out) {
+    const struct kv_cache *c = ev->cache;
+    const size_t width = (size_t)ev->hp->n_head * ev->hp->head_dim;
+    PYKV_TRY(cuda_set_device(c->device));
+    PYKV_TRY(cuda_download_async(out, ev->q_device + (size_t)t0 * width, (size_t)rows * width * sizeof(float),
+                                 (cuda_stream)c->device_stream));
+    return cuda_stream_sync((cuda_stream)c->device_stream);
 }
 
 pykv_status ws_value_l1_max_device(const struct policy_event *ev, const int32_t *n_cand, float *vbar) {
@@ -166,6 +175,10 @@ pykv_status ws_attention_sums_device(const struct policy_event *ev, int32_t rows
 pykv_status ws_window_entropy_device(const struct policy_event *ev, struct ws_window w, const int32_t *n_cand,
                                      double *H) {
     (void)ev; (void)w; (void)n_cand; (void)H;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ws_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out) {
+    (void)ev; (void)t0; (void)rows; (void)out;
     return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
 }
 pykv_status ws_value_l1_max_device(const struct policy_event *ev, const int32_t *n_cand, float *vbar) {

@@ -134,6 +134,14 @@ nomem:
     return pykv_error(PYKV_ERR_NOMEM, "out of memory scoring the observation window of layer %d", ev->layer);
 }
 
+pykv_status ws_query_rows(const struct policy_event *ev, int32_t t0, int32_t rows, float *out) {
+    if (ev->q_device) return ws_query_rows_device(ev, t0, rows, out);
+    const size_t width = (size_t)ev->hp->n_head * ev->hp->head_dim;
+    if (!ev->q) return pykv_error(PYKV_ERR_INTERNAL, "layer %d's event has no queries", ev->layer);
+    memcpy(out, ev->q + (size_t)t0 * width, (size_t)rows * width * sizeof(float));
+    return PYKV_OK;
+}
+
 pykv_status ws_value_l1_max(const struct policy_event *ev, const int32_t *n_cand, float *vbar) {
     const int hkv = ev->hp->n_head_kv, hd = ev->hp->head_dim;
     if (kv_cache_list(ev->cache, ev->layer, 0)->on_device) return ws_value_l1_max_device(ev, n_cand, vbar);

@@ -61,6 +61,11 @@ pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, s
 pykv_status ws_value_l1_max(const struct policy_event *ev, const int32_t *n_cand, float *vbar);
 pykv_status ws_value_l1_max_device(const struct policy_event *ev, const int32_t *n_cand, float *vbar);
 
+// Rows t0 .. t0 + rows - 1 of the chunk's queries ((rows, n_head, head_dim) floats) copied to
+// out, from ev->q or, for a layer on the GPU, from ev->q_device.
+pykv_status ws_query_rows(const struct policy_event *ev, int32_t t0, int32_t rows, float *out);
+pykv_status ws_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out);
+
 // A layer on the GPU (ev->q_device set; window-scores-gpu.c):
 // row h of out (stride apart) = the attention query head h's list entries receive from the
 // chunk's last `rows` queries, summed (causal: each sees the entries up to its own) - the

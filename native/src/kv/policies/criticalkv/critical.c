@@ -69,15 +69,14 @@ static void weights_task(void *arg, int ith, int nth) {
     for (long hq = h0; hq < h1; hq++) head_weights(job, (int)hq, wh, out);
 }
 
+// The candidates' values as floats (a layer on the GPU sends them down).
 static pykv_status candidate_values(const struct policy_event *ev, const struct ws_stats *st, float **values) {
     const int d = ev->hp->head_dim;
-    float tmp[PYKV_MAX_HEAD_DIM];
     for (int g = 0; g < st->n_head_kv; g++) {
         const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
         values[g] = malloc((size_t)(st->n_cand[g] ? st->n_cand[g] : 1) * d * sizeof(float));
         if (!values[g]) return pykv_error(PYKV_ERR_NOMEM, "out of memory weighing the values of layer %d", ev->layer);
-        for (int32_t j = 0; j < st->n_cand[g]; j++)
-            memcpy(values[g] + (size_t)j * d, kv_value_f32(l, j, d, tmp), (size_t)d * sizeof(float));
+        PYKV_TRY(kv_list_rows_f32(ev->cache, l, 1, st->n_cand[g], values[g]));
     }
     return PYKV_OK;
 }

@@ -120,4 +120,5 @@ const struct policy_ops policy_criticaladakv = {
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
+    .device_lists = 1,
 };

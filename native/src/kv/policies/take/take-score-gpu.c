@@ -1,10 +1,11 @@
-// take-score-gpu.c - TAKE's reads of a layer on the GPU: the probe's query rows come down to
-// the host (the EMA runs there, on rows * n_head * head_dim floats), and the mixed probe goes
-// up to be scored by the observation-window kernel (ggml-cuda/window-scores.cu) with each
-// row's causal limit by position given per row; the per-entry scores come back.
+// take-score-gpu.c - TAKE's probe scores for a layer on the GPU: the probe's query rows come
+// down to the host (ws_query_rows; the EMA runs there, on rows * n_head * head_dim floats), and
+// the mixed probe goes up to be scored by the observation-window kernel (ggml-cuda/window-scores.cu) with each
+// row's causal limit by position given per row (and its weight, for FINCH's rows weighted by
+// the entries they see); the per-entry scores come back.
 //
-// The kernel takes the mean over the rows in double (Welford) where take_layer_scores sums
-// floats: the scores agree to float rounding, so only near-ties can rank differently.
+// The kernel sums over the rows in double where take_layer_scores sums floats: the scores
+// agree to float rounding, so only near-ties can rank differently.
 #include "kv/policies/take/take-score.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
@@ -17,17 +18,9 @@
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-device.h"
 
-pykv_status take_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out) {
-    const struct kv_cache *c = ev->cache;
-    const size_t width = (size_t)ev->hp->n_head * ev->hp->head_dim;
-    PYKV_TRY(cuda_set_device(c->device));
-    PYKV_TRY(cuda_download_async(out, ev->q_device + (size_t)t0 * width, (size_t)rows * width * sizeof(float),
-                                 (cuda_stream)c->device_stream));
-    return cuda_stream_sync((cuda_stream)c->device_stream);
-}
-
 pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                                     const int32_t *n_cols, int32_t kernel, float *scores) {
+                                     const int32_t *n_cols, int32_t kernel, enum take_row_weight weight,
+                                     float *scores) {
     const struct kv_cache *c = ev->cache;
     const struct hparams *hp = ev->hp;
     const cuda_stream s = (cuda_stream)c->device_stream;
@@ -48,7 +41,7 @@ pykv_status take_layer_scores_device(const struct policy_event *ev, const float 
         }
     }
     struct cuda_window_args a = { .n_head = hp->n_head, .T = rows, .rows = rows, .protect = 0, .pool = WS_POOL_AVG,
-                                  .kernel = kernel, .gqa = WS_GQA_MEAN };
+                                  .kernel = kernel, .gqa = WS_GQA_MEAN, .weight_seen = weight == TAKE_ROWS_BY_SEEN };
     a.vis = vis;   // the size of the work does not depend on where vis is
     const size_t work = (cuda_window_work_bytes(&kl, &a) + 255) / 256 * 256;
     const size_t q_bytes = ((size_t)rows * hp->n_head * hp->head_dim * sizeof(float) + 255) / 256 * 256;
@@ -86,13 +79,10 @@ pykv_status take_layer_scores_device(const struct policy_event *ev, const float 
 
 #else
 
-pykv_status take_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out) {
-    (void)ev; (void)t0; (void)rows; (void)out;
-    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
-}
 pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                                     const int32_t *n_cols, int32_t kernel, float *scores) {
-    (void)ev; (void)qa; (void)rows; (void)pos0; (void)n_cols; (void)kernel; (void)scores;
+                                     const int32_t *n_cols, int32_t kernel, enum take_row_weight weight,
+                                     float *scores) {
+    (void)ev; (void)qa; (void)rows; (void)pos0; (void)n_cols; (void)kernel; (void)weight; (void)scores;
     return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
 }
 

@@ -103,11 +103,7 @@ pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, in
                               const int32_t *n_cols, const int64_t *offset, int32_t kernel,
                               enum take_row_weight weight, float *scores) {
     const struct hparams *hp = ev->hp;
-    if (ev->q_device) {
-        if (weight != TAKE_ROWS_EQUAL)
-            return pykv_error(PYKV_ERR_UNSUPPORTED, "probe scores weighted by row run on the CPU only");
-        return take_layer_scores_device(ev, qa, rows, pos0, n_cols, kernel, scores);
-    }
+    if (ev->q_device) return take_layer_scores_device(ev, qa, rows, pos0, n_cols, kernel, weight, scores);
     const int32_t G = hp->n_head / hp->n_head_kv;
     int32_t max_cols = 1;
     int64_t total = 0;

@@ -54,8 +54,8 @@ pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, in
                               const int32_t *n_cols, const int64_t *offset, int32_t kernel,
                               enum take_row_weight weight, float *scores);
 
-// A layer on the GPU (ev->q_device set; take-score-gpu.c): rows t0 .. t0 + rows - 1 of the
-// chunk's queries copied to out, and take_layer_scores' TAKE_ROWS_EQUAL scores computed there.
-pykv_status take_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out);
+// A layer on the GPU (ev->q_device set; take-score-gpu.c): take_layer_scores' scores computed
+// there.
 pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                                     const int32_t *n_cols, int32_t kernel, float *scores);
+                                     const int32_t *n_cols, int32_t kernel, enum take_row_weight weight,
+                                     float *scores);

@@ -238,7 +238,7 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
         free(qa);
         return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
     }
-    pykv_status st = ev->q_device ? take_query_rows_device(ev, t0, rows, q_host) : PYKV_OK;
+    pykv_status st = ev->q_device ? ws_query_rows(ev, t0, rows, q_host) : PYKV_OK;
     const float *q_rows = ev->q_device ? q_host : ev->q + (size_t)t0 * width;
     if (st == PYKV_OK) st = take_ema_update(e, q_rows, rows, pos0, p->alpha, ev, qa);
     free(q_host);
