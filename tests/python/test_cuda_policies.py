@@ -85,9 +85,12 @@ def _check_same_cache(cpu, gpu, policy, exact):
     else:
         assert diff <= NEAR_TIE_SHARE * kept, f"{policy}: {diff} of {kept} kept entries differ"
     sa, sb = cpu.kv_stats(), gpu.kv_stats()
-    assert sa["entries"] == sb["entries"] and sa["evicted"] == sb["evicted"] > 0
-    assert sa["entries_per_head"] == sb["entries_per_head"]
-    assert sa["bytes"] == sb["bytes"], "the lists' room differs"
+    assert sb["evicted"] > 0 and sa["entries"] + sa["evicted"] == sb["entries"] + sb["evicted"]
+    # a near-tie across heads (Ada-KV's, LAVa's and CAKE's budgets) moves an entry between lists
+    moved = sum(abs(x - y) for ra, rb in zip(sa["entries_per_head"], sb["entries_per_head"]) for x, y in zip(ra, rb))
+    assert moved <= diff, f"{policy}: {moved} entries kept in other lists than on the CPU, {diff} differ"
+    if moved == 0:
+        assert sa["bytes"] == sb["bytes"], "the lists' room differs"
     return diff
 
 
