@@ -9,7 +9,8 @@
 // Decode (one token): the range is one segment of the list and the block leaves the partial
 // (m, l, o) of each query head for attention-decode.cu's merge. Prefill: the range is every
 // entry the block's last token sees, each row masks the entries past its own causal limit
-// (n_before + t + 1), and the block writes o / l.
+// (n_before + t + 1), and the block writes o / l. A merged entry (layer.members) weighs as the
+// sum of its members' exponentials.
 #pragma once
 #include "common.cuh"
 #include "kv-rows.cuh"
@@ -108,6 +109,8 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
 
     const int warp = threadIdx.x / CUDA_WARP, lane = threadIdx.x % CUDA_WARP;
     const int fk = a.layer.fmt_k, fv = a.layer.fmt_v;
+    const int32_t *members = a.layer.members[g], *member_at = members + a.layer.members_cap[g];
+    const float *member_pool = (const float *)(member_at + a.layer.members_cap[g]);
     for (; j0 < j_end; j0 += ATTN_KEYS) {
         const int kt = min(ATTN_KEYS, j_end - j0);
         attn_stage<NT>(KV, a.layer.k[g], fk, d, j0, kt);
@@ -128,11 +131,23 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
         }
         __syncthreads();
         attn_stage<NT>(KV, a.layer.v[g], fv, d, j0, kt);   // the keys are done with
-        // online softmax, a warp per row: S becomes exp(s - m_new), C the rescale of the old
+        // online softmax, a warp per row: S becomes exp(s - m_new), C the rescale of the old;
+        // a merged entry's S is the sum over its members of exp(norm * s - m_new)
         for (int r = warp; r < R; r += NT / CUDA_WARP) {
             const float s = S[r * ATTN_KEYS + lane];
-            const float m_old = M[r], m_new = fmaxf(m_old, warp_max(s));
-            const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
+            int cnt = 1;
+            const float *norm = NULL;
+            if (members && s != -INFINITY) {
+                cnt = members[j0 + lane];
+                if (cnt > 1) norm = member_pool + member_at[j0 + lane];
+            }
+            const float top = norm ? fmaxf(norm[0] * s, norm[cnt - 1] * s) : s;   // norms ascend
+            const float m_old = M[r], m_new = fmaxf(m_old, warp_max(top));
+            float p = 0.0f;
+            if (norm)
+                for (int i = 0; i < cnt; i++) p += expf(norm[i] * s - m_new);
+            else if (s != -INFINITY)
+                p = expf(s - m_new);
             const float sum = warp_sum(p);
             S[r * ATTN_KEYS + lane] = p;
             if (lane == 0) {

@@ -75,6 +75,13 @@ struct cuda_kv_layer {
     int32_t        head_dim;
     int32_t        fmt_k;
     int32_t        fmt_v;
+    // Merged entries (EMS; the attention kernels only): NULL, or list g's member bookkeeping
+    // in device memory, as kv_list holds it: n_members (members_cap ints), member_at
+    // (members_cap ints), then the pool of member key norms (floats, ascending per entry).
+    // Attention expands entry j with n_members[j] > 1 into one logit per member,
+    // norm * (q . key) / sqrt(head_dim), all sharing its value (the CPU's attention_group).
+    const int32_t *members[CUDA_MAX_KV_HEADS];
+    int32_t        members_cap[CUDA_MAX_KV_HEADS];
 };
 // Store token t's key and value of KV head g (k + (t * n_head_kv + g) * head_dim, same for v)
 // as entry n[g] + t of list g (n_dev[g] - T + t with n_dev: the lengths after the chunk), in

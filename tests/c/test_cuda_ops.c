@@ -10,7 +10,9 @@
 //    (and 96, 256), n_rep 1, 3, 4, 8 (and 6, 16), n from 1 to 5000 (and 70000: the segment
 //    cap), every format pair, lists of different lengths per KV head; NMSE <= 1e-6;
 //  * prefill attention vs attention_flash: T = 1, 5, 64, 130, 512 after n_before = 0, 3,
-//    1000 entries, per-head n_before differing by one; NMSE <= 1e-6.
+//    1000 entries, per-head n_before differing by one; NMSE <= 1e-6;
+//  * merged entries (EMS: one logit per member, sharing the value): decode and prefill vs
+//    attention_group, every format, up to 20000 entries; NMSE <= 1e-6.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,6 +236,71 @@ static void test_decode(int d, int fmt_k, int fmt_v, const int *reps, int n_reps
     lists_free(&L);
 }
 
+// Merged entries (EMS): every third entry of each list (and the first) stands for 2 to 9
+// members with norms in [0.5, 2], its key a unit direction; the member bookkeeping goes to the
+// device as kv_list holds it. Decode and prefill against attention_group, which expands them.
+static void test_merged(int d, int fmt, int n_rep, int32_t n0, int T) {
+    const int n_kv = 2, n_head = n_kv * n_rep;
+    const int32_t n[2] = { n0 + T, n0 / 2 + T };
+    struct lists L;
+    lists_init(&L, n_kv, d, fmt, fmt, n, n[0]);
+    float norms[9], *k = malloc((size_t)d * sizeof(float)), *v = malloc((size_t)d * sizeof(float));
+    void *blocks[2];
+    for (int g = 0; g < n_kv; g++) {
+        struct kv_list *l = kv_cache_list(&L.cache, 0, g);
+        CHECK(kv_list_enable_members(&L.cache, l) == PYKV_OK);
+        for (int32_t j = 0; j < n[g] - T; j += 3) {
+            fill(k, d, -1.0f, 1.0f);
+            double sq = 0.0;
+            for (int c = 0; c < d; c++) sq += (double)k[c] * k[c];
+            for (int c = 0; c < d; c++) k[c] = (float)(k[c] / sqrt(sq));
+            fill(v, d, -1.0f, 1.0f);
+            kv_list_set_kv(l, j, k, v, d);
+            const int m = 2 + (int)(next_u32() % 8);
+            fill(norms, m, 0.5f, 2.0f);
+            CHECK(kv_list_set_members(&L.cache, l, j, norms, m) == PYKV_OK);
+        }
+        const size_t kb = kv_format_row_bytes(fmt, d), vb = kv_format_row_bytes(fmt, d);
+        CHECK(cuda_upload(L.layer.k[g], l->k, (size_t)n[g] * kb) == PYKV_OK);
+        CHECK(cuda_upload(L.layer.v[g], l->v, (size_t)n[g] * vb) == PYKV_OK);
+        const size_t ints = (size_t)l->cap * sizeof(int32_t), pool = (size_t)l->pool_used * sizeof(float);
+        char *host = malloc(2 * ints + pool + 4);
+        memcpy(host, l->n_members, ints);
+        memcpy(host + ints, l->member_at, ints);
+        memcpy(host + 2 * ints, l->member_pool, pool);
+        blocks[g] = dev_upload(host, 2 * ints + pool + 4);
+        L.layer.members[g] = blocks[g];
+        L.layer.members_cap[g] = l->cap;
+        free(host);
+    }
+    // decode: the last token's heads over every entry
+    char what[112];
+    snprintf(what, sizeof(what), "merged decode kv=%s d=%d n_rep=%d n=%d,%d", kv_format_name(fmt), d, n_rep, n[0], n[1]);
+    check_decode(&L, n, n_rep, what);
+    // prefill: T tokens, token t over the first n[g] - T + t + 1 entries
+    const size_t stride = (size_t)n_head * d, total = (size_t)T * stride;
+    float *q = malloc(total * sizeof(float)), *want = malloc(total * sizeof(float)), *got = malloc(total * sizeof(float));
+    float *w = malloc((size_t)ATTENTION_TILE * n[0] * sizeof(float));
+    fill(q, total, -1.0f, 1.0f);
+    for (int g = 0; g < n_kv; g++)
+        for (int t = 0; t < T; t++)
+            for (int r0 = 0; r0 < n_rep; r0 += ATTENTION_TILE) {
+                const int nq = n_rep - r0 < ATTENTION_TILE ? n_rep - r0 : ATTENTION_TILE;
+                const size_t off = (size_t)t * stride + (size_t)(g * n_rep + r0) * d;
+                attention_group(q + off, nq, kv_cache_list(&L.cache, 0, g), n[g] - T + t + 1, d, w, want + off);
+            }
+    float *dq = dev_upload(q, total * sizeof(float)), *dout = dev_upload(NULL, total * sizeof(float));
+    cuda_attention_prefill(NULL, &L.layer, dq, n_head, T, dout);
+    dev_download(got, dout, total * sizeof(float));
+    snprintf(what, sizeof(what), "merged prefill kv=%s d=%d n_rep=%d T=%d n=%d,%d", kv_format_name(fmt), d, n_rep, T,
+             n[0], n[1]);
+    report(what, nmse(got, want, total), 1e-6);
+    cuda_free(dq); cuda_free(dout);
+    for (int g = 0; g < n_kv; g++) cuda_free(blocks[g]);
+    free(q); free(want); free(got); free(w); free(k); free(v);
+    lists_free(&L);
+}
+
 // A prefill chunk of T tokens after n_before[g] entries (the chunk's own entries appended)
 // against attention_flash in blocks of flash_tokens_per_block tokens.
 static void test_prefill(int d, int fmt_k, int fmt_v, int n_rep, int T, int n_before) {
@@ -314,5 +381,10 @@ int main(void) {
             test_prefill(96, KV_F32, KV_F16, 6, Ts[a], nbs[b]);
         }
     test_prefill(128, KV_F16, KV_F16, 16, 70, 40);   // head groups: 16 heads of 128 > one block's rows
+    for (int fmt = 0; fmt < KV_N_FORMATS; fmt++) {
+        test_merged(64, fmt, 4, 300, 9);
+        test_merged(128, fmt, 1, 2000, 40);
+    }
+    test_merged(128, KV_F16, 8, 20000, 3);   // many decode segments
     return check_report("test_cuda_ops");
 }

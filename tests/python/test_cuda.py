@@ -305,16 +305,18 @@ def test_cancelled_prefill_leaves_the_gpu_context_usable(model_path):
 
 
 @needs_gpu
-def test_policy_without_a_gpu_path_keeps_the_layers_on_the_cpu(model_path):
-    """A policy that keeps state the GPU lists cannot hold (EMS's merged entries) runs every
-    layer on the CPU, with one warning; the ones that run on the GPU are in
-    test_cuda_policies.py."""
+def test_exact_matmul_keeps_the_layers_on_the_cpu(model_path):
+    """exact_matmul (float activations everywhere) is the CPU's: such a context runs every layer
+    there, with one warning, and gives the CPU's logits bit for bit."""
     path = model_path("llama_q8_0_h8kv2")
-    with pytest.warns(RuntimeWarning, match="the 'ems' policy does not run on the GPU: this context runs every layer"):
-        llm = Llama(path, n_ctx=256, n_gpu_layers=-1, policy="ems", budget=64)
-    with llm:
-        llm.eval(random_tokens(100, seed=10))
-        assert llm.kv_stats()["device_bytes"] == 0 and llm.kv_stats()["evicted"] > 0
+    tokens = random_tokens(50, seed=10)
+    with pytest.warns(RuntimeWarning, match="exact_matmul runs on the CPU: this context runs every layer there"):
+        llm = Llama(path, n_ctx=256, n_gpu_layers=-1, exact_matmul=True)
+    with llm, _open(path, exact_matmul=True) as cpu:
+        llm.eval(tokens)
+        cpu.eval(tokens)
+        assert llm.kv_stats()["device_bytes"] == 0
+        np.testing.assert_array_equal(llm.logits(), cpu.logits())
 
 
 @needs_gpu

@@ -1,9 +1,11 @@
 """The eviction policies with the layers on the GPU, checked against the CPU path.
 
-The policies that run there (policy_ops.device_lists: all but ems) score on the device (the
-observation window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms) or from
-what comes down of the layer (knorm, keydiff and lagkv's keys, criticalkv's values,
-expected_attention's and KVzip's queries and keys), and compact the lists in GPU memory.
+Every policy runs there (policy_ops.device_lists). Most score on the device (the observation
+window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms), some from what
+comes down of the layer (knorm, keydiff and lagkv's keys, criticalkv's values,
+expected_attention's and KVzip's queries and keys), and EMS on the host with the layer's lists
+brought down and sent back, its merged entries expanded by the GPU's attention; all compact
+the lists in GPU memory.
 Each is run on the same prompt by a context with every layer on the GPU and by one on the
 CPU's exact path, and compared: the positions every (layer, KV head) list keeps, the byte
 counts of kv_stats, the budget, and the logits.
@@ -23,9 +25,8 @@ from test_cuda import LOGIT_RTOL, SMOL_SHAPE, _close_enough, _open, model_path, 
 
 # The policies whose hooks run on GPU lists, with arguments that make them evict here.
 SCORED = ["snapkv", "pyramidkv", "adakv", "chunkkv", "lava", "take", "cake", "h2o", "tova", "knorm", "keydiff", "lagkv", "finch",
-          "criticalkv", "criticaladakv", "expected_attention", "kvzip"]
+          "criticalkv", "criticaladakv", "expected_attention", "kvzip", "ems"]
 BY_POSITION = ["streamingllm", "random"]
-ON_CPU_ONLY = ["ems"]
 BUDGET = 48
 # Kept entries of scored policies that may differ between GPU and CPU (near-ties), as a share
 # of the kept entries.
@@ -37,12 +38,11 @@ DECODE_NEAR_TIE_SHARE = 0.05
 
 def test_policy_info_says_which_policies_run_on_the_gpu():
     """pykv_policy_info's runs_on_gpu, and `pykv info --policies`, name the policies a
-    context runs on the GPU: every one tested here, and not the others."""
+    context runs on the GPU: every one, each tested here."""
     from pykv.policies import policy_info
     from test_cuda import _cli
     on_gpu = {p["name"] for p in policy_info() if p["runs_on_gpu"]}
-    assert on_gpu == {p["name"] for p in policy_info()} - set(ON_CPU_ONLY)
-    assert set(SCORED + BY_POSITION + ["full"]) == on_gpu
+    assert on_gpu == {p["name"] for p in policy_info()} == set(SCORED + BY_POSITION + ["full"])
     out = _cli("info", "--policies")
     assert out.returncode == 0, out.stderr
     blocks, name = {}, None
@@ -53,7 +53,6 @@ def test_policy_info_says_which_policies_run_on_the_gpu():
             blocks[name] = blocks.get(name, "") + line.strip() + "\n"
     assert "GPU: runs with the layers on the GPU (-ngl), scoring and evicting there" in blocks["snapkv"]
     assert "GPU: runs with the layers on the GPU (-ngl)\n" in blocks["full"]
-    assert "GPU: no; with -ngl a context keeps every layer on the CPU" in blocks["ems"]
 
 
 def _positions(llm):
@@ -115,6 +114,8 @@ def test_policy_on_the_gpu_keeps_what_the_cpu_keeps(model_path, name, policy):
         assert 0 < gpu.kv_stats()["device_bytes"] <= gpu.kv_stats()["bytes"]
         if diff == 0:
             assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+        if policy == "ems":   # merged entries, which the GPU's attention expands
+            assert gpu.kv_stats()["merged"] > 0
         flips = 0
         for step in range(16):
             cpu.load_state(gpu.save_state())

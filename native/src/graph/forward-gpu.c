@@ -16,6 +16,7 @@
 #include "ggml-cuda/kernels.h"
 #include "kv/kv-device.h"
 #include "kv/policies/common/window-scores.h"
+#include "graph/attention-schedule.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -245,6 +246,31 @@ static void enqueue_logits(struct gpu_run *g, const pykv_model *m, int T) {
 // step. The attention sums, which the CPU's attention writes as it goes, are computed again
 // from them into the same host buffer. A decode step calls decode_list for each list in turn,
 // after after_layer as on the CPU.
+// A policy with host_lists (EMS) sees the layer as the CPU's hooks do: its lists, the chunk's
+// queries (in ctx->buf.q) and the attention sums in host memory, the lists going back after.
+static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, int T, int n_probe, const float *d_q) {
+    const struct policy_ops *ops = ctx->policy->ops;
+    const struct hparams *hp = &ctx->model->hp;
+    struct kv_staged saved[CUDA_MAX_KV_HEADS];
+    if (!d_q) return pykv_error(PYKV_ERR_INTERNAL, "the '%s' policy's hooks need the layer's queries", ops->name);
+    PYKV_TRY(ws_query_rows(ev, 0, T, ctx->buf.q));
+    PYKV_TRY(kv_layer_stage(&ctx->cache, ev->layer, saved));
+    ev->q = ctx->buf.q;
+    ev->q_device = NULL;
+    ev->probe.q = n_probe ? ctx->buf.q + (size_t)(T - n_probe) * hp->n_head * hp->head_dim : NULL;
+    pykv_status st = PYKV_OK;
+    if (policy_needs_sums(ops) && (T == 1 || (ops->needs & POLICY_NEEDS_ATTENTION_SUMS))) {
+        prefill_attention_sums(ctx, ev->layer, T);   // the CPU's sums over the staged lists (T = 1 too)
+        ev->attn_colsum = ctx->buf.attn_colsum;
+        ev->attn_colsum_stride = (int32_t)ctx->buf.colsum_stride;
+    }
+    if (ops->after_layer) st = ops->after_layer(ctx->policy, ev);
+    for (int g = 0; st == PYKV_OK && T == 1 && ev->n_prompt == 1 && ops->decode_list && g < hp->n_head_kv; g++)
+        st = ops->decode_list(ctx->policy, ev, g);
+    const pykv_status back = kv_layer_unstage(&ctx->cache, ev->layer, saved);
+    return st != PYKV_OK ? st : back;
+}
+
 static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, const float *d_q) {
     const struct policy_ops *ops = ctx->policy->ops;
     struct policy_event ev = ctx->event;
@@ -258,6 +284,7 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
     ev.probe.rope_inv_freq = ctx->buf.rope_inv_freq;
     ev.wo = &ctx->model->layers[layer].wo;
     ev.attn_colsum = NULL;
+    if (ops->host_lists) return host_layer_hook(ctx, &ev, T, n_probe, d_q);
     const int decode_step = T == 1 && ev.n_prompt == 1;
     if (d_q && policy_needs_sums(ops) && (T == 1 || (ops->needs & POLICY_NEEDS_ATTENTION_SUMS))) {
         PYKV_TRY(ws_attention_sums_device(&ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
@@ -282,6 +309,8 @@ static pykv_status run_layers(pykv_context *ctx, int T, int n_probe) {
     for (int layer = g->first_layer; layer < hp->n_layer; layer++) {
         if (!hooks && layer > g->first_layer && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
             return pykv_error(PYKV_ERR_CANCELLED, "cancelled");
+        for (int h = 0; h < hp->n_head_kv; h++)   // merged entries changed on the host go up
+            PYKV_TRY(kv_list_sync_members(&ctx->cache, kv_cache_list(&ctx->cache, layer, h)));
         struct cuda_kv_layer before, after;
         kv_device_layer(&ctx->cache, layer, NULL, &before);
         after = before;

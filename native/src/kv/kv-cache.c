@@ -123,6 +123,11 @@ static pykv_status host_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
 static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
     if (cap == l->cap) return PYKV_OK;
     if (l->on_device) PYKV_TRY(device_resize(c, l, cap));
+    if (cap == 0 && l->member_block) {
+        kv_device_resize(c->device, c->device_stream, &l->member_block, l->member_block_bytes, 0);
+        l->member_block_bytes = 0;
+    }
+    l->members_stale = 1;   // the member arrays follow the room
     return host_resize(c, l, cap);
 }
 
@@ -251,6 +256,97 @@ pykv_status kv_list_rows_f32(const struct kv_cache *c, const struct kv_list *l, 
     return PYKV_OK;
 }
 
+pykv_status kv_list_sync_members(struct kv_cache *c, struct kv_list *l) {
+    if (!l->on_device || !l->n_members || !l->members_stale) return PYKV_OK;
+    const size_t ints = (size_t)l->cap * sizeof(int32_t), bytes = 2 * ints + (size_t)l->pool_used * sizeof(float);
+    char *block = malloc(bytes + 1);
+    if (!block) return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+    memcpy(block, l->n_members, ints);
+    memcpy(block + ints, l->member_at, ints);
+    if (l->pool_used) memcpy(block + 2 * ints, l->member_pool, (size_t)l->pool_used * sizeof(float));
+    pykv_status st = PYKV_OK;
+    if (bytes > l->member_block_bytes) {   // grown: a new block (the old contents are not kept)
+        st = kv_device_resize(c->device, c->device_stream, &l->member_block, 0, bytes);
+        if (st == PYKV_OK) {
+            l->member_block_bytes = bytes;
+            c->device_moves++;
+        }
+    }
+    if (st == PYKV_OK) st = kv_device_write(c->device_stream, l->member_block, block, bytes);
+    free(block);
+    if (st == PYKV_OK) {
+        l->member_block_cap = l->cap;
+        l->members_stale = 0;
+    }
+    return st;
+}
+
+pykv_status kv_layer_stage(struct kv_cache *c, int layer, struct kv_staged *saved) {
+    const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
+    for (int g = 0; g < c->n_head_kv; g++) {
+        struct kv_list *l = kv_cache_list(c, layer, g);
+        saved[g] = (struct kv_staged){ l->k, l->v, l->cap };
+        void *k = pages_realloc(NULL, (size_t)(l->cap ? l->cap : 1) * kb);
+        void *v = pages_realloc(NULL, (size_t)(l->cap ? l->cap : 1) * vb);
+        pykv_status st = k && v ? kv_list_read_rows(c, l, 0, l->n, k)
+                                : pykv_error(PYKV_ERR_NOMEM, "out of memory bringing layer %d's KV cache to the host", layer);
+        if (st == PYKV_OK) st = kv_list_read_rows(c, l, 1, l->n, v);
+        if (st != PYKV_OK) {
+            pages_free(k);
+            pages_free(v);
+            kv_layer_unstage(c, layer, saved);   // the lists staged before this one go back
+            return st;
+        }
+        l->k = k;
+        l->v = v;
+        l->on_device = 0;
+        saved[g].cap = l->cap;
+    }
+    return PYKV_OK;
+}
+
+pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *saved) {
+    const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
+    pykv_status first = PYKV_OK;
+    for (int g = 0; g < c->n_head_kv; g++) {
+        struct kv_list *l = kv_cache_list(c, layer, g);
+        if (l->on_device) continue;   // not staged (a failed kv_layer_stage stops early)
+        void *hk = l->k, *hv = l->v;
+        void *dk = saved[g].k, *dv = saved[g].v;
+        pykv_status st = PYKV_OK;
+        if (l->cap > saved[g].cap)   // the lists only lose entries on the host: a larger room is a bug
+            st = pykv_error(PYKV_ERR_INTERNAL, "a staged KV list grew from %d to %d entries", saved[g].cap, l->cap);
+        if (st == PYKV_OK && l->cap < saved[g].cap) {   // its room shrank: device buffers of the new size
+            void *nk = NULL, *nv = NULL;
+            st = kv_device_resize(c->device, c->device_stream, &nk, 0, (size_t)l->cap * kb);
+            if (st == PYKV_OK) st = kv_device_resize(c->device, c->device_stream, &nv, 0, (size_t)l->cap * vb);
+            if (st == PYKV_OK) {
+                kv_device_resize(c->device, c->device_stream, &dk, 0, 0);   // the old ones, after the work queued
+                kv_device_resize(c->device, c->device_stream, &dv, 0, 0);
+                dk = nk;
+                dv = nv;
+                c->device_bytes += (int64_t)(l->cap - saved[g].cap) * (int64_t)(kb + vb);
+                c->device_moves++;
+            } else {   // out of memory: the larger buffers stay, and hold the rows just as well
+                kv_device_resize(c->device, c->device_stream, &nk, 0, 0);
+                kv_device_resize(c->device, c->device_stream, &nv, 0, 0);
+                st = PYKV_OK;
+            }
+        }
+        l->k = dk;
+        l->v = dv;
+        l->on_device = 1;
+        l->members_stale = 1;
+        if (st == PYKV_OK) st = kv_list_write_rows(c, l, 0, l->n, hk);
+        if (st == PYKV_OK) st = kv_list_write_rows(c, l, 1, l->n, hv);
+        if (st == PYKV_OK) st = kv_list_sync_members(c, l);
+        pages_free(hk);
+        pages_free(hv);
+        if (first == PYKV_OK) first = st;
+    }
+    return first;
+}
+
 pykv_status kv_layer_host_copy(const struct kv_cache *c, int layer, int values, struct kv_list *copy) {
     for (int g = 0; g < c->n_head_kv; g++) {
         copy[g] = c->lists[(size_t)layer * c->n_head_kv + g];
@@ -331,6 +427,7 @@ pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l) {
     }
     for (int32_t j = 0; j < cap; j++) l->n_members[j] = 1;
     account(c, (int64_t)l->cap * (int64_t)(2 * sizeof(int32_t)));
+    l->members_stale = 1;
     return PYKV_OK;
 }
 
@@ -358,6 +455,7 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
         l->pool_live += n;
     }
     if (n > before) c->merged += n - before;
+    l->members_stale = 1;
     return PYKV_OK;
 }
 

@@ -78,6 +78,13 @@ struct kv_list {
     // the CUDA kernels only; pos and the counts stay here. Set by kv_cache_set_device on an
     // empty list.
     int32_t  on_device;
+    // A device list's merged entries as the attention kernels read them (kv_list_sync_members):
+    // n_members, member_at (member_block_cap ints each) and the pool, in GPU memory; stale
+    // once the host's change.
+    void    *member_block;
+    size_t   member_block_bytes;
+    int32_t  member_block_cap;
+    int32_t  members_stale;
 };
 
 struct kv_cache {
@@ -202,6 +209,18 @@ pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l);
 // pool, which may move); n == 1 makes it a plain entry again (its key must then be the
 // token's own key). Counts new members as merged.
 pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j, const float *norms, int32_t n);
+
+// Send a device list's merged-entry bookkeeping to its member_block when it changed.
+pykv_status kv_list_sync_members(struct kv_cache *c, struct kv_list *l);
+
+// A layer of device lists brought to host memory for code that reads and changes them there
+// (a policy with policy_ops.host_lists): kv_layer_stage copies every list's keys and values
+// into host buffers that the list then uses (on_device 0), keeping the device buffers in
+// saved (n_head_kv of them); kv_layer_unstage sends each list's rows back, into device
+// buffers of its room then, and frees the host ones (the lists' merged entries too).
+struct kv_staged { void *k, *v; int32_t cap; };
+pykv_status kv_layer_stage(struct kv_cache *c, int layer, struct kv_staged *saved);
+pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *saved);
 
 // Drop entries past n (rolls back a cancelled chunk); not counted as evicted.
 void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n);

@@ -100,6 +100,10 @@ void kv_device_layer(const struct kv_cache *c, int layer, const int32_t *d_lens,
         out->k[h] = l->k;
         out->v[h] = l->v;
         out->n[h] = l->n;
+        if (l->n_members && l->member_block) {   // merged entries (kv_list_sync_members)
+            out->members[h] = l->member_block;
+            out->members_cap[h] = l->member_block_cap;
+        }
     }
 }
 

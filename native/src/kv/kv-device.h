@@ -27,9 +27,9 @@ pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v,
 pykv_status kv_device_write(void *s, void *d_dst, const void *src, size_t bytes);
 
 #ifdef PYKV_CUDA
-// The lists of one layer as the CUDA kernels take them (ggml-cuda/kernels.h): their buffers
-// and current lengths, or with d_lens set the device array the kernels read the lengths from
-// when they run.
+// The lists of one layer as the CUDA kernels take them (ggml-cuda/kernels.h): their buffers,
+// merged entries and current lengths, or with d_lens set the device array the kernels read
+// the lengths from when they run.
 struct kv_cache;
 struct cuda_kv_layer;
 void kv_device_layer(const struct kv_cache *c, int layer, const int32_t *d_lens, struct cuda_kv_layer *out);

@@ -194,6 +194,11 @@ struct policy_ops {
     // lists of ev->layer (without sums or decode_list, after_layer runs for every GPU layer
     // once the step is done). A context whose policy lacks it runs every layer on the CPU.
     int           device_lists;
+    // Nonzero (with device_lists): the hooks read and change the lists on the host as they
+    // do on the CPU (EMS's merges); around the hooks of a GPU layer the context brings its
+    // lists, the chunk's queries and the attention sums to host memory (kv_layer_stage) and
+    // sends the lists back, with their merged entries, which the GPU's attention expands.
+    int           host_lists;
 };
 
 // Nonzero when a context with the policy runs the model's GPU layers there (pykv_policy_info's

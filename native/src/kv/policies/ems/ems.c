@@ -310,4 +310,6 @@ const struct policy_ops policy_ems = {
     .default_budget_frac = POLICY_DEFAULT_BUDGET_FRAC,
     .default_budget_min = POLICY_DEFAULT_BUDGET_MIN,
     .budget_floor = POLICY_BUDGET_FLOOR,
+    .device_lists = 1,
+    .host_lists = 1,
 };
