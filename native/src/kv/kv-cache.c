@@ -311,12 +311,9 @@ pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *sa
     for (int g = 0; g < c->n_head_kv; g++) {
         struct kv_list *l = kv_cache_list(c, layer, g);
         if (l->on_device) continue;   // not staged (a failed kv_layer_stage stops early)
-        void *hk = l->k, *hv = l->v;
         void *dk = saved[g].k, *dv = saved[g].v;
         pykv_status st = PYKV_OK;
-        if (l->cap > saved[g].cap)   // the lists only lose entries on the host: a larger room is a bug
-            st = pykv_error(PYKV_ERR_INTERNAL, "a staged KV list grew from %d to %d entries", saved[g].cap, l->cap);
-        if (st == PYKV_OK && l->cap < saved[g].cap) {   // its room shrank: device buffers of the new size
+        if (l->cap != saved[g].cap) {   // its room changed on the host: device buffers of the new size
             void *nk = NULL, *nv = NULL;
             st = kv_device_resize(c->device, c->device_stream, &nk, 0, (size_t)l->cap * kb);
             if (st == PYKV_OK) st = kv_device_resize(c->device, c->device_stream, &nv, 0, (size_t)l->cap * vb);
@@ -327,19 +324,26 @@ pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *sa
                 dv = nv;
                 c->device_bytes += (int64_t)(l->cap - saved[g].cap) * (int64_t)(kb + vb);
                 c->device_moves++;
-            } else {   // out of memory: the larger buffers stay, and hold the rows just as well
+            } else {
                 kv_device_resize(c->device, c->device_stream, &nk, 0, 0);
                 kv_device_resize(c->device, c->device_stream, &nv, 0, 0);
-                st = PYKV_OK;
+                if (l->cap < saved[g].cap) {
+                    st = PYKV_OK;   // out of memory to shrink: the larger buffers hold the rows as well
+                } else {            // out of memory to grow: the list keeps what the old room holds
+                    kv_list_truncate(c, l, l->n < saved[g].cap ? l->n : saved[g].cap);
+                    host_resize(c, l, saved[g].cap);
+                }
             }
         }
+        void *hk = l->k, *hv = l->v;   // the host rows, as the list holds them now
         l->k = dk;
         l->v = dv;
         l->on_device = 1;
         l->members_stale = 1;
-        if (st == PYKV_OK) st = kv_list_write_rows(c, l, 0, l->n, hk);
-        if (st == PYKV_OK) st = kv_list_write_rows(c, l, 1, l->n, hv);
-        if (st == PYKV_OK) st = kv_list_sync_members(c, l);
+        pykv_status up = kv_list_write_rows(c, l, 0, l->n, hk);   // what the list holds, whatever happened
+        if (up == PYKV_OK) up = kv_list_write_rows(c, l, 1, l->n, hv);
+        if (up == PYKV_OK) up = kv_list_sync_members(c, l);
+        if (st == PYKV_OK) st = up;
         pages_free(hk);
         pages_free(hv);
         if (first == PYKV_OK) first = st;
