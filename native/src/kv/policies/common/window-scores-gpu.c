@@ -1,5 +1,6 @@
-// window-scores-gpu.c - the policies' reads of a layer on the GPU: the chunk's query rows, the
-// statistics of ws_stats_compute (the window's attention over the lists runs there, ggml-cuda/
+// window-scores-gpu.c - the policies' reads of a layer on the GPU: SnapKV's whole step (scores
+// and each list's top-k selected there), the chunk's query rows, the statistics of
+// ws_stats_compute (the window's attention over the lists runs there, ggml-cuda/
 // window-scores.cu, the twin of the CPU's stats_head) and LAVa's value norms. Only the
 // per-candidate means (and variances) and the norms come back, so everything the policies do
 // with them after is the CPU's code.
@@ -39,6 +40,70 @@ pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, s
     cuda_free_async(d, s);
     const pykv_status done = cuda_stream_sync(s);
     return err != PYKV_OK ? err : done;
+}
+
+pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                     int64_t b, int *done) {
+    const struct kv_cache *c = ev->cache;
+    const cuda_stream s = (cuda_stream)c->device_stream;
+    const int hkv = c->n_head_kv;
+    *done = 0;
+    struct cuda_kv_layer kl;
+    kv_device_layer(c, ev->layer, NULL, &kl);
+    int32_t n_cand[CUDA_MAX_KV_HEADS], k[CUDA_MAX_KV_HEADS];
+    int64_t off[CUDA_MAX_KV_HEADS];
+    const int64_t total = cuda_window_layout(&kl, w.protect, n_cand, off);
+    int any = 0;
+    for (int g = 0; g < hkv; g++) {
+        // a decode step's one-entry eviction keeps ws_keep_top's own path (kv_list_drop's order)
+        if (b > 0 && b == (int64_t)n_cand[g] - 1) return PYKV_OK;
+        k[g] = b < n_cand[g] ? (int32_t)b : n_cand[g];
+        any |= b < n_cand[g];
+    }
+    *done = 1;
+    if (!any) return PYKV_OK;
+    const struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = w.rows, .protect = w.protect,
+                                        .pool = o->pool, .kernel = o->kernel, .gqa = o->gqa };
+    const size_t work = (cuda_window_work_bytes(&kl, &a) + 255) / 256 * 256;
+    if (work == 0)
+        return pykv_error(PYKV_ERR_INTERNAL, "the GPU cannot score layer %d's window (rows=%d, chunk=%d)", ev->layer,
+                          w.rows, ev->T);
+    const size_t sb = ((size_t)total * sizeof(float) + 255) / 256 * 256, ib = ((size_t)total * sizeof(int32_t) + 255) / 256 * 256;
+    const size_t lists = (size_t)hkv * (sizeof(int64_t) + 3 * sizeof(int32_t));
+    int32_t *idx = malloc((size_t)total * sizeof(int32_t) + 1);
+    int64_t *chosen = malloc((size_t)total * sizeof(int64_t) + 1);
+    pykv_status err = idx && chosen ? cuda_set_device(c->device)
+                                    : pykv_error(PYKV_ERR_NOMEM, "out of memory selecting layer %d's entries", ev->layer);
+    char *d = NULL;
+    if (err == PYKV_OK) err = cuda_alloc_async((void **)&d, work + sb + ib + lists, s, "the window's selection");
+    int32_t count[CUDA_MAX_KV_HEADS];
+    if (err == PYKV_OK) {
+        float *d_scores = (float *)(d + work);
+        int32_t *d_idx = (int32_t *)(d + work + sb);
+        int64_t *d_off = (int64_t *)(d + work + sb + ib);
+        int32_t *d_n = (int32_t *)(d_off + hkv), *d_k = d_n + hkv, *d_count = d_k + hkv;
+        err = cuda_upload_async(d_off, off, (size_t)hkv * sizeof(int64_t), s);
+        if (err == PYKV_OK) err = cuda_upload_async(d_n, n_cand, (size_t)hkv * sizeof(int32_t), s);
+        if (err == PYKV_OK) err = cuda_upload_async(d_k, k, (size_t)hkv * sizeof(int32_t), s);
+        if (err == PYKV_OK) {
+            cuda_window_scores(s, &kl, ev->q_device, &a, d_scores, NULL, NULL, d);
+            cuda_select_top(s, d_scores, d_off, d_n, d_k, hkv, d_idx, d_count);
+            err = cuda_check("selecting the window's top entries on the GPU");
+        }
+        if (err == PYKV_OK) err = cuda_download_async(idx, d_idx, (size_t)total * sizeof(int32_t), s);
+        if (err == PYKV_OK) err = cuda_download_async(count, d_count, (size_t)hkv * sizeof(int32_t), s);
+        cuda_free_async(d, s);
+        const pykv_status synced = cuda_stream_sync(s);
+        if (err == PYKV_OK) err = synced;
+    }
+    for (int g = 0; g < hkv && err == PYKV_OK; g++) {   // the chosen candidates (ascending) and the window
+        if (k[g] >= n_cand[g]) continue;
+        for (int32_t i = 0; i < count[g]; i++) chosen[i] = idx[off[g] + i];
+        err = ws_keep(ev, g, chosen, count[g], n_cand[g]);
+    }
+    free(idx);
+    free(chosen);
+    return err;
 }
 
 pykv_status ws_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out) {
@@ -175,6 +240,12 @@ pykv_status ws_attention_sums_device(const struct policy_event *ev, int32_t rows
 pykv_status ws_window_entropy_device(const struct policy_event *ev, struct ws_window w, const int32_t *n_cand,
                                      double *H) {
     (void)ev; (void)w; (void)n_cand; (void)H;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                     int64_t b, int *done) {
+    (void)ev; (void)o; (void)w; (void)b;
+    *done = 0;
     return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
 }
 pykv_status ws_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out) {

@@ -99,8 +99,13 @@ pykv_status ws_keep(const struct policy_event *ev, int32_t g, const int64_t *cho
                     int32_t n_cand);
 
 // Score the layer (ws_layer_scores) and keep the top b candidates of every KV head plus
-// the window: SnapKV's step, with the budget per head given.
+// the window: SnapKV's step, with the budget per head given. A layer on the GPU scores and
+// selects there (ws_layer_keep_top_device, the device radix select: the same sets), and only
+// the chosen indices come back; *done is 0 when it left the step to the host path (a decode
+// step's one-entry eviction, which kv_list_drop orders its own way).
 pykv_status ws_layer_keep_top(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w, int64_t b);
+pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                     int64_t b, int *done);
 
 // Keep the top b candidates of scores (n_cand of them) plus the window of list g.
 pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *scores, int32_t n_cand, int64_t b);

@@ -140,6 +140,11 @@ pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *s
 }
 
 pykv_status ws_layer_keep_top(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w, int64_t b) {
+    if (ev->q_device) {
+        int done = 0;
+        PYKV_TRY(ws_layer_keep_top_device(ev, o, w, b, &done));
+        if (done) return PYKV_OK;
+    }
     struct ws_stats st;
     float *s = NULL;
     PYKV_TRY(ws_layer_scores(ev, o, w, &st, &s));
