@@ -240,17 +240,27 @@ static void enqueue_logits(struct gpu_run *g, const pykv_model *m, int T) {
     matmul_gpu(g, g->logits, &mg->out, g->xb, 1);
 }
 
-// The policy's hooks for a layer on the GPU, once its kernels are queued: the work the policy
-// queues on the stream (scoring, compaction) runs after them and before the next layer's.
-// d_q: the layer's queries, still in g->q, or NULL when the hooks run after a recorded decode
-// step. The attention sums, which the CPU's attention writes as it goes, are computed again
-// from them into the same host buffer. A decode step calls decode_list for each list in turn,
-// after after_layer as on the CPU.
+// Whether a chunk of T tokens gives the hooks attention sums (forward.c's rule).
+static int hooks_take_sums(const struct policy_ops *ops, int T) {
+    return policy_needs_sums(ops) && (T == 1 || (ops->needs & POLICY_NEEDS_ATTENTION_SUMS));
+}
+
+// The hooks as forward.c calls them: after_layer, then on a decode step decode_list for each
+// list in turn.
+static pykv_status run_hooks(pykv_context *ctx, const struct policy_event *ev) {
+    const struct policy_ops *ops = ctx->policy->ops;
+    if (ops->after_layer) PYKV_TRY(ops->after_layer(ctx->policy, ev));
+    for (int g = 0; ev->T == 1 && ev->n_prompt == 1 && ops->decode_list && g < ctx->model->hp.n_head_kv; g++)
+        PYKV_TRY(ops->decode_list(ctx->policy, ev, g));
+    return PYKV_OK;
+}
+
 // A policy with host_lists (EMS) sees the layer as the CPU's hooks do: its lists, the chunk's
 // queries (in ctx->buf.q) and the attention sums in host memory, the lists going back after.
-static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, int T, int n_probe, const float *d_q) {
+static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, int n_probe, const float *d_q) {
     const struct policy_ops *ops = ctx->policy->ops;
     const struct hparams *hp = &ctx->model->hp;
+    const int T = ev->T;
     struct kv_staged saved[CUDA_MAX_KV_HEADS];
     if (!d_q) return pykv_error(PYKV_ERR_INTERNAL, "the '%s' policy's hooks need the layer's queries", ops->name);
     PYKV_TRY(ws_query_rows(ev, 0, T, ctx->buf.q));
@@ -258,19 +268,21 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
     ev->q = ctx->buf.q;
     ev->q_device = NULL;
     ev->probe.q = n_probe ? ctx->buf.q + (size_t)(T - n_probe) * hp->n_head * hp->head_dim : NULL;
-    pykv_status st = PYKV_OK;
-    if (policy_needs_sums(ops) && (T == 1 || (ops->needs & POLICY_NEEDS_ATTENTION_SUMS))) {
+    if (hooks_take_sums(ops, T)) {
         prefill_attention_sums(ctx, ev->layer, T);   // the CPU's sums over the staged lists (T = 1 too)
         ev->attn_colsum = ctx->buf.attn_colsum;
         ev->attn_colsum_stride = (int32_t)ctx->buf.colsum_stride;
     }
-    if (ops->after_layer) st = ops->after_layer(ctx->policy, ev);
-    for (int g = 0; st == PYKV_OK && T == 1 && ev->n_prompt == 1 && ops->decode_list && g < hp->n_head_kv; g++)
-        st = ops->decode_list(ctx->policy, ev, g);
+    const pykv_status st = run_hooks(ctx, ev);
     const pykv_status back = kv_layer_unstage(&ctx->cache, ev->layer, saved);
     return st != PYKV_OK ? st : back;
 }
 
+// The policy's hooks for a layer on the GPU, once its kernels are queued: the work the policy
+// queues on the stream (scoring, compaction) runs after them and before the next layer's.
+// d_q: the layer's queries, still in g->q, or NULL when the hooks run after a recorded decode
+// step. The attention sums, which the CPU's attention writes as it goes, are computed again
+// from them into the same host buffer.
 static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, const float *d_q) {
     const struct policy_ops *ops = ctx->policy->ops;
     struct policy_event ev = ctx->event;
@@ -284,17 +296,13 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
     ev.probe.rope_inv_freq = ctx->buf.rope_inv_freq;
     ev.wo = &ctx->model->layers[layer].wo;
     ev.attn_colsum = NULL;
-    if (ops->host_lists) return host_layer_hook(ctx, &ev, T, n_probe, d_q);
-    const int decode_step = T == 1 && ev.n_prompt == 1;
-    if (d_q && policy_needs_sums(ops) && (T == 1 || (ops->needs & POLICY_NEEDS_ATTENTION_SUMS))) {
+    if (ops->host_lists) return host_layer_hook(ctx, &ev, n_probe, d_q);
+    if (d_q && hooks_take_sums(ops, T)) {
         PYKV_TRY(ws_attention_sums_device(&ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
         ev.attn_colsum = ctx->buf.attn_colsum;
         ev.attn_colsum_stride = (int32_t)ctx->buf.colsum_stride;
     }
-    if (ops->after_layer) PYKV_TRY(ops->after_layer(ctx->policy, &ev));
-    for (int g = 0; decode_step && ops->decode_list && g < ctx->model->hp.n_head_kv; g++)
-        PYKV_TRY(ops->decode_list(ctx->policy, &ev, g));
-    return PYKV_OK;
+    return run_hooks(ctx, &ev);
 }
 
 // The chunk layer by layer: each layer's kernels queued as the host appends the chunk's

@@ -479,9 +479,12 @@ static pykv_status shrink_after_drop(struct kv_cache *c, struct kv_list *l, int3
     return list_resize(c, l, cap);
 }
 
+// kv_drop_row's split: rows [h, n) move down by one, and row h - 1 fills slot j first.
+static int32_t drop_split(int32_t n, int32_t j, int32_t tail) { return n - tail > j + 1 ? n - tail : j + 1; }
+
 void kv_drop_row(void *base, size_t row_bytes, int32_t n, int32_t j, int32_t tail) {
     char *b = base;
-    const int32_t h = n - tail > j + 1 ? n - tail : j + 1;   // rows [h, n) move down by one
+    const int32_t h = drop_split(n, j, tail);
     if (h - 1 > j) memcpy(b + (size_t)j * row_bytes, b + (size_t)(h - 1) * row_bytes, row_bytes);
     memmove(b + (size_t)(h - 1) * row_bytes, b + (size_t)h * row_bytes, (size_t)(n - h) * row_bytes);
 }
@@ -579,7 +582,7 @@ pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32
     if (j < 0 || j >= l->n || tail < 0) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
     if (l->on_device) {
         if (l->n_members) return pykv_error(PYKV_ERR_UNSUPPORTED, "merged KV entries are not kept in GPU memory");
-        const int32_t h = l->n - tail > j + 1 ? l->n - tail : j + 1;   // kv_drop_row's two moves
+        const int32_t h = drop_split(l->n, j, tail);   // kv_drop_row's two moves
         const struct kv_row_move moves[2] = { { .dst = j, .src = h - 1, .len = h - 1 > j }, { .dst = h - 1, .src = h, .len = l->n - h } };
         PYKV_TRY(kv_device_move_rows(c->device_stream, l->k, kv_cache_key_bytes(c), moves, 2));
         PYKV_TRY(kv_device_move_rows(c->device_stream, l->v, kv_cache_value_bytes(c), moves, 2));

@@ -1,6 +1,7 @@
-// window-scores-gpu.c - the policies' reads of a layer on the GPU: SnapKV's whole step (scores
-// and each list's top-k selected there), the chunk's query rows, the statistics of
-// ws_stats_compute (the window's attention over the lists runs there, ggml-cuda/
+// window-scores-gpu.c - the policies' reads of a layer on the GPU: one run of the window
+// kernel with its outputs brought back (ws_window_run, which TAKE's probe uses too), SnapKV's
+// whole step (scores and each list's top-k selected there), the chunk's query rows, the
+// statistics of ws_stats_compute (the window's attention over the lists runs there, ggml-cuda/
 // window-scores.cu, the twin of the CPU's stats_head) and LAVa's value norms. Only the
 // per-candidate means (and variances) and the norms come back, so everything the policies do
 // with them after is the CPU's code.
@@ -15,31 +16,60 @@
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-device.h"
 
-pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, struct ws_stats *st) {
-    const struct kv_cache *c = ev->cache;
+static size_t aligned(size_t b) { return (b + 255) / 256 * 256; }
+
+pykv_status ws_window_run(const struct kv_cache *c, const struct cuda_kv_layer *kl, struct cuda_window_args a,
+                          const struct ws_device_run *r) {
     const cuda_stream s = (cuda_stream)c->device_stream;
-    const size_t n_out = (size_t)st->total * (size_t)st->group;
-    if (n_out == 0) return PYKV_OK;
-    struct cuda_kv_layer kl;
-    kv_device_layer(c, ev->layer, NULL, &kl);
-    // the statistics alone: the policy reduces and pools them on the host, as on the CPU
-    const struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = w.rows, .protect = w.protect,
-                                        .pool = WS_POOL_MAX, .kernel = 1, .gqa = WS_GQA_MEAN };
-    const size_t work = (cuda_window_work_bytes(&kl, &a) + 255) / 256 * 256;
+    const int64_t total = cuda_window_layout(kl, a.protect, NULL, NULL);
+    if (total == 0) return PYKV_OK;
+    const size_t n_out = (size_t)total * (size_t)(a.n_head / kl->n_head_kv);
+    const size_t work = aligned(cuda_window_work_bytes(kl, &a));   // a host vis is as good as a device one here
     if (work == 0)
-        return pykv_error(PYKV_ERR_INTERNAL, "the GPU cannot score layer %d's window (rows=%d, chunk=%d)", ev->layer,
-                          w.rows, ev->T);
+        return pykv_error(PYKV_ERR_INTERNAL, "the GPU's window kernel cannot take %d rows of a %d-token chunk", a.rows,
+                          a.T);
+    const size_t vis_b = a.vis ? aligned((size_t)a.rows * kl->n_head_kv * sizeof(int32_t)) : 0;
+    const size_t q_bytes = (size_t)a.rows * a.n_head * kl->head_dim * sizeof(float), q_b = r->q ? aligned(q_bytes) : 0;
+    const size_t scores_b = r->scores ? aligned((size_t)total * sizeof(float)) : 0;
+    const size_t mean_b = r->mean ? aligned(n_out * sizeof(float)) : 0, var_b = r->var ? aligned(n_out * sizeof(float)) : 0;
+    const size_t ent_b = r->ent ? n_out * sizeof(double) : 0;
     PYKV_TRY(cuda_set_device(c->device));
-    void *d = NULL;
-    PYKV_TRY(cuda_alloc_async(&d, work + (st->var ? 2 : 1) * n_out * sizeof(float), s, "the observation window's scores"));
-    float *d_mean = (float *)((char *)d + work), *d_var = st->var ? d_mean + n_out : NULL;
-    cuda_window_scores(s, &kl, ev->q_device, &a, NULL, d_mean, d_var, d);
-    pykv_status err = cuda_check("scoring the observation window on the GPU");
-    if (err == PYKV_OK) err = cuda_download_async(st->mean, d_mean, n_out * sizeof(float), s);
-    if (err == PYKV_OK && d_var) err = cuda_download_async(st->var, d_var, n_out * sizeof(float), s);
+    char *d = NULL;
+    PYKV_TRY(cuda_alloc_async((void **)&d, work + vis_b + q_b + scores_b + mean_b + var_b + ent_b, s,
+                              "the observation window's scores"));
+    char *at = d + work;
+    const int32_t *vis = a.vis;
+    a.vis = vis ? (const int32_t *)at : NULL;
+    const float *d_q = r->q ? (const float *)(at + vis_b) : r->d_q;
+    at += vis_b + q_b;
+    float *d_scores = r->scores ? (float *)at : NULL;
+    float *d_mean = r->mean ? (float *)(at + scores_b) : NULL;
+    float *d_var = r->var ? (float *)(at + scores_b + mean_b) : NULL;
+    a.ent = r->ent ? (double *)(at + scores_b + mean_b + var_b) : NULL;
+    pykv_status err = PYKV_OK;
+    if (vis) err = cuda_upload_async((void *)a.vis, vis, (size_t)a.rows * kl->n_head_kv * sizeof(int32_t), s);
+    if (err == PYKV_OK && r->q) err = cuda_upload_async((void *)d_q, r->q, q_bytes, s);
+    if (err == PYKV_OK) {
+        cuda_window_scores(s, kl, d_q, &a, d_scores, d_mean, d_var, d);
+        err = cuda_check("the observation window's scores on the GPU");
+    }
+    if (err == PYKV_OK && r->scores) err = cuda_download_async(r->scores, d_scores, (size_t)total * sizeof(float), s);
+    if (err == PYKV_OK && r->mean) err = cuda_download_async(r->mean, d_mean, n_out * sizeof(float), s);
+    if (err == PYKV_OK && r->var) err = cuda_download_async(r->var, d_var, n_out * sizeof(float), s);
+    if (err == PYKV_OK && r->ent) err = cuda_download_async(r->ent, a.ent, n_out * sizeof(double), s);
     cuda_free_async(d, s);
     const pykv_status done = cuda_stream_sync(s);
     return err != PYKV_OK ? err : done;
+}
+
+pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, struct ws_stats *st) {
+    struct cuda_kv_layer kl;
+    kv_device_layer(ev->cache, ev->layer, NULL, &kl);
+    // the statistics alone: the policy reduces and pools them on the host, as on the CPU
+    const struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = w.rows, .protect = w.protect,
+                                        .pool = WS_POOL_MAX, .kernel = 1, .gqa = WS_GQA_MEAN };
+    const struct ws_device_run r = { .d_q = ev->q_device, .mean = st->mean, .var = st->var };
+    return ws_window_run(ev->cache, &kl, a, &r);
 }
 
 pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
@@ -134,18 +164,10 @@ pykv_status ws_value_l1_max_device(const struct policy_event *ev, const int32_t 
 // The window kernel over every entry of the layer's lists (vis mode) for the chunk's last
 // `rows` queries, each seeing the entries up to its own (causal): means per query head and
 // entry in the ws_stats layout, and the entropy terms when ent_out is set.
-static pykv_status all_entries_stats(const struct policy_event *ev, int32_t rows, float *mean_out, double *ent_out,
-                                     int64_t *total_out) {
-    const struct kv_cache *c = ev->cache;
-    const cuda_stream s = (cuda_stream)c->device_stream;
-    const int hkv = c->n_head_kv;
-    const int32_t G = ev->hp->n_head / hkv;
+static pykv_status all_entries_stats(const struct policy_event *ev, int32_t rows, float *mean_out, double *ent_out) {
+    const int hkv = ev->cache->n_head_kv;
     struct cuda_kv_layer kl;
-    kv_device_layer(c, ev->layer, NULL, &kl);
-    int64_t total = 0;
-    for (int g = 0; g < hkv; g++) total += kl.n[g];
-    *total_out = total;
-    if (total == 0) return PYKV_OK;
+    kv_device_layer(ev->cache, ev->layer, NULL, &kl);
     int32_t *vis = malloc((size_t)rows * hkv * sizeof(int32_t));
     if (!vis) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the attention sums of layer %d", ev->layer);
     for (int32_t r = 0; r < rows; r++)
@@ -155,33 +177,9 @@ static pykv_status all_entries_stats(const struct policy_event *ev, int32_t rows
         }
     struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = rows, .protect = 0,
                                   .pool = WS_POOL_MAX, .kernel = 1, .gqa = WS_GQA_MEAN };
-    a.vis = vis;   // for the size check only: the work does not depend on where vis is
-    const size_t n_out = (size_t)total * G;
-    const size_t work = (cuda_window_work_bytes(&kl, &a) + 255) / 256 * 256;
-    const size_t vis_bytes = ((size_t)rows * hkv * sizeof(int32_t) + 255) / 256 * 256;
-    const size_t mean_bytes = (n_out * sizeof(float) + 255) / 256 * 256;
-    pykv_status err = work ? cuda_set_device(c->device)
-                           : pykv_error(PYKV_ERR_INTERNAL, "the GPU cannot take layer %d's attention over %d rows",
-                                        ev->layer, rows);
-    char *d = NULL;
-    if (err == PYKV_OK)
-        err = cuda_alloc_async((void **)&d, work + vis_bytes + mean_bytes + (ent_out ? n_out * sizeof(double) : 0), s,
-                               "the attention sums");
-    if (err == PYKV_OK) {
-        float *d_mean = (float *)(d + work + vis_bytes);
-        a.vis = (const int32_t *)(d + work);
-        a.ent = ent_out ? (double *)(d + work + vis_bytes + mean_bytes) : NULL;
-        err = cuda_upload_async((void *)a.vis, vis, (size_t)rows * hkv * sizeof(int32_t), s);
-        if (err == PYKV_OK) {
-            cuda_window_scores(s, &kl, ev->q_device, &a, NULL, d_mean, NULL, d);
-            err = cuda_check("the attention sums on the GPU");
-        }
-        if (err == PYKV_OK) err = cuda_download_async(mean_out, d_mean, n_out * sizeof(float), s);
-        if (err == PYKV_OK && ent_out) err = cuda_download_async(ent_out, a.ent, n_out * sizeof(double), s);
-        cuda_free_async(d, s);
-        const pykv_status done = cuda_stream_sync(s);
-        if (err == PYKV_OK) err = done;
-    }
+    a.vis = vis;
+    const struct ws_device_run run = { .d_q = ev->q_device, .mean = mean_out, .ent = ent_out };
+    const pykv_status err = ws_window_run(ev->cache, &kl, a, &run);
     free(vis);
     return err;
 }
@@ -194,7 +192,7 @@ pykv_status ws_attention_sums_device(const struct policy_event *ev, int32_t rows
     for (int g = 0; g < hkv; g++) total += kv_cache_list(ev->cache, ev->layer, g)->n;
     float *mean = malloc((size_t)(total * G > 0 ? total * G : 1) * sizeof(float));
     if (!mean) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the attention sums of layer %d", ev->layer);
-    pykv_status err = all_entries_stats(ev, rows, mean, NULL, &total);
+    pykv_status err = all_entries_stats(ev, rows, mean, NULL);
     for (int g = 0, off = 0; err == PYKV_OK && g < hkv; g++) {   // KV head g's block of G rows
         const int32_t n = kv_cache_list(ev->cache, ev->layer, g)->n;
         for (int32_t i = 0; i < G; i++) {
@@ -216,7 +214,7 @@ pykv_status ws_window_entropy_device(const struct policy_event *ev, struct ws_wi
     for (int g = 0; g < hkv; g++) total += kv_cache_list(ev->cache, ev->layer, g)->n;
     float *mean = malloc((size_t)(total * G > 0 ? total * G : 1) * sizeof(float));
     double *ent = malloc((size_t)(total * G > 0 ? total * G : 1) * sizeof(double));
-    pykv_status err = mean && ent ? all_entries_stats(ev, w.rows, mean, ent, &total)
+    pykv_status err = mean && ent ? all_entries_stats(ev, w.rows, mean, ent)
                                   : pykv_error(PYKV_ERR_NOMEM, "out of memory for the entropy of layer %d", ev->layer);
     double sum = 0.0;
     for (int g = 0, off = 0; err == PYKV_OK && g < hkv; g++) {   // the candidates' terms, head by head

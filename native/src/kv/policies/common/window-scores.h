@@ -76,6 +76,23 @@ pykv_status ws_attention_sums_device(const struct policy_event *ev, int32_t rows
 pykv_status ws_window_entropy_device(const struct policy_event *ev, struct ws_window w, const int32_t *n_cand,
                                      double *H);
 
+#ifdef PYKV_CUDA
+#include "ggml-cuda/policy-kernels.h"
+// One run of the window kernel (ggml-cuda/window-scores.cu) on the lists kl of c's device,
+// with its outputs brought to host memory. a.vis (rows * n_head_kv limits) is host memory and
+// goes up for the run; the queries are d_q on the device, or q (a.rows rows) in host memory
+// going up. scores (total floats), mean and var (total * G floats) and ent (total * G doubles)
+// are filled when not NULL.
+struct ws_device_run {
+    const float *d_q;
+    const float *q;
+    float       *scores, *mean, *var;
+    double      *ent;
+};
+pykv_status ws_window_run(const struct kv_cache *c, const struct cuda_kv_layer *kl, struct cuda_window_args a,
+                          const struct ws_device_run *r);
+#endif
+
 // Reduce `group` rows of n values, row r at rows + r * stride, to one (mean or max); fixed
 // order.
 void ws_gqa_reduce(const float *rows, int64_t stride, int32_t group, int32_t n, enum ws_gqa mode, float *out);
