@@ -1,5 +1,5 @@
-"""Random-weight GGUFs of the GPU benchmark's shapes (../shared/gpu-anchor.md's llama.cpp
-figures were taken on the same shapes and types): speed does not depend on the weights'
+"""Random-weight GGUFs of the GPU benchmark's shapes (SmolLM2-135M Q4_1 and Llama-3.1-8B Q4_0,
+the shapes and types llama-bench is compared on): speed does not depend on the weights'
 values, and the real files are larger than what a device call may carry.
 
     python bench/gpu_models.py DIR [--only smollm2|llama8b]

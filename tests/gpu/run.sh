@@ -7,8 +7,8 @@
 #   3. the model tests (tests/python/test_cuda.py: tiny random models and a SmolLM2-shaped one,
 #      GPU against CPU; test_cuda_policies.py: the eviction policies' kept positions);
 #   4. the GPU benchmark: `pykv bench -ngl 99` on random-weight files of SmolLM2-135M's and
-#      Llama-3.1-8B's shapes (bench/gpu_models.py), the tests of ../shared/gpu-anchor.md, then
-#      the policies: decode at depth 32768 with 256 entries a list, and pp4096 against full.
+#      Llama-3.1-8B's shapes (bench/gpu_models.py): pp512, pp2048, tg128 and tg32 at depth
+#      8192, llama-bench's tests for the same shapes and types; then the policies: decode at depth 32768 with 256 entries a list, and pp4096 against full.
 # Prints one line per check ("PASS name" / "FAIL name (why)") and a summary; everything goes
 # to $OUT/gpu.log (or build-gpu/gpu.log), the benchmark rows to bench-gpu.jsonl beside it.
 #
