@@ -1,6 +1,7 @@
 // adakv.c - Ada-KV / Ada-SnapKV (docs/policies.md#adakv): SnapKV scores, but the heads of a
 // layer share its budget: a joint top-k over all heads' candidates sets each head's count,
-// blended with the uniform share by the safeguard alpha.
+// blended with the uniform share by the safeguard alpha. A layer on the GPU is scored, ranked
+// and selected there (ws_device_scores).
 //
 // Per layer, with B' = B - W and K = Hkv B' selectable entries:
 //   c_h  = how many of the layer's joint top K (ties -> lower head, then lower position)
@@ -126,6 +127,25 @@ static pykv_status adakv_layer(const struct policy_event *ev, const struct ws_st
     return rc;
 }
 
+// A layer on the GPU: scores, joint count and each head's top-k there; only the counts and
+// the chosen indices come back.
+static pykv_status adakv_layer_device(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                      int64_t Bs, double alpha) {
+    struct ws_device_scores ds;
+    PYKV_TRY(ws_device_scores_make(ev, o, w, &ds));
+    const int hkv = ds.n_head_kv;
+    int64_t *c = calloc((size_t)hkv, sizeof(int64_t)), *b = calloc((size_t)hkv, sizeof(int64_t));
+    pykv_status rc = c && b ? ws_device_joint_counts(&ds, (int64_t)hkv * Bs, c)
+                            : pykv_error(PYKV_ERR_NOMEM, "out of memory");
+    if (rc == PYKV_OK) {
+        adakv_head_budgets(hkv, c, ds.n_cand, Bs, alpha, b);
+        rc = ws_device_keep_top(&ds, b);
+    }
+    free(c); free(b);
+    ws_device_scores_free(&ds);
+    return rc;
+}
+
 static pykv_status adakv_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     struct adakv *p = (struct adakv *)base;
     if (!ws_is_prefill_end(ev)) return PYKV_OK;
@@ -141,6 +161,7 @@ static pykv_status adakv_after_layer(struct kv_policy *base, const struct policy
     }
     if (total <= (int64_t)ev->hp->n_head_kv * Bs) return PYKV_OK;
 
+    if (ev->q_device) return adakv_layer_device(ev, &p->o, w, Bs, p->alpha);
     struct ws_stats st;
     float *s = NULL;
     PYKV_TRY(ws_layer_scores(ev, &p->o, w, &st, &s));

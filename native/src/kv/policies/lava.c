@@ -126,14 +126,6 @@ static pykv_status lava_alloc(struct lava *p, const struct hparams *hp) {
     return PYKV_OK;
 }
 
-struct ranked { float s; int64_t i; };
-
-static int by_score_desc(const void *pa, const void *pb) {
-    const struct ranked *a = pa, *b = pb;
-    if (a->s != b->s) return a->s > b->s ? -1 : 1;
-    return (a->i > b->i) - (a->i < b->i);
-}
-
 // Score layer ev->layer into ll; returns log e (normalized entropy) in *log_e.
 static pykv_status lava_score(struct lava *p, const struct policy_event *ev, struct ws_window w,
                               struct lava_layer *ll, double *log_e) {
@@ -141,15 +133,15 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
     struct ws_stats st;
     float *s = NULL;
     PYKV_TRY(ws_layer_scores(ev, &p->o, w, &st, &s));
-    struct ranked *r = NULL;
+    int32_t *order = NULL;
     pykv_status rc;
     ll->n_orig = malloc((size_t)hkv * sizeof(int32_t));
     ll->n_cand = malloc((size_t)hkv * sizeof(int32_t));
     ll->s = calloc((size_t)hkv, sizeof(float *));
     ll->rank = malloc((size_t)(st.total ? st.total : 1) * sizeof(uint16_t));
-    r = malloc((size_t)(st.total ? st.total : 1) * sizeof(*r));
+    order = malloc((size_t)(st.total ? st.total : 1) * sizeof(*order));
     float *vbars = malloc((size_t)hkv * sizeof(float));
-    if (!ll->n_orig || !ll->n_cand || !ll->s || !ll->rank || !r || !vbars) goto nomem;
+    if (!ll->n_orig || !ll->n_cand || !ll->s || !ll->rank || !order || !vbars) goto nomem;
     rc = ws_value_l1_max(ev, st.n_cand, vbars);
     if (rc != PYKV_OK) goto fail;
     double sum = 0.0;
@@ -162,8 +154,7 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
         for (int32_t j = 0; j < nc; j++) {
             ll->s[g][j] = sg[j] * vbar;
             sum += ll->s[g][j];
-            const float rs = isnan(ll->s[g][j]) ? -INFINITY : ll->s[g][j];   // NaN last: a total order
-            r[st.offset_kv[g] + j] = (struct ranked){ rs, st.offset_kv[g] + j };
+            s[st.offset_kv[g] + j] = ll->s[g][j];   // the layer's scaled scores, flat, for the joint ranking
         }
     }
     double ent = 0.0;
@@ -175,19 +166,20 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
             }
     const double norm = st.total >= 2 ? log((double)st.total) : 1.0;
     *log_e = ent > 0.0 ? log(ent / norm) : -INFINITY;
-    qsort(r, (size_t)st.total, sizeof(*r), by_score_desc);
+    rc = ws_rank(s, st.total, order);
+    if (rc != PYKV_OK) goto fail;
     for (int64_t i = 0; i < st.total; i++) {   // flat index -> head
         int h = 0;
-        while (h + 1 < hkv && r[i].i >= st.offset_kv[h + 1]) h++;
+        while (h + 1 < hkv && order[i] >= st.offset_kv[h + 1]) h++;
         ll->rank[i] = (uint16_t)h;
     }
-    free(r); free(s); free(vbars);
+    free(order); free(s); free(vbars);
     ws_stats_free(&st);
     return PYKV_OK;
 nomem:
     rc = pykv_error(PYKV_ERR_NOMEM, "out of memory scoring layer %d for LAVa", ev->layer);
 fail:
-    free(r); free(s); free(vbars);
+    free(order); free(s); free(vbars);
     ws_stats_free(&st);
     layer_free(ll, hkv);
     return rc;

@@ -9,7 +9,9 @@
 #include "core/error.h"
 #include "model/model.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
@@ -72,67 +74,151 @@ pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, s
     return ws_window_run(ev->cache, &kl, a, &r);
 }
 
-pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
-                                     int64_t b, int *done) {
+pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                  struct ws_device_scores *ds) {
     const struct kv_cache *c = ev->cache;
     const cuda_stream s = (cuda_stream)c->device_stream;
     const int hkv = c->n_head_kv;
-    *done = 0;
+    memset(ds, 0, sizeof(*ds));
+    ds->ev = ev;
+    ds->n_head_kv = hkv;
     struct cuda_kv_layer kl;
     kv_device_layer(c, ev->layer, NULL, &kl);
-    int32_t n_cand[CUDA_MAX_KV_HEADS], k[CUDA_MAX_KV_HEADS];
+    int32_t n_cand[CUDA_MAX_KV_HEADS];
     int64_t off[CUDA_MAX_KV_HEADS];
-    const int64_t total = cuda_window_layout(&kl, w.protect, n_cand, off);
-    int any = 0;
-    for (int g = 0; g < hkv; g++) {
-        // a decode step's one-entry eviction keeps ws_keep_top's own path (kv_list_drop's order)
-        if (b > 0 && b == (int64_t)n_cand[g] - 1) return PYKV_OK;
-        k[g] = b < n_cand[g] ? (int32_t)b : n_cand[g];
-        any |= b < n_cand[g];
+    ds->total = cuda_window_layout(&kl, w.protect, n_cand, off);
+    ds->n_cand = malloc((size_t)hkv * sizeof(int32_t));
+    ds->offset_kv = malloc((size_t)hkv * sizeof(int64_t));
+    if (!ds->n_cand || !ds->offset_kv) {
+        ws_device_scores_free(ds);
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory scoring layer %d", ev->layer);
     }
-    *done = 1;
-    if (!any) return PYKV_OK;
+    memcpy(ds->n_cand, n_cand, (size_t)hkv * sizeof(int32_t));
+    memcpy(ds->offset_kv, off, (size_t)hkv * sizeof(int64_t));
+    if (ds->total > INT32_MAX) {
+        ws_device_scores_free(ds);
+        return pykv_error(PYKV_ERR_UNSUPPORTED, "layer %d has more candidates than the GPU's selection takes", ev->layer);
+    }
     const struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = w.rows, .protect = w.protect,
                                         .pool = o->pool, .kernel = o->kernel, .gqa = o->gqa };
-    const size_t work = (cuda_window_work_bytes(&kl, &a) + 255) / 256 * 256;
-    if (work == 0)
+    const size_t work = aligned(cuda_window_work_bytes(&kl, &a));
+    if (work == 0) {
+        ws_device_scores_free(ds);
         return pykv_error(PYKV_ERR_INTERNAL, "the GPU cannot score layer %d's window (rows=%d, chunk=%d)", ev->layer,
                           w.rows, ev->T);
-    const size_t sb = ((size_t)total * sizeof(float) + 255) / 256 * 256, ib = ((size_t)total * sizeof(int32_t) + 255) / 256 * 256;
-    const size_t lists = (size_t)hkv * (sizeof(int64_t) + 3 * sizeof(int32_t));
-    int32_t *idx = malloc((size_t)total * sizeof(int32_t) + 1);
-    int64_t *chosen = malloc((size_t)total * sizeof(int64_t) + 1);
-    pykv_status err = idx && chosen ? cuda_set_device(c->device)
-                                    : pykv_error(PYKV_ERR_NOMEM, "out of memory selecting layer %d's entries", ev->layer);
-    char *d = NULL;
-    if (err == PYKV_OK) err = cuda_alloc_async((void **)&d, work + sb + ib + lists, s, "the window's selection");
-    int32_t count[CUDA_MAX_KV_HEADS];
-    if (err == PYKV_OK) {
-        float *d_scores = (float *)(d + work);
-        int32_t *d_idx = (int32_t *)(d + work + sb);
-        int64_t *d_off = (int64_t *)(d + work + sb + ib);
-        int32_t *d_n = (int32_t *)(d_off + hkv), *d_k = d_n + hkv, *d_count = d_k + hkv;
-        err = cuda_upload_async(d_off, off, (size_t)hkv * sizeof(int64_t), s);
-        if (err == PYKV_OK) err = cuda_upload_async(d_n, n_cand, (size_t)hkv * sizeof(int32_t), s);
-        if (err == PYKV_OK) err = cuda_upload_async(d_k, k, (size_t)hkv * sizeof(int32_t), s);
-        if (err == PYKV_OK) {
-            cuda_window_scores(s, &kl, ev->q_device, &a, d_scores, NULL, NULL, d);
-            cuda_select_top(s, d_scores, d_off, d_n, d_k, hkv, d_idx, d_count);
-            err = cuda_check("selecting the window's top entries on the GPU");
-        }
-        if (err == PYKV_OK) err = cuda_download_async(idx, d_idx, (size_t)total * sizeof(int32_t), s);
-        if (err == PYKV_OK) err = cuda_download_async(count, d_count, (size_t)hkv * sizeof(int32_t), s);
-        cuda_free_async(d, s);
-        const pykv_status synced = cuda_stream_sync(s);
-        if (err == PYKV_OK) err = synced;
     }
+    // one block: the kernel's work, the scores, the chosen indices and the selection's lists
+    const size_t list_b = aligned(ds->total * sizeof(float));
+    const size_t lists = (size_t)hkv * (sizeof(int64_t) + 2 * sizeof(int32_t));
+    pykv_status err = cuda_set_device(c->device);
+    char *d = NULL;
+    if (err == PYKV_OK) err = cuda_alloc_async((void **)&d, work + 2 * list_b + lists, s, "the window's selection");
+    if (err != PYKV_OK) {
+        ws_device_scores_free(ds);
+        return err;
+    }
+    ds->d = d;
+    ds->d_scores = d + work;
+    ds->d_idx = d + work + list_b;
+    ds->d_lists = d + work + 2 * list_b;
+    cuda_window_scores(s, &kl, ev->q_device, &a, ds->d_scores, NULL, NULL, d);
+    err = cuda_check("the window's scores on the GPU");
+    if (err != PYKV_OK) ws_device_scores_free(ds);
+    return err;
+}
+
+void ws_device_scores_free(struct ws_device_scores *ds) {
+    if (ds->d) cuda_free_async(ds->d, (cuda_stream)ds->ev->cache->device_stream);
+    free(ds->n_cand);
+    free(ds->offset_kv);
+    memset(ds, 0, sizeof(*ds));
+}
+
+// The top k[i] of each of m lists of the scores (list i: scores off[i] .. off[i] + n[i]; host
+// arrays, k[i] within [0, n[i]]) chosen by the device's radix select: list i's ascending
+// indices come back to idx + off[i] (host memory).
+static pykv_status device_select(const struct ws_device_scores *ds, int m, const int64_t *off, const int32_t *n,
+                                 const int32_t *k, int32_t *idx) {
+    const cuda_stream s = (cuda_stream)ds->ev->cache->device_stream;
+    int64_t *d_off = ds->d_lists;
+    int32_t *d_n = (int32_t *)(d_off + ds->n_head_kv), *d_k = d_n + ds->n_head_kv;
+    pykv_status err = cuda_upload_async(d_off, off, (size_t)m * sizeof(int64_t), s);
+    if (err == PYKV_OK) err = cuda_upload_async(d_n, n, (size_t)m * sizeof(int32_t), s);
+    if (err == PYKV_OK) err = cuda_upload_async(d_k, k, (size_t)m * sizeof(int32_t), s);
+    if (err == PYKV_OK) {
+        cuda_select_top(s, ds->d_scores, d_off, d_n, d_k, m, ds->d_idx, NULL);
+        err = cuda_check("selecting the window's top entries on the GPU");
+    }
+    for (int i = 0; i < m && err == PYKV_OK; i++)
+        if (k[i] > 0)
+            err = cuda_download_async(idx + off[i], (const int32_t *)ds->d_idx + off[i], (size_t)k[i] * sizeof(int32_t), s);
+    const pykv_status synced = cuda_stream_sync(s);
+    return err != PYKV_OK ? err : synced;
+}
+
+pykv_status ws_device_joint_counts(const struct ws_device_scores *ds, int64_t K, int64_t *c) {
+    const int hkv = ds->n_head_kv;
+    if (K >= ds->total) {   // every candidate is in the top K
+        for (int g = 0; g < hkv; g++) c[g] = ds->n_cand[g];
+        return PYKV_OK;
+    }
+    for (int g = 0; g < hkv; g++) c[g] = 0;
+    if (K <= 0) return PYKV_OK;
+    int32_t *idx = malloc((size_t)K * sizeof(int32_t));
+    if (!idx) return pykv_error(PYKV_ERR_NOMEM, "out of memory ranking layer %d's entries", ds->ev->layer);
+    const int64_t off = 0;   // the layer's scores as one list: flat index = offset_kv[g] + j
+    const int32_t n = (int32_t)ds->total, k = (int32_t)K;
+    const pykv_status err = device_select(ds, 1, &off, &n, &k, idx);
+    for (int64_t i = 0, g = 0; err == PYKV_OK && i < K; i++) {   // ascending: head by head
+        while (g + 1 < hkv && idx[i] >= ds->offset_kv[g + 1]) g++;
+        c[g]++;
+    }
+    free(idx);
+    return err;
+}
+
+pykv_status ws_device_keep_top(const struct ws_device_scores *ds, const int64_t *b) {
+    const int hkv = ds->n_head_kv;
+    int32_t k[CUDA_MAX_KV_HEADS];
+    int any = 0;
+    for (int g = 0; g < hkv; g++) {
+        k[g] = b[g] < 0 ? 0 : b[g] < ds->n_cand[g] ? (int32_t)b[g] : ds->n_cand[g];
+        any |= k[g] < ds->n_cand[g];
+    }
+    if (!any) return PYKV_OK;
+    int32_t *idx = malloc((size_t)ds->total * sizeof(int32_t) + 1);
+    int64_t *chosen = malloc((size_t)ds->total * sizeof(int64_t) + 1);
+    pykv_status err = idx && chosen ? device_select(ds, hkv, ds->offset_kv, ds->n_cand, k, idx)
+                                    : pykv_error(PYKV_ERR_NOMEM, "out of memory selecting layer %d's entries", ds->ev->layer);
     for (int g = 0; g < hkv && err == PYKV_OK; g++) {   // the chosen candidates (ascending) and the window
-        if (k[g] >= n_cand[g]) continue;
-        for (int32_t i = 0; i < count[g]; i++) chosen[i] = idx[off[g] + i];
-        err = ws_keep(ev, g, chosen, count[g], n_cand[g]);
+        if (k[g] >= ds->n_cand[g]) continue;
+        for (int32_t i = 0; i < k[g]; i++) chosen[i] = idx[ds->offset_kv[g] + i];
+        err = ws_keep(ds->ev, g, chosen, k[g], ds->n_cand[g]);
     }
     free(idx);
     free(chosen);
+    return err;
+}
+
+pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                     int64_t b, int *done) {
+    const int hkv = ev->cache->n_head_kv;
+    *done = 0;
+    int any = 0;
+    for (int g = 0; g < hkv; g++) {
+        const int32_t n = kv_cache_list(ev->cache, ev->layer, g)->n - w.protect, n_cand = n > 0 ? n : 0;
+        // a decode step's one-entry eviction keeps ws_keep_top's own path (kv_list_drop's order)
+        if (b > 0 && b == (int64_t)n_cand - 1) return PYKV_OK;
+        any |= b < n_cand;
+    }
+    *done = 1;
+    if (!any) return PYKV_OK;
+    struct ws_device_scores ds;
+    PYKV_TRY(ws_device_scores_make(ev, o, w, &ds));
+    int64_t bs[CUDA_MAX_KV_HEADS];
+    for (int g = 0; g < hkv; g++) bs[g] = b;
+    const pykv_status err = ws_device_keep_top(&ds, bs);
+    ws_device_scores_free(&ds);
     return err;
 }
 
@@ -244,6 +330,21 @@ pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct
                                      int64_t b, int *done) {
     (void)ev; (void)o; (void)w; (void)b;
     *done = 0;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                  struct ws_device_scores *ds) {
+    (void)ev; (void)o; (void)w;
+    memset(ds, 0, sizeof(*ds));
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+void ws_device_scores_free(struct ws_device_scores *ds) { (void)ds; }
+pykv_status ws_device_joint_counts(const struct ws_device_scores *ds, int64_t K, int64_t *c) {
+    (void)ds; (void)K; (void)c;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ws_device_keep_top(const struct ws_device_scores *ds, const int64_t *b) {
+    (void)ds; (void)b;
     return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
 }
 pykv_status ws_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out) {

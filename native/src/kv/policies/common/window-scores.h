@@ -109,6 +109,9 @@ pykv_status ws_layer_scores(const struct policy_event *ev, const struct ws_opts 
 // The k largest of s[0..n) (ties -> lower index), k clamped to [0, n), as ascending
 // indices in idx (room for k). Returns the count.
 pykv_status ws_select_top(const float *s, int64_t n, int64_t k, int64_t *idx, int64_t *n_out);
+// order[0..n) = the indices of s[0..n) by rank, highest first (the same rank: ties -> lower
+// index, NaN lowest); n at most INT32_MAX.
+pykv_status ws_rank(const float *s, int64_t n, int32_t *order);
 
 // Keep the chosen candidates (ascending indices < n_cand) and the window (entries from
 // n_cand on) of list (ev->layer, g); frees the dropped entries.
@@ -123,6 +126,28 @@ pykv_status ws_keep(const struct policy_event *ev, int32_t g, const int64_t *cho
 pykv_status ws_layer_keep_top(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w, int64_t b);
 pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
                                      int64_t b, int *done);
+
+// A layer on the GPU: its window scores (ws_layer_scores' values, KV head g's n_cand[g] at
+// offset_kv[g]) kept in device memory for the selections there, by the device radix select
+// (the sets of ws_select_top), with only counts and chosen indices coming back. ws_device_scores_make
+// scores the layer; free it with ws_device_scores_free (also after an error).
+struct ws_device_scores {
+    const struct policy_event *ev;
+    int32_t  n_head_kv;
+    int32_t *n_cand;      // (n_head_kv)
+    int64_t *offset_kv;   // (n_head_kv)
+    int64_t  total;       // sum of n_cand
+    void    *d;           // the device block: the kernel's work, then the three below
+    void    *d_scores, *d_idx, *d_lists;
+};
+pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                  struct ws_device_scores *ds);
+void        ws_device_scores_free(struct ws_device_scores *ds);
+// c[g] = how many of the layer's joint top K (all heads' scores ranked as one list, ties ->
+// lower head, then lower position) belong to head g: Ada-KV's cross-head count.
+pykv_status ws_device_joint_counts(const struct ws_device_scores *ds, int64_t K, int64_t *c);
+// Every head g keeps its top b[g] candidates plus the window.
+pykv_status ws_device_keep_top(const struct ws_device_scores *ds, const int64_t *b);
 
 // Keep the top b candidates of scores (n_cand of them) plus the window of list g.
 pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *scores, int32_t n_cand, int64_t b);

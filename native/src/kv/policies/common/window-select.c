@@ -36,14 +36,6 @@ void ws_pool1d(const float *x, int32_t n, int32_t kernel, enum ws_pool type, flo
     }
 }
 
-struct ranked { float s; int64_t i; };
-
-static int by_score_desc(const void *pa, const void *pb) {
-    const struct ranked *a = pa, *b = pb;
-    if (a->s != b->s) return a->s > b->s ? -1 : 1;
-    return (a->i > b->i) - (a->i < b->i);   // ties -> lower index first
-}
-
 // Ranks below every score: NaN counts as -inf, and among equal scores the higher index is
 // the lower rank (the sort's tie rule, so both paths choose the same entries).
 static int ranks_below(float a, int64_t ia, float b, int64_t ib) {
@@ -76,6 +68,43 @@ static pykv_status drop_lowest(const float *s, int64_t n, int64_t n_drop, int64_
     return PYKV_OK;
 }
 
+// The rank key of entry j with score s: (ordered bits of s) << 32 | ~j. Keys are unique in a
+// list, and key a > key b exactly when a outranks b (higher score, or an equal score at a
+// lower index; NaN as -inf, -0 equal to +0): the keys of the GPU's select
+// (ggml-cuda/topk-radix.cuh). Ranking integers instead of calling a comparator is what makes
+// a cascade's many selections cheap.
+static uint64_t rank_key(float s, int64_t j) {
+    uint32_t u;
+    memcpy(&u, &s, sizeof(u));
+    const uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) u = 0xFF800000u;   // NaN: -inf
+    else if (a == 0) u = 0;                 // -0: +0
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)u << 32) | (uint32_t)~(uint32_t)j;
+}
+
+static pykv_status check_rank_size(int64_t n) {
+    if (n > (int64_t)INT32_MAX)
+        return pykv_error(PYKV_ERR_UNSUPPORTED, "cannot rank %lld entries at once (at most %d)", (long long)n, INT32_MAX);
+    return PYKV_OK;
+}
+
+// The k-th largest (1 <= k <= n) of n unique keys, by a radix select from the top byte: each
+// pass keeps only the keys that share the digits fixed so far (keys is reordered).
+static uint64_t kth_largest_key(uint64_t *keys, int64_t n, int64_t k) {
+    for (int shift = 56; shift >= 0 && n > 1; shift -= 8) {
+        int64_t hist[256] = { 0 };
+        for (int64_t i = 0; i < n; i++) hist[(keys[i] >> shift) & 255]++;
+        int d = 255;
+        for (; d > 0 && hist[d] < k; d--) k -= hist[d];
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i++)
+            if ((int)((keys[i] >> shift) & 255) == d) keys[m++] = keys[i];
+        n = m;
+    }
+    return keys[0];
+}
+
 pykv_status ws_select_top(const float *s, int64_t n, int64_t k, int64_t *idx, int64_t *n_out) {
     if (k > n) k = n;
     if (k < 0) k = 0;
@@ -86,22 +115,45 @@ pykv_status ws_select_top(const float *s, int64_t n, int64_t k, int64_t *idx, in
         return PYKV_OK;
     }
     if (n - k <= 4) return drop_lowest(s, n, n - k, idx);
-    struct ranked *r = malloc((size_t)n * sizeof(*r));
-    unsigned char *mark = calloc((size_t)n, 1);
-    if (!r || !mark) {
-        free(r); free(mark);
+    PYKV_TRY(check_rank_size(n));
+    uint64_t *keys = malloc((size_t)n * sizeof(*keys));
+    if (!keys)
         return pykv_error(PYKV_ERR_NOMEM, "out of memory selecting %lld of %lld entries", (long long)k, (long long)n);
-    }
-    for (int64_t j = 0; j < n; j++) {
-        r[j].s = isnan(s[j]) ? -INFINITY : s[j];
-        r[j].i = j;
-    }
-    qsort(r, (size_t)n, sizeof(*r), by_score_desc);
-    for (int64_t j = 0; j < k; j++) mark[r[j].i] = 1;
+    for (int64_t j = 0; j < n; j++) keys[j] = rank_key(s[j], j);
+    const uint64_t kth = kth_largest_key(keys, n, k);
     int64_t m = 0;
-    for (int64_t j = 0; j < n; j++) if (mark[j]) idx[m++] = j;   // ascending
-    free(r);
-    free(mark);
+    for (int64_t j = 0; j < n; j++)   // exactly k keys are >= the k-th: ascending indices
+        if (rank_key(s[j], j) >= kth) idx[m++] = j;
+    free(keys);
+    return PYKV_OK;
+}
+
+pykv_status ws_rank(const float *s, int64_t n, int32_t *order) {
+    if (n <= 0) return PYKV_OK;
+    PYKV_TRY(check_rank_size(n));
+    uint64_t *a = malloc((size_t)n * sizeof(*a)), *b = malloc((size_t)n * sizeof(*b));
+    if (!a || !b) {
+        free(a); free(b);
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory ranking %lld entries", (long long)n);
+    }
+    for (int64_t j = 0; j < n; j++) a[j] = ~rank_key(s[j], j);   // ascending ~key = descending rank
+    for (int shift = 0; shift < 64; shift += 8) {   // LSD radix sort, one byte a pass
+        int64_t count[256] = { 0 };
+        for (int64_t i = 0; i < n; i++) count[(a[i] >> shift) & 255]++;
+        if (count[(a[0] >> shift) & 255] == n) continue;   // one digit everywhere: the order stands
+        int64_t at = 0;
+        for (int d = 0; d < 256; d++) {
+            const int64_t c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (int64_t i = 0; i < n; i++) b[count[(a[i] >> shift) & 255]++] = a[i];
+        uint64_t *t = a;
+        a = b;
+        b = t;
+    }
+    for (int64_t i = 0; i < n; i++) order[i] = (int32_t)(uint32_t)a[i];   // ~~j
+    free(a); free(b);
     return PYKV_OK;
 }
 

@@ -22,28 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct ranked { float s; int32_t i; };
-static int by_score_desc(const void *a, const void *b) {
-    const struct ranked *x = a, *y = b;
-    if (x->s > y->s) return -1;
-    if (x->s < y->s) return 1;
-    return (x->i > y->i) - (x->i < y->i);
-}
-
-// order[0..n) = indices by score descending, ties -> lower index (a total order: nested top-k).
-static pykv_status rank(const float *score, int32_t n, int32_t *order) {
-    struct ranked *r = malloc((size_t)(n ? n : 1) * sizeof(*r));
-    if (!r) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory ranking entries");
-    for (int32_t j = 0; j < n; j++) {   // NaN ranks last (a total order for qsort), as in ws_select_top
-        r[j].s = isnan(score[j]) ? -INFINITY : score[j];
-        r[j].i = j;
-    }
-    qsort(r, (size_t)n, sizeof(*r), by_score_desc);
-    for (int32_t j = 0; j < n; j++) order[j] = r[j].i;
-    free(r);
-    return PYKV_OK;
-}
-
 static int cmp_i32(const void *a, const void *b) {
     const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
@@ -72,7 +50,7 @@ pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opt
     if (st != PYKV_OK) goto done;
     ems_global_local(s->glo, loc, n, nc, gl);
     ws_pool1d(gl, nc, o->kernel, WS_POOL_AVG, gl + nc);
-    st = rank(gl + nc, nc, order);
+    st = ws_rank(gl + nc, nc, order);   // a total order: nested top-k
     if (st != PYKV_OK) goto done;
 
     int32_t *cent = order;                       // order[0 .. n_imp): the centres, made ascending
