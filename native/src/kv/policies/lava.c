@@ -22,9 +22,11 @@
 //    follow ws_layer_scores (mean -> GQA reduce -> pool) and are then scaled by vbar: with
 //    the default max/max this equals the paper's mean -> pool -> x vbar -> GQA max exactly.
 //  * Layer split: water-filling with layer caps = the layer's candidates (cake-budget.c),
-//    floor + largest remainder at every cascade step (the cache holds exactly the target
-//    at every step). A later step never re-grows a head: min(b_h, current). As in the
-//    reference code, the cascade may therefore keep slightly fewer entries than one-shot.
+//    floor + largest remainder at every cascade step (the selection holds exactly the
+//    target at every step). A later step never re-grows a head: min(b_h, current). As in
+//    the reference code, the cascade may therefore keep slightly fewer entries than
+//    one-shot. A list is compacted to the selection at its layer's step, at the last, and
+//    between them once it holds over 1.5x the selection (ws_cascade_keep_top).
 //  * Safeguard rounding: largest remainder (exact layer totals) instead of the code's
 //    round(); the same form as adakv.c.
 //  * No eviction while the sequence holds <= B tokens; B > W required; a later prefill
@@ -47,7 +49,9 @@ extern const struct policy_ops policy_lava;
 struct lava_layer {
     int32_t  *n_orig;   // (Hkv) candidates when scored
     int32_t  *n_cand;   // (Hkv) candidates now
-    float   **s;        // (Hkv) scores aligned with the list
+    float   **s;        // (Hkv) scores of the candidates
+    int32_t **row;      // (Hkv) the list row of each candidate (ws_cascade_keep_top)
+    int32_t  *list_cand; // (Hkv) candidates the list itself holds
     uint16_t *rank;     // (sum n_orig) head of each entry of the joint ranking
 };
 
@@ -70,9 +74,11 @@ static const struct policy_opt lava_opts[] = {
 };
 
 static void layer_free(struct lava_layer *ll, int hkv) {
-    if (ll->s)
-        for (int g = 0; g < hkv; g++) free(ll->s[g]);
-    free(ll->s); free(ll->n_orig); free(ll->n_cand); free(ll->rank);
+    for (int g = 0; g < hkv; g++) {
+        if (ll->s) free(ll->s[g]);
+        if (ll->row) free(ll->row[g]);
+    }
+    free(ll->s); free(ll->row); free(ll->list_cand); free(ll->n_orig); free(ll->n_cand); free(ll->rank);
     memset(ll, 0, sizeof(*ll));
 }
 
@@ -138,18 +144,23 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
     ll->n_orig = malloc((size_t)hkv * sizeof(int32_t));
     ll->n_cand = malloc((size_t)hkv * sizeof(int32_t));
     ll->s = calloc((size_t)hkv, sizeof(float *));
+    ll->row = calloc((size_t)hkv, sizeof(int32_t *));
+    ll->list_cand = malloc((size_t)hkv * sizeof(int32_t));
     ll->rank = malloc((size_t)(st.total ? st.total : 1) * sizeof(uint16_t));
     order = malloc((size_t)(st.total ? st.total : 1) * sizeof(*order));
     float *vbars = malloc((size_t)hkv * sizeof(float));
-    if (!ll->n_orig || !ll->n_cand || !ll->s || !ll->rank || !order || !vbars) goto nomem;
+    if (!ll->n_orig || !ll->n_cand || !ll->s || !ll->row || !ll->list_cand || !ll->rank || !order || !vbars) goto nomem;
     rc = ws_value_l1_max(ev, st.n_cand, vbars);
     if (rc != PYKV_OK) goto fail;
     double sum = 0.0;
     for (int g = 0; g < hkv; g++) {
         const int32_t nc = st.n_cand[g];
         const float vbar = vbars[g];
-        ll->n_orig[g] = ll->n_cand[g] = nc;
-        if (!(ll->s[g] = malloc((size_t)(nc ? nc : 1) * sizeof(float)))) goto nomem;
+        ll->n_orig[g] = ll->n_cand[g] = ll->list_cand[g] = nc;
+        ll->s[g] = malloc((size_t)(nc ? nc : 1) * sizeof(float));
+        ll->row[g] = malloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
+        if (!ll->s[g] || !ll->row[g]) goto nomem;
+        for (int32_t j = 0; j < nc; j++) ll->row[g][j] = j;
         float *sg = s + st.offset_kv[g];
         for (int32_t j = 0; j < nc; j++) {
             ll->s[g][j] = sg[j] * vbar;
@@ -216,33 +227,19 @@ static void head_budgets(const struct lava_layer *ll, int hkv, int64_t K, double
     }
 }
 
-static pykv_status shrink_layer(struct lava *p, const struct policy_event *ev, int l, int64_t K) {
+// Shrink layer l to K entries: each head keeps its top min(b_h, current) by its stored
+// scores; the lists are compacted when apply is set (ws_cascade_keep_top).
+static pykv_status shrink_layer(struct lava *p, const struct policy_event *ev, int l, int64_t K, int apply) {
     struct lava_layer *ll = &p->layers[l];
     const int hkv = p->n_head_kv;
     int64_t *c = malloc((size_t)hkv * sizeof(int64_t)), *b = malloc((size_t)hkv * sizeof(int64_t));
-    int32_t nmax = 0;
-    for (int g = 0; g < hkv; g++) if (ll->n_cand[g] > nmax) nmax = ll->n_cand[g];
-    int64_t *idx = malloc((size_t)(nmax ? nmax : 1) * sizeof(int64_t));
-    pykv_status rc = PYKV_OK;
-    if (!c || !b || !idx) {
-        rc = pykv_error(PYKV_ERR_NOMEM, "out of memory shrinking layer %d", l);
-        goto done;
-    }
-    head_budgets(ll, hkv, K, p->alpha, c, b);
+    pykv_status rc = c && b ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "out of memory shrinking layer %d", l);
+    if (rc == PYKV_OK) head_budgets(ll, hkv, K, p->alpha, c, b);
     struct policy_event evl = *ev;
     evl.layer = l;
-    for (int g = 0; g < hkv && rc == PYKV_OK; g++) {
-        const int32_t nc = ll->n_cand[g];
-        if (b[g] >= nc) continue;
-        int64_t n = 0;
-        rc = ws_select_top(ll->s[g], nc, b[g], idx, &n);
-        if (rc == PYKV_OK) rc = ws_keep(&evl, g, idx, n, nc);
-        if (rc != PYKV_OK) break;
-        for (int64_t i = 0; i < n; i++) ll->s[g][i] = ll->s[g][idx[i]];
-        ll->n_cand[g] = (int32_t)n;
-    }
-done:
-    free(c); free(b); free(idx);
+    for (int g = 0; g < hkv && rc == PYKV_OK; g++)
+        rc = ws_cascade_keep_top(&evl, g, ll->s[g], ll->row[g], &ll->n_cand[g], &ll->list_cand[g], b[g], apply);
+    free(c); free(b);
     return rc;
 }
 
@@ -267,7 +264,8 @@ static pykv_status lava_after_layer(struct kv_policy *base, const struct policy_
     const int last = m == L - 1;
     if (!p->cascade && !last) return PYKV_OK;
     PYKV_TRY(cake_share(m + 1, p->log_e, p->cap, p->total, CAKE_SHARE_FINAL, p->K));
-    for (int l = 0; l <= m; l++) PYKV_TRY(shrink_layer(p, ev, l, p->K[l]));
+    // compacted at the layer's own step and the last (and between when 1.5x the selection)
+    for (int l = 0; l <= m; l++) PYKV_TRY(shrink_layer(p, ev, l, p->K[l], l == m || last));
     if (last) drop_layers(p);
     return PYKV_OK;
 }

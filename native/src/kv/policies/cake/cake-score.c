@@ -77,10 +77,14 @@ static pykv_status layer_entropy(const struct policy_event *ev, struct ws_window
 }
 
 void cake_layer_free(struct cake_layer *cl, int32_t n_head_kv) {
-    if (cl->ind)
-        for (int g = 0; g < n_head_kv; g++) free(cl->ind[g]);
+    for (int g = 0; g < n_head_kv; g++) {
+        if (cl->ind) free(cl->ind[g]);
+        if (cl->row) free(cl->row[g]);
+    }
     free(cl->ind);
+    free(cl->row);
     free(cl->n_cand);
+    free(cl->list_cand);
     memset(cl, 0, sizeof(*cl));
 }
 
@@ -109,15 +113,19 @@ pykv_status cake_score_layer(const struct policy_event *ev, struct ws_window w, 
     for (int g = 0; g < hkv; g++) if (st.n_cand[g] > nc_max) nc_max = st.n_cand[g];
     out->n_cand = malloc((size_t)hkv * sizeof(int32_t));
     out->ind = calloc((size_t)hkv, sizeof(float *));
+    out->row = calloc((size_t)hkv, sizeof(int32_t *));
+    out->list_cand = malloc((size_t)hkv * sizeof(int32_t));
     row = malloc((size_t)(nc_max ? nc_max : 1) * sizeof(float));
     block = malloc((size_t)(nc_max ? nc_max : 1) * st.group * sizeof(float));
-    if (!out->n_cand || !out->ind || !row || !block) goto nomem;
+    if (!out->n_cand || !out->ind || !out->row || !out->list_cand || !row || !block) goto nomem;
     double V = 0.0;
     for (int g = 0; g < hkv; g++) {
         const int32_t nc = st.n_cand[g];
-        out->n_cand[g] = nc;
+        out->n_cand[g] = out->list_cand[g] = nc;
         out->ind[g] = malloc((size_t)(nc ? nc : 1) * sizeof(float));
-        if (!out->ind[g]) goto nomem;
+        out->row[g] = malloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
+        if (!out->ind[g] || !out->row[g]) goto nomem;
+        for (int32_t j = 0; j < nc; j++) out->row[g][j] = j;
         const float *var = st.var + st.offset[g];
         for (int64_t i = 0; i < (int64_t)nc * st.group; i++) V += var[i];
         if (nc > 0) head_indicator(&st, g, o, gamma, row, block, out->ind[g]);

@@ -24,8 +24,10 @@
 //    to an upper bound floor(x (1 + 1e-9)) + 1 of the final budget; the last layer uses
 //    floor + largest remainder (sum exactly (B - W) L, or every candidate when fewer).
 //    Hence every shrink keeps a superset of the final selection and cascade=1 ends with
-//    exactly the kept sets of cascade=0 (Thm. 1); the cache holds at most L entries per
-//    head above the target while the cascade is under way.
+//    exactly the kept sets of cascade=0 (Thm. 1). A list is compacted at its layer's step,
+//    at the last, and between them whenever it holds over 1.5x its current share; the other
+//    steps narrow its selection in host memory (ws_cascade_keep_top): the same sets, with a
+//    few compactions per list instead of one per later layer.
 //  * log P = log H / tau1 + log V / tau2; a layer with H = 0 or V = 0 has P = 0 (budget 0:
 //    only its window); if every layer has P = 0 the split is equal.
 //  * All KV heads of a layer share b_l (capped by the head's candidates); ties -> lower
@@ -143,28 +145,14 @@ static void drop_scores(struct cake *p) {
     for (int l = 0; l < p->n_layer; l++) cake_layer_free(&p->layers[l], p->n_head_kv);
 }
 
-// Shrink every KV head of layer l to its top b candidates by the stored indicator.
-static pykv_status shrink_layer(struct cake *p, const struct policy_event *ev, int l, int64_t b) {
+// Shrink every KV head of layer l to its top b candidates by the stored indicator; the list
+// itself is compacted when apply is set (ws_cascade_keep_top).
+static pykv_status shrink_layer(struct cake *p, const struct policy_event *ev, int l, int64_t b, int apply) {
     struct cake_layer *cl = &p->layers[l];
     struct policy_event evl = *ev;
     evl.layer = l;
-    int64_t *idx = NULL;
-    for (int g = 0; g < p->n_head_kv; g++) {
-        const int32_t nc = cl->n_cand[g];
-        if (nc <= b) continue;
-        if (!idx && !(idx = malloc((size_t)(b > 0 ? b : 1) * sizeof(int64_t))))
-            return pykv_error(PYKV_ERR_NOMEM, "out of memory shrinking layer %d", l);
-        int64_t n = 0;
-        pykv_status rc = ws_select_top(cl->ind[g], nc, b, idx, &n);
-        if (rc == PYKV_OK) rc = ws_keep(&evl, g, idx, n, nc);
-        if (rc != PYKV_OK) {
-            free(idx);
-            return rc;
-        }
-        for (int64_t i = 0; i < n; i++) cl->ind[g][i] = cl->ind[g][idx[i]];   // idx ascending
-        cl->n_cand[g] = (int32_t)n;
-    }
-    free(idx);
+    for (int g = 0; g < p->n_head_kv; g++)
+        PYKV_TRY(ws_cascade_keep_top(&evl, g, cl->ind[g], cl->row[g], &cl->n_cand[g], &cl->list_cand[g], b, apply));
     return PYKV_OK;
 }
 
@@ -199,7 +187,9 @@ static pykv_status cake_prefill_layer(struct cake *p, const struct policy_event 
     const int last = m == L - 1;
     if (!p->cascade && !last) return PYKV_OK;
     PYKV_TRY(cake_share(m + 1, p->log_pref, p->cap, p->total, last ? CAKE_SHARE_FINAL : CAKE_SHARE_BOUND, p->b));
-    for (int l = 0; l <= m; l++) PYKV_TRY(shrink_layer(p, ev, l, p->b[l]));
+    // the lists are compacted at their own layer's step and at the last (and between when
+    // 1.5x their share); other steps narrow the selection in host memory
+    for (int l = 0; l <= m; l++) PYKV_TRY(shrink_layer(p, ev, l, p->b[l], l == m || last));
     if (last) {
         freeze(p, 0, 0);
         drop_scores(p);

@@ -149,6 +149,16 @@ pykv_status ws_device_joint_counts(const struct ws_device_scores *ds, int64_t K,
 // Every head g keeps its top b[g] candidates plus the window.
 pykv_status ws_device_keep_top(const struct ws_device_scores *ds, const int64_t *b);
 
+// One re-selection of a cascade (CAKE, LAVa) on list g of ev->layer: its *n_cand candidates,
+// with scores s and the list rows row[] they live in (ascending), narrow to the top b by s
+// (s and row compacted in place). The list itself (its first *list_cand entries the
+// candidates) keeps exactly the rows left plus its window when `apply` is set or when it
+// holds over 1.5x the rows left; row[] and *list_cand then restart from them. Otherwise
+// only the arrays change. A cascade applies at a layer's own step and at its last, so a list
+// is compacted a few times (each one a third smaller) instead of once per later layer.
+pykv_status ws_cascade_keep_top(const struct policy_event *ev, int32_t g, float *s, int32_t *row, int32_t *n_cand,
+                                int32_t *list_cand, int64_t b, int apply);
+
 // Keep the top b candidates of scores (n_cand of them) plus the window of list g.
 pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *scores, int32_t n_cand, int64_t b);
 
