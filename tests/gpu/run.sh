@@ -13,8 +13,9 @@
 # to $OUT/gpu.log (or build-gpu/gpu.log), the benchmark rows to bench-gpu.jsonl beside it.
 #
 #   bash tests/gpu/run.sh                 # everything
-#   PREBUILT=build-gpu bash tests/gpu/run.sh   # use a CUDA build already made (configured with
-#                                              # -DPYKV_BUILD_TESTS=ON) instead of building
+#   PREBUILT=build-gpu/prebuilt bash tests/gpu/run.sh   # use a CUDA build already made instead
+#                  # of building: tests/gpu/prebuild.sh makes one for Hopper on a machine without
+#                  # a GPU (any build dir configured with -DPYKV_BUILD_TESTS=ON will do)
 #   SKIP_BENCH=1 bash tests/gpu/run.sh    # the tests only
 #
 # Python packages the device image lacks (cffi, pycparser, gguf) travel as wheels in .whl/
@@ -63,6 +64,10 @@ if [ -z "${PREBUILT:-}" ]; then
         && cmake --build $BUILD -j $JOBS"
 fi
 export PYKV_LIBRARY=$ROOT/$BUILD/libpykv.so
+head=$(git rev-parse HEAD 2>/dev/null || true)
+if [ -f "$BUILD/commit" ] && [ -n "$head" ] && [ "$(cat "$BUILD/commit")" != "$head" ]; then
+    echo "warning: $BUILD was built from commit $(cat "$BUILD/commit"), not from this checkout's HEAD ($head)"
+fi
 "$PYTHON" -c "import pykv; print(pykv.system_info())"
 
 for t in "$BUILD"/tests/c/test_cuda_*; do
