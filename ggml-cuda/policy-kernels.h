@@ -1,10 +1,11 @@
 // policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
-// gathering and moving kept rows, the observation-window scores of the SnapKV family, value
-// norms and top-k selection. Each launcher enqueues its work on stream s and returns at once
-// (launch errors surface at cuda_check or the next synchronising call). Pointers named d_* and every
-// array argument not said to be host memory are device memory. Each kernel has a CPU twin
-// (named below); tests/c/test_cuda_policy.c compares them, tests/c/test_cuda_policy_host.cu
-// checks the per-element math on the host.
+// gathering and moving kept rows, the observation-window scores of the SnapKV family, a
+// decode step's attention probabilities, value norms and top-k selection. Each launcher
+// enqueues its work on stream s and returns at once (launch errors surface at cuda_check or
+// the next synchronising call). Pointers named d_* and every array argument not said to be
+// host memory are device memory. Each kernel has a CPU twin (named below);
+// tests/c/test_cuda_policy.c compares them, tests/c/test_cuda_policy_host.cu checks the
+// per-element math on the host.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -86,6 +87,16 @@ size_t cuda_window_work_bytes(const struct cuda_kv_layer *layer, const struct cu
 // n_head_kv).
 void cuda_window_scores(cuda_stream s, const struct cuda_kv_layer *layer, const float *q,
                         const struct cuda_window_args *a, float *scores, float *mean, float *var, void *work);
+
+// ---- a decode step's attention probabilities (attention-probs.cu) ----
+// For each of the n_head query heads h (q + h * head_dim; list g = h / (n_head / n_head_kv),
+// plain entries only): out[h * stride + j] = softmax_j(q_h . key_j / sqrt(head_dim)) in fp32
+// over the list's n[g] entries, or n_dev[g] read when the kernel runs (a recorded decode step
+// computes them at every step). Rows of at most stride entries. Twin: attention_weights
+// (cpu/attention.c), the CPU decode step's attention sums. Does nothing for n_head not a
+// multiple of n_head_kv or head_dim > 512.
+void cuda_decode_probs(cuda_stream s, const struct cuda_kv_layer *layer, const float *q, int32_t n_head, float *out,
+                       int64_t stride);
 
 // ---- value norms (value-norms.cu) ----
 // out[g] = the largest L1 norm (sum of |v_i| in index order) among values 0 .. rows[g] - 1

@@ -10,6 +10,9 @@
 //    after the list or causal at its end; rows weighted by the entries they see, as FINCH's),
 //    the means vs ws_softmax_row's rows averaged, the
 //    entropy terms vs sum p log(p + 1e-10); one row (a decode step's attention); NMSE <= 1e-6;
+//  * cuda_decode_probs vs attention_weights (a decode step's attention sums): keys f32, f16,
+//    q8_0, head_dim 64 and 128, GQA groups 1, 3, 4, lists of 0 to 20000 entries, lengths on
+//    the host or in device memory; NMSE <= 1e-6 and nothing written past a list's length;
 //  * cuda_value_l1_max vs ws_value_l1_max: values f32, f16, q8_0, head_dim 64 and 128, up
 //    to 8 lists of up to 3000 rows, no candidates to all; equal bits;
 //  * cuda_window_scores vs ws_stats_compute (mean, variance) and ws_layer_scores: keys f32,
@@ -201,6 +204,71 @@ static void test_window(const struct win_case *wc, struct threadpool *pool, floa
     free(mean); free(var); free(scores2); free(want); free(q); free(k); free(v);
     ws_stats_free(&st);
     ws_stats_free(&st2);
+    kv_cache_free(&c);
+}
+
+// ---- a decode step's attention probabilities ----
+
+// cuda_decode_probs against attention_weights on one layer of n[g] entries per list, the
+// lengths given on the host or read from device memory (a recorded decode step's); rows of
+// `stride` floats whose entries past n must stay as they were.
+static void test_decode_probs(int fmt, int d, int n_kv, int group, const int32_t *n, int lengths_on_device) {
+    const int n_head = n_kv * group;
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, n_kv, d, 30000, fmt, fmt) == PYKV_OK);
+    struct cuda_kv_layer layer;
+    empty_layer(&layer, n_kv, d, fmt);
+    float *k = malloc((size_t)d * sizeof(float)), *v = calloc((size_t)d, sizeof(float));
+    int32_t n_max = 0;
+    for (int g = 0; g < n_kv; g++) {
+        struct kv_list *l = kv_cache_list(&c, 0, g);
+        CHECK(kv_list_reserve(&c, l, n[g]) == PYKV_OK);
+        const float spread = g % 2 ? 6.0f : 1.0f;   // peaked and flat rows
+        for (int32_t j = 0; j < n[g]; j++) {
+            for (int i = 0; i < d; i++) k[i] = uniform(-spread, spread);
+            kv_list_push(&c, l, k, v, j);
+        }
+        layer.k[g] = dev_upload(l->k, kv_format_row_bytes(fmt, d) * (size_t)(n[g] > 0 ? n[g] : 1));
+        layer.n[g] = n[g];
+        n_max = n[g] > n_max ? n[g] : n_max;
+    }
+    int32_t *d_n = NULL;
+    if (lengths_on_device) {   // the host's lengths wrong on purpose: the kernel must read the device's
+        d_n = dev_upload(layer.n, (size_t)n_kv * sizeof(int32_t));
+        layer.n_dev = d_n;
+        layer.n_bound = n_max;
+        for (int g = 0; g < n_kv; g++) layer.n[g] = 1;
+    }
+    const int64_t stride = n_max + 5;
+    const size_t nq = (size_t)n_head * d, n_out = (size_t)n_head * (size_t)stride;
+    float *q = malloc(nq * sizeof(float)), *want = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
+    for (size_t i = 0; i < nq; i++) q[i] = uniform(-1.0f, 1.0f);
+    for (size_t i = 0; i < n_out; i++) want[i] = -7.0f;   // everywhere before the kernel; past n after it
+    float *dq = dev_upload(q, nq * sizeof(float)), *dout = dev_upload(want, n_out * sizeof(float));
+    for (int h = 0; h < n_head; h++) {
+        const int g = h / group;
+        if (n[g] > 0) attention_weights(q + (size_t)h * d, 1, kv_cache_list(&c, 0, g), n[g], d, want + (size_t)h * stride);
+    }
+    cuda_decode_probs(NULL, &layer, dq, n_head, dout, stride);
+    CHECK(cuda_check("cuda_decode_probs") == PYKV_OK);
+    dev_download(got, dout, n_out * sizeof(float));
+    int untouched = 1;
+    double e = 0.0;   // the worst row's
+    for (int h = 0; h < n_head; h++) {
+        const int32_t nh = n[h / group];
+        for (int64_t j = nh; j < stride; j++) untouched &= got[(size_t)h * stride + j] == -7.0f;
+        if (nh > 0) {
+            const double eh = nmse(got + (size_t)h * stride, want + (size_t)h * stride, (size_t)nh);
+            e = eh > e ? eh : e;
+        }
+    }
+    printf("decode probs k=%s d=%d G=%d n=%d..%d%s: NMSE %.2e%s\n", kv_format_name(fmt), d, group, n[0],
+           n[n_kv - 1], lengths_on_device ? " (lengths on the device)" : "", e, untouched ? "" : ", past n written");
+    CHECK(e <= 1e-6);
+    CHECK(untouched);
+    cuda_free(dq); cuda_free(dout); cuda_free(d_n);
+    for (int g = 0; g < n_kv; g++) cuda_free(layer.k[g]);
+    free(k); free(v); free(q); free(want); free(got);
     kv_cache_free(&c);
 }
 
@@ -448,6 +516,13 @@ int main(void) {
         test_visible(fmt, 128, 4, 2, 40, 5, vis_n[1], 1, TAKE_ROWS_EQUAL, pool);
         test_visible(fmt, 64, 2, 1, 1, 1, vis_n[2], 1, TAKE_ROWS_EQUAL, pool);   // one row: a decode step's attention
         test_visible(fmt, 128, 2, 4, 32, 1, vis_n[0], 1, TAKE_ROWS_BY_SEEN, pool);   // FINCH's question
+    }
+
+    const int32_t probs_n[][4] = { { 1, 300 }, { 20000, 257, 0, 3 }, { 4097, 31 } };
+    for (int fmt = 0; fmt < KV_N_FORMATS; fmt++) {
+        test_decode_probs(fmt, 64, 2, 3, probs_n[0], 0);
+        test_decode_probs(fmt, 128, 4, 4, probs_n[1], 1);
+        test_decode_probs(fmt, 64, 2, 1, probs_n[2], 1);
     }
 
     for (int kind = 0; kind < 4; kind++) test_select(kind);

@@ -154,6 +154,38 @@ def test_streamingllm_decode_evicts_in_place_at_a_fixed_budget(model_path):
 
 
 @needs_gpu
+@pytest.mark.parametrize("policy", ["h2o", "tova", "cake"])
+def test_decode_sums_come_from_the_recorded_step(model_path, policy):
+    """The policies that rank by a decode step's attention evict at every step of the recorded
+    decode step, which computes those sums itself: 60 steps, the CPU taking each from the
+    GPU's cache state (so a near-tie does not carry on); the lists stay at the budget in place
+    (device bytes fixed), the evicted entry is the CPU's in all but a few lists, the logits
+    within the tolerance."""
+    path = model_path("mistral_f16_h4kv1")
+    cpu, gpu = _pair(path, policy, budget=48, n_batch=64)
+    with cpu, gpu:
+        prompt = random_tokens(120, seed=30)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        lists = gpu.model_info["n_layer"] * gpu.model_info["n_head_kv"]
+        flips, device_bytes, entries = 0, None, None
+        for step in range(60):
+            cpu.load_state(gpu.save_state())
+            token = int(np.argmax(gpu.logits()))
+            cpu.eval([token])
+            gpu.eval([token])
+            assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL, step
+            a, b = _positions(cpu), _positions(gpu)
+            flips += sum(pa != pb for la, lb in zip(a, b) for pa, pb in zip(la, lb))
+            if step == 5:
+                device_bytes, entries = gpu.kv_stats()["device_bytes"], gpu.kv_stats()["entries"]
+            elif step > 5:
+                assert gpu.kv_stats()["device_bytes"] == device_bytes, step
+                assert gpu.kv_stats()["entries"] == entries, step
+        assert flips <= DECODE_NEAR_TIE_SHARE * 60 * lists, flips
+
+
+@needs_gpu
 def test_eviction_gives_device_memory_back(model_path):
     """After a compressing prefill the lists hold their budget in GPU memory, not the prompt."""
     path = model_path("llama_q8_0_h8kv2")

@@ -50,7 +50,20 @@ struct gpu_run {
     float      *h_x;           // pinned: (n_embd)
     float      *h_cs;          // pinned: (n_rot)
     int32_t    *h_lens;        // pinned: as lens
+    // A recorded step of a policy that takes a decode step's attention sums (h2o, tova, cake)
+    // also computes them (cuda_decode_probs after each layer's attention): n_head rows of
+    // sums_stride floats per offloaded layer, brought back with the logits, so that the hooks
+    // run once the step is done. The stride is the lists' largest room when recorded: a list
+    // that outgrows it moves, and the step is recorded again.
+    float      *sums;          // device
+    float      *h_sums;        // pinned
+    size_t      sums_bytes;    // of each
+    int64_t     sums_stride;   // 0: the recorded step computes no sums
 };
+
+// The most memory the recorded step's sums may take (each of device and pinned host); a
+// policy whose lists are longer decodes layer by layer instead.
+#define GPU_STEP_SUMS_MAX_BYTES ((size_t)64 << 20)
 
 int gpu_first_layer(const pykv_context *ctx) {
     return ctx->gpu ? ctx->gpu->first_layer : ctx->model->hp.n_layer;
@@ -155,6 +168,8 @@ void gpu_run_free(pykv_context *ctx) {
     cuda_graph_free(g->graph);
     cuda_stream_destroy(g->stream);
     cuda_host_free(g->h_x);
+    cuda_host_free(g->h_sums);
+    cuda_free(g->sums);
     cuda_free(g->arena);
     free(g);
     ctx->gpu = NULL;
@@ -281,9 +296,11 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
 // The policy's hooks for a layer on the GPU, once its kernels are queued: the work the policy
 // queues on the stream (scoring, compaction) runs after them and before the next layer's.
 // d_q: the layer's queries, still in g->q, or NULL when the hooks run after a recorded decode
-// step. The attention sums, which the CPU's attention writes as it goes, are computed again
-// from them into the same host buffer.
-static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, const float *d_q) {
+// step, which brings the layer's attention sums back in `sums` (host, g->sums_stride apart)
+// when the policy takes them. Otherwise the sums, which the CPU's attention writes as it
+// goes, are computed again from d_q into the same host buffer.
+static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, const float *d_q,
+                              const float *sums) {
     const struct policy_ops *ops = ctx->policy->ops;
     struct policy_event ev = ctx->event;
     ev.layer = layer;
@@ -297,7 +314,10 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
     ev.wo = &ctx->model->layers[layer].wo;
     ev.attn_colsum = NULL;
     if (ops->host_lists) return host_layer_hook(ctx, &ev, n_probe, d_q);
-    if (d_q && hooks_take_sums(ops, T)) {
+    if (sums) {
+        ev.attn_colsum = sums;
+        ev.attn_colsum_stride = (int32_t)ctx->gpu->sums_stride;
+    } else if (d_q && hooks_take_sums(ops, T)) {
         PYKV_TRY(ws_attention_sums_device(&ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
         ev.attn_colsum = ctx->buf.attn_colsum;
         ev.attn_colsum_stride = (int32_t)ctx->buf.colsum_stride;
@@ -327,13 +347,52 @@ static pykv_status run_layers(pykv_context *ctx, int T, int n_probe) {
             after.n[h] += T;
         }
         enqueue_layer(g, ctx->model, layer, T, &before, &after);
-        if (hooks) PYKV_TRY(layer_hook(ctx, layer, T, n_probe, g->q));
+        if (hooks) PYKV_TRY(layer_hook(ctx, layer, T, n_probe, g->q, NULL));
         for (int h = 0; n_probe && h < hp->n_head_kv; h++) {   // the probe's K/V are never kept
             struct kv_list *l = kv_cache_list(&ctx->cache, layer, h);
             kv_list_truncate(&ctx->cache, l, l->n - n_probe);
         }
     }
     return cuda_check("a layer on the GPU");
+}
+
+// Layer `layer`'s rows of the recorded step's sums (device).
+static float *step_sums(const struct gpu_run *g, const struct hparams *hp, int layer) {
+    return g->sums + (size_t)(layer - g->first_layer) * hp->n_head * (size_t)g->sums_stride;
+}
+
+// Before a recording: room for the step's sums when the policy takes them (g->sums_stride set,
+// 0 otherwise). Returns 0 when they would take more than GPU_STEP_SUMS_MAX_BYTES or the memory
+// is not there: such a step runs layer by layer.
+static int step_sums_reserve(pykv_context *ctx) {
+    struct gpu_run *g = ctx->gpu;
+    const struct hparams *hp = &ctx->model->hp;
+    g->sums_stride = 0;
+    if (!hooks_take_sums(ctx->policy->ops, 1)) return 1;
+    int32_t room = 1;
+    for (int layer = g->first_layer; layer < hp->n_layer; layer++)
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            const int32_t cap = kv_cache_list(&ctx->cache, layer, h)->cap;
+            room = cap > room ? cap : room;
+        }
+    const size_t bytes = (size_t)(hp->n_layer - g->first_layer) * hp->n_head * (size_t)room * sizeof(float);
+    if (bytes > GPU_STEP_SUMS_MAX_BYTES) return 0;
+    if (bytes > g->sums_bytes) {   // the last step is done (its host copy synchronised): no kernel holds them
+        cuda_free(g->sums);
+        cuda_host_free(g->h_sums);
+        g->sums = NULL;
+        g->h_sums = NULL;
+        g->sums_bytes = 0;
+        if (cuda_alloc((void **)&g->sums, bytes, "a decode step's attention sums") != PYKV_OK ||
+            cuda_host_alloc((void **)&g->h_sums, bytes) != PYKV_OK) {
+            cuda_free(g->sums);
+            g->sums = NULL;
+            return 0;
+        }
+        g->sums_bytes = bytes;
+    }
+    g->sums_stride = room;
+    return 1;
 }
 
 // Record a decode step of every offloaded layer and the classifier: its inputs come from the
@@ -350,6 +409,8 @@ static pykv_status record_decode(pykv_context *ctx) {
         struct cuda_kv_layer kl;
         kv_device_layer(&ctx->cache, layer, g->lens + (size_t)(layer - g->first_layer) * hp->n_head_kv, &kl);
         enqueue_layer(g, ctx->model, layer, 1, &kl, &kl);
+        if (g->sums_stride)   // the layer's queries are still in g->q
+            cuda_decode_probs(s, &kl, g->q, hp->n_head, step_sums(g, hp, layer), g->sums_stride);
     }
     if (st == PYKV_OK) enqueue_logits(g, ctx->model, 1);
     const pykv_status end = cuda_graph_capture_end(s, &g->graph);   // ends the capture whatever happened
@@ -365,6 +426,7 @@ static pykv_status run_decode_graph(pykv_context *ctx, int *done) {
     const struct hparams *hp = &ctx->model->hp;
     *done = 0;
     if (!g->graph || g->graph_moves != ctx->cache.device_moves) {
+        if (!step_sums_reserve(ctx)) return PYKV_OK;   // recorded again at the next step
         if (record_decode(ctx) != PYKV_OK) {
             LOG_WARN("CUDA graphs off for this context: %s", pykv_last_error());
             g->graphs = 0;
@@ -382,6 +444,9 @@ static pykv_status run_decode_graph(pykv_context *ctx, int *done) {
     *done = 1;
     PYKV_TRY(cuda_graph_launch(g->graph, g->stream));
     PYKV_TRY(cuda_download_async(ctx->logits, g->logits, (size_t)hp->n_vocab * sizeof(float), g->stream));
+    if (g->sums_stride)
+        PYKV_TRY(cuda_download_async(g->h_sums, g->sums, (size_t)(hp->n_layer - g->first_layer) * hp->n_head *
+                                                             (size_t)g->sums_stride * sizeof(float), g->stream));
     PYKV_TRY(cuda_check("a decode step on the GPU"));
     return cuda_stream_sync(g->stream);
 }
@@ -392,12 +457,12 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
     const struct hparams *hp = &ctx->model->hp;
     *logits_done = 0;
     PYKV_TRY(cuda_set_device(mg->device));   // the calling thread may not have chosen it yet
-    // a recorded step keeps no layer's queries: the hooks that need them (attention sums,
-    // decode_list) run layer by layer instead
+    // a recorded decode step keeps no layer's queries, only the attention sums it computes
+    // for the policies that take them: the hooks run once it is done, except EMS's (its
+    // lists go to host memory around its hooks), which run layer by layer
     const struct policy_ops *ops = ctx->policy->ops;
     const int hooks = ops->after_layer || ops->decode_list;
-    const int hooks_after_step = !hooks ||
-                                 (T == 1 && ctx->event.n_prompt == 1 && !policy_needs_sums(ops) && !ops->decode_list);
+    const int hooks_after_step = !hooks || (T == 1 && ctx->event.n_prompt == 1 && !ops->host_lists);
     if (g->graphs && T == 1 && !n_probe && !want_x && want_logits && mg->output && hooks_after_step) {
         int done = 0;
         PYKV_TRY(run_decode_graph(ctx, &done));
@@ -405,8 +470,10 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
             *logits_done = 1;
             // a decode step's hooks touch their own layer's lists only (policy_ops.device_lists),
             // so they may all run once the step is done
-            for (int layer = g->first_layer; hooks && layer < hp->n_layer; layer++)
-                PYKV_TRY(layer_hook(ctx, layer, 1, 0, NULL));
+            for (int layer = g->first_layer; hooks && layer < hp->n_layer; layer++) {
+                const float *sums = g->sums_stride ? g->h_sums + (step_sums(g, hp, layer) - g->sums) : NULL;
+                PYKV_TRY(layer_hook(ctx, layer, 1, 0, NULL, sums));
+            }
             return cuda_stream_sync(g->stream);
         }
     }
