@@ -207,6 +207,30 @@ static void test_window(const struct win_case *wc, struct threadpool *pool, floa
     kv_cache_free(&c);
 }
 
+// List g of layer 0 of c (initialised with n_kv lists of head size d, stored as fmt): n[g]
+// random keys (values 0) at positions 0, 1, ..., uniform in [-spread[g % 2], spread[g % 2]];
+// the keys go up to the device as `layer` (its lengths n). Returns the longest list's length.
+static int32_t random_keys(struct kv_cache *c, struct cuda_kv_layer *layer, int fmt, int d, int n_kv,
+                           const int32_t *n, const float spread[2]) {
+    empty_layer(layer, n_kv, d, fmt);
+    float *k = malloc((size_t)d * sizeof(float)), *v = calloc((size_t)d, sizeof(float));
+    int32_t n_max = 0;
+    for (int g = 0; g < n_kv; g++) {
+        struct kv_list *l = kv_cache_list(c, 0, g);
+        CHECK(kv_list_reserve(c, l, n[g]) == PYKV_OK);
+        for (int32_t j = 0; j < n[g]; j++) {
+            for (int i = 0; i < d; i++) k[i] = uniform(-spread[g % 2], spread[g % 2]);
+            kv_list_push(c, l, k, v, j);
+        }
+        layer->k[g] = dev_upload(l->k, kv_format_row_bytes(fmt, d) * (size_t)(n[g] > 0 ? n[g] : 1));
+        layer->n[g] = n[g];
+        n_max = n[g] > n_max ? n[g] : n_max;
+    }
+    free(k);
+    free(v);
+    return n_max;
+}
+
 // ---- a decode step's attention probabilities ----
 
 // cuda_decode_probs against attention_weights on one layer of n[g] entries per list, the
@@ -217,21 +241,8 @@ static void test_decode_probs(int fmt, int d, int n_kv, int group, const int32_t
     struct kv_cache c;
     CHECK(kv_cache_init(&c, 1, n_kv, d, 30000, fmt, fmt) == PYKV_OK);
     struct cuda_kv_layer layer;
-    empty_layer(&layer, n_kv, d, fmt);
-    float *k = malloc((size_t)d * sizeof(float)), *v = calloc((size_t)d, sizeof(float));
-    int32_t n_max = 0;
-    for (int g = 0; g < n_kv; g++) {
-        struct kv_list *l = kv_cache_list(&c, 0, g);
-        CHECK(kv_list_reserve(&c, l, n[g]) == PYKV_OK);
-        const float spread = g % 2 ? 6.0f : 1.0f;   // peaked and flat rows
-        for (int32_t j = 0; j < n[g]; j++) {
-            for (int i = 0; i < d; i++) k[i] = uniform(-spread, spread);
-            kv_list_push(&c, l, k, v, j);
-        }
-        layer.k[g] = dev_upload(l->k, kv_format_row_bytes(fmt, d) * (size_t)(n[g] > 0 ? n[g] : 1));
-        layer.n[g] = n[g];
-        n_max = n[g] > n_max ? n[g] : n_max;
-    }
+    const float spread[2] = { 1.0f, 6.0f };   // flat and peaked rows
+    const int32_t n_max = random_keys(&c, &layer, fmt, d, n_kv, n, spread);
     int32_t *d_n = NULL;
     if (lengths_on_device) {   // the host's lengths wrong on purpose: the kernel must read the device's
         d_n = dev_upload(layer.n, (size_t)n_kv * sizeof(int32_t));
@@ -268,7 +279,7 @@ static void test_decode_probs(int fmt, int d, int n_kv, int group, const int32_t
     CHECK(untouched);
     cuda_free(dq); cuda_free(dout); cuda_free(d_n);
     for (int g = 0; g < n_kv; g++) cuda_free(layer.k[g]);
-    free(k); free(v); free(q); free(want); free(got);
+    free(q); free(want); free(got);
     kv_cache_free(&c);
 }
 
@@ -284,24 +295,14 @@ static void test_visible(int fmt, int d, int n_kv, int group, int rows, int kern
     struct kv_cache c;
     CHECK(kv_cache_init(&c, 1, n_kv, d, 30000, fmt, fmt) == PYKV_OK);
     struct cuda_kv_layer layer;
-    empty_layer(&layer, n_kv, d, fmt);
-    float *k = malloc((size_t)d * sizeof(float)), *v = calloc((size_t)d, sizeof(float));
-    int64_t total = 0, offset[8];
+    const float spread[2] = { 2.0f, 2.0f };
+    const int32_t n_max = random_keys(&c, &layer, fmt, d, n_kv, n, spread);   // position j: the probe's
+    int64_t total = 0, offset[8];                                             // rows are causal by index too
     for (int g = 0; g < n_kv; g++) {
-        struct kv_list *l = kv_cache_list(&c, 0, g);
-        CHECK(kv_list_reserve(&c, l, n[g]) == PYKV_OK);
-        for (int32_t j = 0; j < n[g]; j++) {
-            for (int i = 0; i < d; i++) k[i] = uniform(-2.0f, 2.0f);
-            kv_list_push(&c, l, k, v, j);   // position j: the probe's rows are causal by index too
-        }
-        layer.k[g] = dev_upload(l->k, kv_format_row_bytes(fmt, d) * (size_t)n[g]);
-        layer.n[g] = n[g];
         offset[g] = total;
         total += n[g];
     }
     // causal: the rows are the list's last entries (pos0 = n - rows); else they all come after
-    int32_t n_max = 0;
-    for (int g = 0; g < n_kv; g++) n_max = n[g] > n_max ? n[g] : n_max;
     const int32_t pos0 = causal ? n_max - rows : n_max;
     int32_t *vis = malloc((size_t)rows * n_kv * sizeof(int32_t));
     for (int r = 0; r < rows; r++)
@@ -361,7 +362,7 @@ static void test_visible(int fmt, int d, int n_kv, int group, int rows, int kern
     CHECK(e_ent <= 1e-6);
     cuda_free(dq); cuda_free(dscores); cuda_free(dmean); cuda_free(work); cuda_free((void *)a.vis); cuda_free(a.ent);
     for (int g = 0; g < n_kv; g++) cuda_free(layer.k[g]);
-    free(k); free(v); free(vis); free(q); free(want); free(want_mean); free(want_ent); free(z); free(got); free(mean);
+    free(vis); free(q); free(want); free(want_mean); free(want_ent); free(z); free(got); free(mean);
     free(ent); free(entf);
     kv_cache_free(&c);
 }
