@@ -5,7 +5,8 @@ window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms), some
 comes down of the layer (knorm, keydiff and lagkv's keys, criticalkv's values,
 expected_attention's and KVzip's queries and keys), and EMS on the host with the layer's lists
 brought down and sent back, its merged entries expanded by the GPU's attention; all compact
-the lists in GPU memory.
+the lists in GPU memory. SnapKV, PyramidKV and Ada-KV select on the device too, and the
+decode steps of h2o, tova and cake take their attention sums from the recorded decode step.
 Each is run on the same prompt by a context with every layer on the GPU and by one on the
 CPU's exact path, and compared: the positions every (layer, KV head) list keeps, the byte
 counts of kv_stats, the budget, and the logits.
@@ -261,14 +262,17 @@ def test_state_of_a_policy_context_crosses_to_the_cpu(model_path):
 
 
 @needs_gpu
-def test_smollm2_shape_with_snapkv(model_path):
-    """SmolLM2-135M's shape, a 300-token prompt kept at 64 entries per list."""
-    cpu, gpu = _pair(model_path(SMOL_SHAPE), "snapkv", budget=64, n_batch=128)
+@pytest.mark.parametrize("policy", ["snapkv", "adakv", "cake", "lava"])
+def test_smollm2_shape_with_a_policy(model_path, policy):
+    """SmolLM2-135M's shape, a 300-token prompt kept at 64 entries per list: 30 layers, so
+    CAKE's and LAVa's cascades re-select earlier layers many times (compacting them only now
+    and then) and Ada-KV ranks 3 heads together."""
+    cpu, gpu = _pair(model_path(SMOL_SHAPE), policy, budget=64, n_batch=128)
     with cpu, gpu:
         prompt = random_tokens(300, seed=29)
         cpu.eval(prompt)
         gpu.eval(prompt)
-        _check_same_cache(cpu, gpu, "snapkv", exact=False)
+        _check_same_cache(cpu, gpu, policy, exact=False)
 
 
 @needs_gpu
