@@ -187,6 +187,35 @@ def test_decode_sums_come_from_the_recorded_step(model_path, policy):
 
 
 @needs_gpu
+def test_ems_decodes_and_starts_again(model_path):
+    """EMS's hooks bring each GPU layer's lists to host buffers that stay from one step to the
+    next (kv_layer_stage): 40 decode steps with merges and a reset to a new prompt, each step
+    from the GPU's state on the CPU side; positions and logits as the CPU's."""
+    path = model_path("llama_q8_0_h8kv2")
+    cpu, gpu = _pair(path, "ems", budget=48, n_batch=64)
+    with cpu, gpu:
+        lists = gpu.model_info["n_layer"] * gpu.model_info["n_head_kv"]
+        for seed in (31, 32):
+            gpu.reset()
+            cpu.reset()
+            prompt = random_tokens(150, seed=seed)
+            cpu.eval(prompt)
+            gpu.eval(prompt)
+            _check_same_cache(cpu, gpu, "ems", exact=False)
+            flips = 0
+            for step in range(40):
+                cpu.load_state(gpu.save_state())
+                token = int(np.argmax(gpu.logits()))
+                cpu.eval([token])
+                gpu.eval([token])
+                assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL, (seed, step)
+                a, b = _positions(cpu), _positions(gpu)
+                flips += sum(pa != pb for la, lb in zip(a, b) for pa, pb in zip(la, lb))
+            assert gpu.kv_stats()["merged"] > 0
+            assert flips <= DECODE_NEAR_TIE_SHARE * 40 * lists, flips
+
+
+@needs_gpu
 def test_eviction_gives_device_memory_back(model_path):
     """After a compressing prefill the lists hold their budget in GPU memory, not the prompt."""
     path = model_path("llama_q8_0_h8kv2")

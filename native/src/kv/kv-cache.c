@@ -120,7 +120,18 @@ static pykv_status host_resize(struct kv_cache *c, struct kv_list *l, int32_t ca
     return PYKV_OK;
 }
 
+// A device list's staging buffers (kv_layer_stage) go with its room. While the list is staged
+// they are its k and v, which host_resize frees itself.
+static void stage_free(struct kv_list *l) {
+    if (!l->on_device) return;
+    pages_free(l->stage_k);
+    pages_free(l->stage_v);
+    l->stage_k = l->stage_v = NULL;
+    l->stage_cap = 0;
+}
+
 static pykv_status list_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
+    if (cap == 0) stage_free(l);
     if (cap == l->cap) return PYKV_OK;
     if (l->on_device) PYKV_TRY(device_resize(c, l, cap));
     if (cap == 0 && l->member_block) {
@@ -281,26 +292,32 @@ pykv_status kv_list_sync_members(struct kv_cache *c, struct kv_list *l) {
     return st;
 }
 
+// The list's staging buffers, with room for its entries (the ones it had when they have).
+static pykv_status stage_buffers(const struct kv_cache *c, struct kv_list *l) {
+    const int32_t cap = l->cap ? l->cap : 1;
+    if (l->stage_k && l->stage_v && l->stage_cap >= cap) return PYKV_OK;
+    pages_free(l->stage_k);
+    pages_free(l->stage_v);
+    l->stage_k = pages_realloc(NULL, (size_t)cap * kv_cache_key_bytes(c));
+    l->stage_v = pages_realloc(NULL, (size_t)cap * kv_cache_value_bytes(c));
+    l->stage_cap = l->stage_k && l->stage_v ? cap : 0;
+    return l->stage_cap ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "out of memory bringing the KV cache to the host");
+}
+
 pykv_status kv_layer_stage(struct kv_cache *c, int layer, struct kv_staged *saved) {
-    const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
     for (int g = 0; g < c->n_head_kv; g++) {
         struct kv_list *l = kv_cache_list(c, layer, g);
         saved[g] = (struct kv_staged){ l->k, l->v, l->cap };
-        void *k = pages_realloc(NULL, (size_t)(l->cap ? l->cap : 1) * kb);
-        void *v = pages_realloc(NULL, (size_t)(l->cap ? l->cap : 1) * vb);
-        pykv_status st = k && v ? kv_list_read_rows(c, l, 0, l->n, k)
-                                : pykv_error(PYKV_ERR_NOMEM, "out of memory bringing layer %d's KV cache to the host", layer);
-        if (st == PYKV_OK) st = kv_list_read_rows(c, l, 1, l->n, v);
+        pykv_status st = stage_buffers(c, l);
+        if (st == PYKV_OK) st = kv_list_read_rows(c, l, 0, l->n, l->stage_k);
+        if (st == PYKV_OK) st = kv_list_read_rows(c, l, 1, l->n, l->stage_v);
         if (st != PYKV_OK) {
-            pages_free(k);
-            pages_free(v);
             kv_layer_unstage(c, layer, saved);   // the lists staged before this one go back
             return st;
         }
-        l->k = k;
-        l->v = v;
+        l->k = l->stage_k;
+        l->v = l->stage_v;
         l->on_device = 0;
-        saved[g].cap = l->cap;
     }
     return PYKV_OK;
 }
@@ -344,8 +361,9 @@ pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *sa
         if (up == PYKV_OK) up = kv_list_write_rows(c, l, 1, l->n, hv);
         if (up == PYKV_OK) up = kv_list_sync_members(c, l);
         if (st == PYKV_OK) st = up;
-        pages_free(hk);
-        pages_free(hv);
+        l->stage_k = hk;   // the host buffers as the list left them (its room moves them), for next time
+        l->stage_v = hv;
+        l->stage_cap = hk && hv ? l->cap : 0;
         if (first == PYKV_OK) first = st;
     }
     return first;

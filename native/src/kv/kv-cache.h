@@ -85,6 +85,11 @@ struct kv_list {
     size_t   member_block_bytes;
     int32_t  member_block_cap;
     int32_t  members_stale;
+    // A device list's host buffers for kv_layer_stage (room stage_cap), kept from one staging
+    // to the next so that a decode step does not map and fault in fresh pages; freed with the
+    // list's room.
+    void    *stage_k, *stage_v;
+    int32_t  stage_cap;
 };
 
 struct kv_cache {
@@ -215,9 +220,10 @@ pykv_status kv_list_sync_members(struct kv_cache *c, struct kv_list *l);
 
 // A layer of device lists brought to host memory for code that reads and changes them there
 // (a policy with policy_ops.host_lists): kv_layer_stage copies every list's keys and values
-// into host buffers that the list then uses (on_device 0), keeping the device buffers in
-// saved (n_head_kv of them); kv_layer_unstage sends each list's rows back, into device
-// buffers of its room then, and frees the host ones (the lists' merged entries too).
+// into host buffers that the list then uses (on_device 0; the list's stage_k and stage_v),
+// keeping the device buffers in saved (n_head_kv of them); kv_layer_unstage sends each
+// list's rows back, into device buffers of its room then (the lists' merged entries too),
+// and keeps the host buffers for the next staging.
 struct kv_staged { void *k, *v; int32_t cap; };
 pykv_status kv_layer_stage(struct kv_cache *c, int layer, struct kv_staged *saved);
 pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *saved);
