@@ -187,6 +187,25 @@ def test_decode_sums_come_from_the_recorded_step(model_path, policy):
 
 
 @needs_gpu
+def test_ems_second_prompt_over_merged_entries(model_path):
+    """EMS's chunks before a prompt's last take the attention sums from the device, unless a
+    list holds merged entries (a second prompt after the first was compressed), whose members
+    only the host's sums expand: both prompts in several chunks keep what the CPU keeps."""
+    path = model_path("llama_q8_0_h8kv2")
+    cpu, gpu = _pair(path, "ems", budget=48, n_batch=64)
+    with cpu, gpu:
+        for part in (random_tokens(200, seed=33), random_tokens(150, seed=34)):
+            cpu.eval(part)
+            gpu.eval(part)
+            diff, kept = _differing(_positions(cpu), _positions(gpu))
+            assert diff <= NEAR_TIE_SHARE * kept, f"{diff} of {kept} kept entries differ"
+            # whether an entry merges or goes is a threshold on its similarity: a near-tie too
+            merged_cpu, merged_gpu = cpu.kv_stats()["merged"], gpu.kv_stats()["merged"]
+            assert merged_gpu > 0 and abs(merged_gpu - merged_cpu) <= max(2, merged_cpu // 10)
+            assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+
+
+@needs_gpu
 def test_ems_decodes_and_starts_again(model_path):
     """EMS's hooks bring each GPU layer's lists to host buffers that stay from one step to the
     next (kv_layer_stage): 40 decode steps with merges and a reset to a new prompt, each step

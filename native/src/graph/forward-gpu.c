@@ -293,6 +293,17 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
     return st != PYKV_OK ? st : back;
 }
 
+// Whether a host_lists policy's hooks for this layer need its lists in host memory
+// (policy_ops.host_lists): at the end of a prefill call and on decode steps, and whenever a
+// list holds merged entries, whose members the device's attention sums do not expand.
+// Earlier chunks take the sums only, computed on the device over the lists in place.
+static int hooks_on_host_lists(pykv_context *ctx, const struct policy_event *ev, const float *d_q) {
+    if (!d_q || ev->T == 1 || ev->is_last_chunk) return 1;
+    for (int h = 0; h < ctx->model->hp.n_head_kv; h++)
+        if (kv_cache_list(&ctx->cache, ev->layer, h)->n_members) return 1;
+    return 0;
+}
+
 // The policy's hooks for a layer on the GPU, once its kernels are queued: the work the policy
 // queues on the stream (scoring, compaction) runs after them and before the next layer's.
 // d_q: the layer's queries, still in g->q, or NULL when the hooks run after a recorded decode
@@ -313,7 +324,7 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
     ev.probe.rope_inv_freq = ctx->buf.rope_inv_freq;
     ev.wo = &ctx->model->layers[layer].wo;
     ev.attn_colsum = NULL;
-    if (ops->host_lists) return host_layer_hook(ctx, &ev, n_probe, d_q);
+    if (ops->host_lists && hooks_on_host_lists(ctx, &ev, d_q)) return host_layer_hook(ctx, &ev, n_probe, d_q);
     if (sums) {
         ev.attn_colsum = sums;
         ev.attn_colsum_stride = (int32_t)ctx->gpu->sums_stride;
@@ -337,15 +348,15 @@ static pykv_status run_layers(pykv_context *ctx, int T, int n_probe) {
     for (int layer = g->first_layer; layer < hp->n_layer; layer++) {
         if (!hooks && layer > g->first_layer && atomic_load_explicit(&ctx->cancel, memory_order_relaxed))
             return pykv_error(PYKV_ERR_CANCELLED, "cancelled");
-        for (int h = 0; h < hp->n_head_kv; h++)   // merged entries changed on the host go up
-            PYKV_TRY(kv_list_sync_members(&ctx->cache, kv_cache_list(&ctx->cache, layer, h)));
-        struct cuda_kv_layer before, after;
-        kv_device_layer(&ctx->cache, layer, NULL, &before);
-        after = before;
-        for (int h = 0; h < hp->n_head_kv; h++) {
-            kv_list_push_positions(kv_cache_list(&ctx->cache, layer, h), ctx->n_past, T);
-            after.n[h] += T;
+        for (int h = 0; h < hp->n_head_kv; h++) {   // the chunk's entries, then merged entries changed on the host go up
+            struct kv_list *l = kv_cache_list(&ctx->cache, layer, h);
+            kv_list_push_positions(l, ctx->n_past, T);
+            PYKV_TRY(kv_list_sync_members(&ctx->cache, l));
         }
+        struct cuda_kv_layer before, after;
+        kv_device_layer(&ctx->cache, layer, NULL, &after);
+        before = after;
+        for (int h = 0; h < hp->n_head_kv; h++) before.n[h] -= T;
         enqueue_layer(g, ctx->model, layer, T, &before, &after);
         if (hooks) PYKV_TRY(layer_hook(ctx, layer, T, n_probe, g->q, NULL));
         for (int h = 0; n_probe && h < hp->n_head_kv; h++) {   // the probe's K/V are never kept

@@ -409,8 +409,10 @@ void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const f
 
 void kv_list_push_positions(struct kv_list *l, int32_t pos0, int32_t T) {
     for (int32_t t = 0; t < T; t++) l->pos[l->n + t] = pos0 + t;
-    if (l->n_members)
+    if (l->n_members) {
         for (int32_t t = 0; t < T; t++) l->n_members[l->n + t] = 1;
+        l->members_stale = 1;   // a device list's block must count the new entries too
+    }
     l->n += T;
 }
 

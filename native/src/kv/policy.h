@@ -191,13 +191,17 @@ struct policy_ops {
     // the attention sums come computed), kv_list_rows_f32, kv_layer_host_copy or the score
     // functions of es_layer_keep_top (which reads a host copy); change lists only through
     // kv_list_retain, kv_list_drop and kv_list_truncate; and on a decode step touch only the
-    // lists of ev->layer (without sums or decode_list, after_layer runs for every GPU layer
-    // once the step is done). A context whose policy lacks it runs every layer on the CPU.
+    // lists of ev->layer (after_layer and decode_list run for every GPU layer once the step
+    // is done, with the step's attention sums when the policy takes them). A context whose
+    // policy lacks it runs every layer on the CPU.
     int           device_lists;
-    // Nonzero (with device_lists): the hooks read and change the lists on the host as they
-    // do on the CPU (EMS's merges); around the hooks of a GPU layer the context brings its
-    // lists, the chunk's queries and the attention sums to host memory (kv_layer_stage) and
-    // sends the lists back, with their merged entries, which the GPU's attention expands.
+    // Nonzero (with device_lists): at the end of a prefill call and on decode steps the hooks
+    // read and change the lists on the host as they do on the CPU (EMS's merges); around
+    // those hooks of a GPU layer the context brings its lists, the chunk's queries and the
+    // attention sums to host memory (kv_layer_stage) and sends the lists back, with their
+    // merged entries, which the GPU's attention expands. The hooks of earlier chunks take
+    // only the attention sums, computed on the device (in host memory too while a list of
+    // the layer holds merged entries).
     int           host_lists;
 };
 
