@@ -367,9 +367,10 @@ static pykv_status run_layers(pykv_context *ctx, int T, int n_probe) {
     return cuda_check("a layer on the GPU");
 }
 
-// Layer `layer`'s rows of the recorded step's sums (device).
-static float *step_sums(const struct gpu_run *g, const struct hparams *hp, int layer) {
-    return g->sums + (size_t)(layer - g->first_layer) * hp->n_head * (size_t)g->sums_stride;
+// Where layer `layer`'s rows start in the recorded step's sums (g->sums, g->h_sums); layer
+// n_layer gives their size.
+static size_t step_sums_at(const struct gpu_run *g, const struct hparams *hp, int layer) {
+    return (size_t)(layer - g->first_layer) * hp->n_head * (size_t)g->sums_stride;
 }
 
 // Before a recording: room for the step's sums when the policy takes them (g->sums_stride set,
@@ -421,7 +422,7 @@ static pykv_status record_decode(pykv_context *ctx) {
         kv_device_layer(&ctx->cache, layer, g->lens + (size_t)(layer - g->first_layer) * hp->n_head_kv, &kl);
         enqueue_layer(g, ctx->model, layer, 1, &kl, &kl);
         if (g->sums_stride)   // the layer's queries are still in g->q
-            cuda_decode_probs(s, &kl, g->q, hp->n_head, step_sums(g, hp, layer), g->sums_stride);
+            cuda_decode_probs(s, &kl, g->q, hp->n_head, g->sums + step_sums_at(g, hp, layer), g->sums_stride);
     }
     if (st == PYKV_OK) enqueue_logits(g, ctx->model, 1);
     const pykv_status end = cuda_graph_capture_end(s, &g->graph);   // ends the capture whatever happened
@@ -456,8 +457,7 @@ static pykv_status run_decode_graph(pykv_context *ctx, int *done) {
     PYKV_TRY(cuda_graph_launch(g->graph, g->stream));
     PYKV_TRY(cuda_download_async(ctx->logits, g->logits, (size_t)hp->n_vocab * sizeof(float), g->stream));
     if (g->sums_stride)
-        PYKV_TRY(cuda_download_async(g->h_sums, g->sums, (size_t)(hp->n_layer - g->first_layer) * hp->n_head *
-                                                             (size_t)g->sums_stride * sizeof(float), g->stream));
+        PYKV_TRY(cuda_download_async(g->h_sums, g->sums, step_sums_at(g, hp, hp->n_layer) * sizeof(float), g->stream));
     PYKV_TRY(cuda_check("a decode step on the GPU"));
     return cuda_stream_sync(g->stream);
 }
@@ -482,7 +482,7 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
             // a decode step's hooks touch their own layer's lists only (policy_ops.device_lists),
             // so they may all run once the step is done
             for (int layer = g->first_layer; hooks && layer < hp->n_layer; layer++) {
-                const float *sums = g->sums_stride ? g->h_sums + (step_sums(g, hp, layer) - g->sums) : NULL;
+                const float *sums = g->sums_stride ? g->h_sums + step_sums_at(g, hp, layer) : NULL;
                 PYKV_TRY(layer_hook(ctx, layer, 1, 0, NULL, sums));
             }
             return cuda_stream_sync(g->stream);

@@ -435,45 +435,29 @@ static pykv_status ea_compress_layer(struct expected_attention *p, const struct 
     return rc;
 }
 
-static pykv_status ea_after_layer(struct kv_policy *base, const struct policy_event *layer_ev) {
-    struct expected_attention *p = (struct expected_attention *)base;
-    if (layer_ev->layer < 0 || layer_ev->n_prompt <= 1 || (!layer_ev->q && !layer_ev->q_device))
-        return PYKV_OK;   // decode steps: no statistics
-    // a layer on the GPU: the chunk's queries come down, and the statistics run on the host
-    struct policy_event host = *layer_ev;
-    float *q_host = NULL;
-    if (layer_ev->q_device) {
-        q_host = malloc((size_t)layer_ev->T * layer_ev->hp->n_head * layer_ev->hp->head_dim * sizeof(float));
-        if (!q_host) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the queries of layer %d", layer_ev->layer);
-        const pykv_status rc = ws_query_rows(layer_ev, 0, layer_ev->T, q_host);
-        if (rc != PYKV_OK) {
-            free(q_host);
-            return rc;
-        }
-        host.q = q_host;
-        host.q_device = NULL;
-    }
-    const struct policy_event *ev = &host;
-    pykv_status rc = ea_add_chunk(p, ev);
-    if (rc != PYKV_OK) {
-        free(q_host);
-        return rc;
-    }
+// One layer's hook with the chunk's queries in host memory.
+static pykv_status ea_layer(struct expected_attention *p, const struct policy_event *ev) {
+    PYKV_TRY(ea_add_chunk(p, ev));
     if (ws_is_prefill_end(ev)) {
-        const int32_t B = ws_budget(&base->cfg, ev);
+        const int32_t B = ws_budget(&p->base.cfg, ev);
+        if (B <= p->sink)
+            return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'expected_attention': the budget (%d entries per layer "
+                              "and KV head) must be larger than the %d sink tokens it includes", B, p->sink);
         int any = 0;
         for (int g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n > B;
-        if (B <= p->sink)
-            rc = pykv_error(PYKV_ERR_INVALID_ARG, "policy 'expected_attention': the budget (%d entries per layer "
-                            "and KV head) must be larger than the %d sink tokens it includes", B, p->sink);
-        else if (any)
-            rc = ea_compress_layer(p, ev, B);
-        if (rc != PYKV_OK) {
-            free(q_host);
-            return rc;
-        }
+        if (any) PYKV_TRY(ea_compress_layer(p, ev, B));
     }
     if (ev->n_past >= ev->n_past_end) ea_stats_end(p, ev->layer);   // the call's last chunk
+    return PYKV_OK;
+}
+
+static pykv_status ea_after_layer(struct kv_policy *base, const struct policy_event *ev) {
+    if (ev->layer < 0 || ev->n_prompt <= 1 || (!ev->q && !ev->q_device)) return PYKV_OK;   // decode steps: no statistics
+    // a layer on the GPU: the chunk's queries come down, and the statistics run on the host
+    struct policy_event host;
+    float *q_host;
+    PYKV_TRY(ws_host_event(ev, &host, &q_host));
+    const pykv_status rc = ea_layer((struct expected_attention *)base, &host);
     free(q_host);
     return rc;
 }

@@ -107,18 +107,17 @@ static pykv_status finch_init(const struct policy_config *cfg, struct kv_policy 
 
 static void finch_reset(struct kv_policy *base) { ((struct finch *)base)->probe_rows = 0; }
 
-// The question rows of this chunk: the appended probe, or the last chunk's own tail.
+// The question rows of this chunk, its last `rows` queries: the appended probe, or the last
+// chunk's own tail.
 struct question {
-    const float *q;      // (rows, n_head, head_dim), post-RoPE
-    int32_t      rows;
-    int32_t      pos0;   // position of row 0
-    int32_t      kept;   // entries at the end of every list that are not candidates
+    int32_t rows;
+    int32_t pos0;   // position of row 0
+    int32_t kept;   // entries at the end of every list that are not candidates
 };
 
 static struct question question_of(const struct finch *p, const struct policy_event *ev) {
     struct question qn;
     if (ev->probe.n > 0) {
-        qn.q = ev->probe.q;   // NULL for a layer on the GPU: the caller brings the rows down
         qn.rows = qn.kept = ev->probe.n;
         qn.pos0 = ev->n_past;
         return qn;
@@ -126,16 +125,15 @@ static struct question question_of(const struct finch *p, const struct policy_ev
     int32_t W = p->probe_rows > p->window ? p->probe_rows : p->window;
     if (W > ev->T) W = ev->T;
     if (W > ev->n_prompt) W = ev->n_prompt;
-    qn.q = ev->q ? ev->q + (size_t)(ev->T - W) * ev->hp->n_head * ev->hp->head_dim : NULL;
     qn.rows = qn.kept = W;
     qn.pos0 = ev->n_past - W;
     return qn;
 }
 
-// Score every list of the layer by the question and keep each one's top k candidates plus
-// its last qn->kept entries.
+// Score every list of the layer by the question (its rows q: (qn->rows, n_head, head_dim),
+// post-RoPE) and keep each one's top k candidates plus its last qn->kept entries.
 static pykv_status keep_best(const struct finch *p, const struct policy_event *ev, const struct question *qn,
-                             int64_t k) {
+                             const float *q, int64_t k) {
     const int32_t Hkv = ev->hp->n_head_kv;
     int32_t *n_cols = malloc((size_t)Hkv * sizeof(int32_t));
     int64_t *offset = malloc((size_t)Hkv * sizeof(int64_t));
@@ -153,7 +151,7 @@ static pykv_status keep_best(const struct finch *p, const struct policy_event *e
     pykv_status st = scores ? PYKV_OK
                    : pykv_error(PYKV_ERR_NOMEM, "out of memory in FINCH eviction (%lld entries)", (long long)total);
     const enum take_row_weight weight = p->normalize ? TAKE_ROWS_BY_SEEN : TAKE_ROWS_EQUAL;
-    if (st == PYKV_OK) st = take_layer_scores(ev, qn->q, qn->rows, qn->pos0, n_cols, offset, 1, weight, scores);
+    if (st == PYKV_OK) st = take_layer_scores(ev, q, qn->rows, qn->pos0, n_cols, offset, 1, weight, scores);
     for (int32_t g = 0; g < Hkv && st == PYKV_OK; g++) {
         const int32_t n_cand = n_cols[g] - qn->kept;
         if (n_cand > k) st = ws_keep_top(ev, g, scores + offset[g], n_cand, k);
@@ -170,22 +168,20 @@ static pykv_status finch_after_layer(struct kv_policy *base, const struct policy
     else if (!ev->is_last_chunk) return PYKV_OK;
     const int32_t B = ws_budget(&base->cfg, ev);
     PYKV_TRY(ws_check_budget("finch", B, p->window));
-    struct question qn = question_of(p, ev);
+    const struct question qn = question_of(p, ev);
     if (ev->probe.n == 0 && qn.kept > p->window)   // a probe longer than W: the question kept is longer
         PYKV_TRY(ws_check_budget("finch", B, qn.kept));
     const int64_t k = ev->probe.n > 0 ? B : (int64_t)B - qn.kept;
     int any = 0;
     for (int32_t g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n - qn.kept > k;
     if (!any) return PYKV_OK;
-    if (!ev->q_device) return keep_best(p, ev, &qn, k);
-    // a layer on the GPU: the question's rows (the chunk's last ones) come down for the scoring
-    // to take back up with their causal limits
-    float *rows = malloc((size_t)qn.rows * ev->hp->n_head * ev->hp->head_dim * sizeof(float));
-    if (!rows) return pykv_error(PYKV_ERR_NOMEM, "out of memory for FINCH's question");
-    pykv_status st = ws_query_rows(ev, ev->T - qn.rows, qn.rows, rows);
-    qn.q = rows;
-    if (st == PYKV_OK) st = keep_best(p, ev, &qn, k);
-    free(rows);
+    // the question's rows (a layer on the GPU sends them down, for the scoring to take back up
+    // with their causal limits)
+    float *q = malloc((size_t)qn.rows * ev->hp->n_head * ev->hp->head_dim * sizeof(float));
+    if (!q) return pykv_error(PYKV_ERR_NOMEM, "out of memory for FINCH's question");
+    pykv_status st = ws_query_rows(ev, ev->T - qn.rows, qn.rows, q);
+    if (st == PYKV_OK) st = keep_best(p, ev, &qn, q, k);
+    free(q);
     return st;
 }
 

@@ -325,15 +325,11 @@ static pykv_status kvzip_after_layer(struct kv_policy *base, const struct policy
     if (!ev->q_device) return score_pass(p, ev, kv_cache_list(ev->cache, ev->layer, 0));
     // a layer on the GPU: the pass's queries and the layer's keys come down, and the pass's
     // restricted softmax runs on the host
-    const int hkv = ev->hp->n_head_kv;
-    struct policy_event host = *ev;
-    float *q = malloc((size_t)ev->T * ev->hp->n_head * ev->hp->head_dim * sizeof(float));
-    struct kv_list *lists = calloc((size_t)hkv, sizeof(*lists));
-    pykv_status st = q && lists ? ws_query_rows(ev, 0, ev->T, q)
-                                : pykv_error(PYKV_ERR_NOMEM, "out of memory for KVzip's pass");
+    struct policy_event host;
+    float *q = NULL;
+    struct kv_list *lists = calloc((size_t)ev->hp->n_head_kv, sizeof(*lists));
+    pykv_status st = lists ? ws_host_event(ev, &host, &q) : pykv_error(PYKV_ERR_NOMEM, "out of memory for KVzip's pass");
     if (st == PYKV_OK) st = kv_layer_host_copy(ev->cache, ev->layer, 0, lists);
-    host.q = q;
-    host.q_device = NULL;
     if (st == PYKV_OK) st = score_pass(p, &host, lists);
     kv_layer_host_copy_free(ev->cache, lists);
     free(lists);

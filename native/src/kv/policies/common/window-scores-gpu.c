@@ -1,10 +1,11 @@
 // window-scores-gpu.c - the policies' reads of a layer on the GPU: one run of the window
-// kernel with its outputs brought back (ws_window_run, which TAKE's probe uses too), SnapKV's
-// whole step (scores and each list's top-k selected there), the chunk's query rows, the
+// kernel with its outputs brought back (ws_window_run, which TAKE's probe uses too), the
+// window's scores kept on the device for the selections there (ws_device_scores: SnapKV's and
+// PyramidKV's top-k per list, Ada-KV's joint count across heads), the chunk's query rows, the
 // statistics of ws_stats_compute (the window's attention over the lists runs there, ggml-cuda/
-// window-scores.cu, the twin of the CPU's stats_head) and LAVa's value norms. Only the
-// per-candidate means (and variances) and the norms come back, so everything the policies do
-// with them after is the CPU's code.
+// window-scores.cu, the twin of the CPU's stats_head), the attention sums and LAVa's value
+// norms. What comes back is per-entry statistics, counts or chosen indices, so everything the
+// policies do with them after is the CPU's code.
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
 #include "model/model.h"

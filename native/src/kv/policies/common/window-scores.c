@@ -142,6 +142,25 @@ pykv_status ws_query_rows(const struct policy_event *ev, int32_t t0, int32_t row
     return PYKV_OK;
 }
 
+pykv_status ws_host_event(const struct policy_event *ev, struct policy_event *host, float **q_host) {
+    *host = *ev;
+    *q_host = NULL;
+    if (!ev->q_device) return PYKV_OK;
+    const size_t width = (size_t)ev->hp->n_head * ev->hp->head_dim;
+    float *q = malloc((size_t)ev->T * width * sizeof(float) + 1);
+    if (!q) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the queries of layer %d", ev->layer);
+    const pykv_status rc = ws_query_rows(ev, 0, ev->T, q);
+    if (rc != PYKV_OK) {
+        free(q);
+        return rc;
+    }
+    host->q = q;
+    host->q_device = NULL;
+    host->probe.q = ev->probe.n ? q + (size_t)(ev->T - ev->probe.n) * width : NULL;
+    *q_host = q;
+    return PYKV_OK;
+}
+
 pykv_status ws_value_l1_max(const struct policy_event *ev, const int32_t *n_cand, float *vbar) {
     const int hkv = ev->hp->n_head_kv, hd = ev->hp->head_dim;
     if (kv_cache_list(ev->cache, ev->layer, 0)->on_device) return ws_value_l1_max_device(ev, n_cand, vbar);

@@ -64,6 +64,10 @@ pykv_status ws_value_l1_max_device(const struct policy_event *ev, const int32_t 
 // Rows t0 .. t0 + rows - 1 of the chunk's queries ((rows, n_head, head_dim) floats) copied to
 // out, from ev->q or, for a layer on the GPU, from ev->q_device.
 pykv_status ws_query_rows(const struct policy_event *ev, int32_t t0, int32_t rows, float *out);
+// The event as hooks on the CPU see it: *host = *ev, and for a layer on the GPU the chunk's
+// queries (and probe rows) in host memory instead, brought down into *q_host, which the caller
+// frees (NULL when nothing came down).
+pykv_status ws_host_event(const struct policy_event *ev, struct policy_event *host, float **q_host);
 pykv_status ws_query_rows_device(const struct policy_event *ev, int32_t t0, int32_t rows, float *out);
 
 // A layer on the GPU (ev->q_device set; window-scores-gpu.c):

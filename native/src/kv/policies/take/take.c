@@ -231,17 +231,15 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
         if (rows > real) rows = real;
         pos0 = ev->n_past - rows;
     }
-    // the probe rows are the chunk's last ones either way; a layer on the GPU sends them down
-    const int32_t t0 = ev->T - rows;
-    float *qa = malloc((size_t)rows * width * sizeof(float)), *q_host = NULL;
-    if (!qa || (ev->q_device && !(q_host = malloc((size_t)rows * width * sizeof(float))))) {
-        free(qa);
+    // the probe rows are the chunk's last ones either way (a layer on the GPU sends them down)
+    float *qa = malloc((size_t)rows * width * sizeof(float)), *q_rows = malloc((size_t)rows * width * sizeof(float));
+    if (!qa || !q_rows) {
+        free(qa); free(q_rows);
         return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
     }
-    pykv_status st = ev->q_device ? ws_query_rows(ev, t0, rows, q_host) : PYKV_OK;
-    const float *q_rows = ev->q_device ? q_host : ev->q + (size_t)t0 * width;
+    pykv_status st = ws_query_rows(ev, ev->T - rows, rows, q_rows);
     if (st == PYKV_OK) st = take_ema_update(e, q_rows, rows, pos0, p->alpha, ev, qa);
-    free(q_host);
+    free(q_rows);
 
     const int32_t B = policy_budget(&base->cfg, ev->n_prompt);
     int64_t Bw = p->warmup_budget > 0 ? p->warmup_budget : (ev->n_prompt < 20LL * B ? ev->n_prompt : 20LL * B);
