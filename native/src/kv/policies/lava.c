@@ -47,12 +47,9 @@ extern const struct policy_ops policy_lava;
 #define LAVA_KEYS "window, pool (max|avg), kernel, gqa (mean|max), alpha, cascade (0|1)"
 
 struct lava_layer {
-    int32_t  *n_orig;   // (Hkv) candidates when scored
-    int32_t  *n_cand;   // (Hkv) candidates now
-    float   **s;        // (Hkv) scores of the candidates
-    int32_t **row;      // (Hkv) the list row of each candidate (ws_cascade_keep_top)
-    int32_t  *list_cand; // (Hkv) candidates the list itself holds
-    uint16_t *rank;     // (sum n_orig) head of each entry of the joint ranking
+    int32_t                *n_orig;   // (Hkv) candidates when scored
+    struct ws_cascade_list *heads;    // (Hkv) the candidates now, with their scores
+    uint16_t               *rank;     // (sum n_orig) head of each entry of the joint ranking
 };
 
 struct lava {
@@ -74,11 +71,8 @@ static const struct policy_opt lava_opts[] = {
 };
 
 static void layer_free(struct lava_layer *ll, int hkv) {
-    for (int g = 0; g < hkv; g++) {
-        if (ll->s) free(ll->s[g]);
-        if (ll->row) free(ll->row[g]);
-    }
-    free(ll->s); free(ll->row); free(ll->list_cand); free(ll->n_orig); free(ll->n_cand); free(ll->rank);
+    for (int g = 0; ll->heads && g < hkv; g++) ws_cascade_free(&ll->heads[g]);
+    free(ll->heads); free(ll->n_orig); free(ll->rank);
     memset(ll, 0, sizeof(*ll));
 }
 
@@ -142,37 +136,31 @@ static pykv_status lava_score(struct lava *p, const struct policy_event *ev, str
     int32_t *order = NULL;
     pykv_status rc;
     ll->n_orig = malloc((size_t)hkv * sizeof(int32_t));
-    ll->n_cand = malloc((size_t)hkv * sizeof(int32_t));
-    ll->s = calloc((size_t)hkv, sizeof(float *));
-    ll->row = calloc((size_t)hkv, sizeof(int32_t *));
-    ll->list_cand = malloc((size_t)hkv * sizeof(int32_t));
+    ll->heads = calloc((size_t)hkv, sizeof(*ll->heads));
     ll->rank = malloc((size_t)(st.total ? st.total : 1) * sizeof(uint16_t));
     order = malloc((size_t)(st.total ? st.total : 1) * sizeof(*order));
     float *vbars = malloc((size_t)hkv * sizeof(float));
-    if (!ll->n_orig || !ll->n_cand || !ll->s || !ll->row || !ll->list_cand || !ll->rank || !order || !vbars) goto nomem;
+    if (!ll->n_orig || !ll->heads || !ll->rank || !order || !vbars) goto nomem;
     rc = ws_value_l1_max(ev, st.n_cand, vbars);
     if (rc != PYKV_OK) goto fail;
     double sum = 0.0;
     for (int g = 0; g < hkv; g++) {
         const int32_t nc = st.n_cand[g];
         const float vbar = vbars[g];
-        ll->n_orig[g] = ll->n_cand[g] = ll->list_cand[g] = nc;
-        ll->s[g] = malloc((size_t)(nc ? nc : 1) * sizeof(float));
-        ll->row[g] = malloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
-        if (!ll->s[g] || !ll->row[g]) goto nomem;
-        for (int32_t j = 0; j < nc; j++) ll->row[g][j] = j;
-        float *sg = s + st.offset_kv[g];
+        ll->n_orig[g] = nc;
+        if (ws_cascade_init(&ll->heads[g], nc) != PYKV_OK) goto nomem;
+        float *sg = s + st.offset_kv[g], *scaled = ll->heads[g].s;
         for (int32_t j = 0; j < nc; j++) {
-            ll->s[g][j] = sg[j] * vbar;
-            sum += ll->s[g][j];
-            s[st.offset_kv[g] + j] = ll->s[g][j];   // the layer's scaled scores, flat, for the joint ranking
+            scaled[j] = sg[j] * vbar;
+            sum += scaled[j];
+            sg[j] = scaled[j];   // the layer's scaled scores, flat, for the joint ranking
         }
     }
     double ent = 0.0;
     if (sum > 0.0)
         for (int g = 0; g < hkv; g++)
             for (int32_t j = 0; j < st.n_cand[g]; j++) {
-                const double q = ll->s[g][j] / sum;
+                const double q = ll->heads[g].s[j] / sum;
                 ent -= q * log(q + 1e-16);
             }
     const double norm = st.total >= 2 ? log((double)st.total) : 1.0;
@@ -238,7 +226,7 @@ static pykv_status shrink_layer(struct lava *p, const struct policy_event *ev, i
     struct policy_event evl = *ev;
     evl.layer = l;
     for (int g = 0; g < hkv && rc == PYKV_OK; g++)
-        rc = ws_cascade_keep_top(&evl, g, ll->s[g], ll->row[g], &ll->n_cand[g], &ll->list_cand[g], b[g], apply);
+        rc = ws_cascade_keep_top(&evl, g, &ll->heads[g], b[g], apply);
     free(c); free(b);
     return rc;
 }

@@ -77,14 +77,8 @@ static pykv_status layer_entropy(const struct policy_event *ev, struct ws_window
 }
 
 void cake_layer_free(struct cake_layer *cl, int32_t n_head_kv) {
-    for (int g = 0; g < n_head_kv; g++) {
-        if (cl->ind) free(cl->ind[g]);
-        if (cl->row) free(cl->row[g]);
-    }
-    free(cl->ind);
-    free(cl->row);
-    free(cl->n_cand);
-    free(cl->list_cand);
+    for (int g = 0; cl->heads && g < n_head_kv; g++) ws_cascade_free(&cl->heads[g]);
+    free(cl->heads);
     memset(cl, 0, sizeof(*cl));
 }
 
@@ -111,24 +105,17 @@ pykv_status cake_score_layer(const struct policy_event *ev, struct ws_window w, 
     float *row = NULL, *block = NULL;
     int32_t nc_max = 0;
     for (int g = 0; g < hkv; g++) if (st.n_cand[g] > nc_max) nc_max = st.n_cand[g];
-    out->n_cand = malloc((size_t)hkv * sizeof(int32_t));
-    out->ind = calloc((size_t)hkv, sizeof(float *));
-    out->row = calloc((size_t)hkv, sizeof(int32_t *));
-    out->list_cand = malloc((size_t)hkv * sizeof(int32_t));
+    out->heads = calloc((size_t)hkv, sizeof(*out->heads));
     row = malloc((size_t)(nc_max ? nc_max : 1) * sizeof(float));
     block = malloc((size_t)(nc_max ? nc_max : 1) * st.group * sizeof(float));
-    if (!out->n_cand || !out->ind || !out->row || !out->list_cand || !row || !block) goto nomem;
+    if (!out->heads || !row || !block) goto nomem;
     double V = 0.0;
     for (int g = 0; g < hkv; g++) {
         const int32_t nc = st.n_cand[g];
-        out->n_cand[g] = out->list_cand[g] = nc;
-        out->ind[g] = malloc((size_t)(nc ? nc : 1) * sizeof(float));
-        out->row[g] = malloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
-        if (!out->ind[g] || !out->row[g]) goto nomem;
-        for (int32_t j = 0; j < nc; j++) out->row[g][j] = j;
+        if (ws_cascade_init(&out->heads[g], nc) != PYKV_OK) goto nomem;
         const float *var = st.var + st.offset[g];
         for (int64_t i = 0; i < (int64_t)nc * st.group; i++) V += var[i];
-        if (nc > 0) head_indicator(&st, g, o, gamma, row, block, out->ind[g]);
+        if (nc > 0) head_indicator(&st, g, o, gamma, row, block, out->heads[g].s);
     }
     rc = layer_entropy(ev, w, st.n_cand, &out->H);
     if (rc != PYKV_OK) goto fail;

@@ -7,10 +7,9 @@
 struct cake_layer {
     double   log_pref;   // log P_l = log(H_l) / tau1 + log(V_l) / tau2 (-inf when H or V is 0)
     double   H, V;       // spatial entropy and summed unbiased variance over the window
-    int32_t *n_cand;     // (n_head_kv) candidates per KV head (list length - window)
-    float  **ind;        // (n_head_kv) indicator per candidate
-    int32_t **row;       // (n_head_kv) the list row of each candidate (ws_cascade_keep_top)
-    int32_t *list_cand;  // (n_head_kv) candidates the list itself holds
+    // (n_head_kv) each KV head's candidates (list length - window) with their indicator as
+    // the cascade's scores
+    struct ws_cascade_list *heads;
 };
 
 // Score layer ev->layer with the window w: mean and variance from ws_stats_compute, the

@@ -152,7 +152,7 @@ static pykv_status shrink_layer(struct cake *p, const struct policy_event *ev, i
     struct policy_event evl = *ev;
     evl.layer = l;
     for (int g = 0; g < p->n_head_kv; g++)
-        PYKV_TRY(ws_cascade_keep_top(&evl, g, cl->ind[g], cl->row[g], &cl->n_cand[g], &cl->list_cand[g], b, apply));
+        PYKV_TRY(ws_cascade_keep_top(&evl, g, &cl->heads[g], b, apply));
     return PYKV_OK;
 }
 
@@ -181,7 +181,7 @@ static pykv_status cake_prefill_layer(struct cake *p, const struct policy_event 
     PYKV_TRY(cake_score_layer(ev, w, &p->o, p->gamma, p->tau1, p->tau2, cl));
     p->log_pref[m] = cl->log_pref;
     int64_t cap = INT64_MAX;
-    for (int g = 0; g < p->n_head_kv; g++) if (cl->n_cand[g] < cap) cap = cl->n_cand[g];
+    for (int g = 0; g < p->n_head_kv; g++) if (cl->heads[g].n_cand < cap) cap = cl->heads[g].n_cand;
     p->cap[m] = cap;
 
     const int last = m == L - 1;

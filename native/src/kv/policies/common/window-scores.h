@@ -153,15 +153,26 @@ pykv_status ws_device_joint_counts(const struct ws_device_scores *ds, int64_t K,
 // Every head g keeps its top b[g] candidates plus the window.
 pykv_status ws_device_keep_top(const struct ws_device_scores *ds, const int64_t *b);
 
-// One re-selection of a cascade (CAKE, LAVa) on list g of ev->layer: its *n_cand candidates,
-// with scores s and the list rows row[] they live in (ascending), narrow to the top b by s
-// (s and row compacted in place). The list itself (its first *list_cand entries the
-// candidates) keeps exactly the rows left plus its window when `apply` is set or when it
-// holds over 1.5x the rows left; row[] and *list_cand then restart from them. Otherwise
-// only the arrays change. A cascade applies at a layer's own step and at its last, so a list
-// is compacted a few times (each one a third smaller) instead of once per later layer.
-pykv_status ws_cascade_keep_top(const struct policy_event *ev, int32_t g, float *s, int32_t *row, int32_t *n_cand,
-                                int32_t *list_cand, int64_t b, int apply);
+// A list's candidates as a cascade (CAKE, LAVa) re-selects them, in host memory: their scores
+// and the list rows they live in. The list itself holds list_cand candidates (then its window).
+struct ws_cascade_list {
+    float   *s;          // (n_cand) scores
+    int32_t *row;        // (n_cand) the list row of each, ascending
+    int32_t  n_cand;     // candidates selected now
+    int32_t  list_cand;  // candidates the list holds
+};
+// n_cand candidates at rows 0 .. n_cand - 1, their scores s left for the caller to fill.
+// ws_cascade_free frees it (also after a failure).
+pykv_status ws_cascade_init(struct ws_cascade_list *c, int32_t n_cand);
+void        ws_cascade_free(struct ws_cascade_list *c);
+// One re-selection of list g of ev->layer: its candidates narrow to the top b by s (s and row
+// compacted in place). The list itself keeps exactly the rows left plus its window when
+// `apply` is set or when it holds over 1.5x the rows left; row and list_cand then restart
+// from them. Otherwise only the arrays change. A cascade applies at a layer's own step and at
+// its last, so a list is compacted a few times (each one a third smaller) instead of once per
+// later layer.
+pykv_status ws_cascade_keep_top(const struct policy_event *ev, int32_t g, struct ws_cascade_list *c, int64_t b,
+                                int apply);
 
 // Keep the top b candidates of scores (n_cand of them) plus the window of list g.
 pykv_status ws_keep_top(const struct policy_event *ev, int32_t g, const float *scores, int32_t n_cand, int64_t b);

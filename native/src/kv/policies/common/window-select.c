@@ -173,32 +173,47 @@ pykv_status ws_keep(const struct policy_event *ev, int32_t g, const int64_t *cho
     return st;
 }
 
-pykv_status ws_cascade_keep_top(const struct policy_event *ev, int32_t g, float *s, int32_t *row, int32_t *n_cand,
-                                int32_t *list_cand, int64_t b, int apply) {
-    if (b < *n_cand) {
+pykv_status ws_cascade_init(struct ws_cascade_list *c, int32_t n_cand) {
+    c->s = malloc((size_t)(n_cand > 0 ? n_cand : 1) * sizeof(float));
+    c->row = malloc((size_t)(n_cand > 0 ? n_cand : 1) * sizeof(int32_t));
+    c->n_cand = c->list_cand = n_cand;
+    if (!c->s || !c->row) return pykv_error(PYKV_ERR_NOMEM, "out of memory for a cascade's scores");
+    for (int32_t j = 0; j < n_cand; j++) c->row[j] = j;
+    return PYKV_OK;
+}
+
+void ws_cascade_free(struct ws_cascade_list *c) {
+    free(c->s);
+    free(c->row);
+    memset(c, 0, sizeof(*c));
+}
+
+pykv_status ws_cascade_keep_top(const struct policy_event *ev, int32_t g, struct ws_cascade_list *c, int64_t b,
+                                int apply) {
+    if (b < c->n_cand) {
         int64_t *idx = malloc((size_t)(b > 0 ? b : 1) * sizeof(int64_t)), n = 0;
         if (!idx) return pykv_error(PYKV_ERR_NOMEM, "out of memory shrinking layer %d", ev->layer);
-        const pykv_status rc = ws_select_top(s, *n_cand, b, idx, &n);
+        const pykv_status rc = ws_select_top(c->s, c->n_cand, b, idx, &n);
         for (int64_t i = 0; rc == PYKV_OK && i < n; i++) {   // idx ascending: in place
-            s[i] = s[idx[i]];
-            row[i] = row[idx[i]];
+            c->s[i] = c->s[idx[i]];
+            c->row[i] = c->row[idx[i]];
         }
         free(idx);
         PYKV_TRY(rc);
-        *n_cand = (int32_t)n;
+        c->n_cand = (int32_t)n;
     }
     // unless asked, the list is compacted only once it holds over 1.5x the selection: a
     // cascade's shares shrink by a little at every later layer, and a compaction each time
     // would cost one per layer and list
-    if (*n_cand == *list_cand || (!apply && 2 * (int64_t)*list_cand <= 3 * (int64_t)*n_cand)) return PYKV_OK;
-    int64_t *chosen = malloc((size_t)(*n_cand > 0 ? *n_cand : 1) * sizeof(int64_t));
+    if (c->n_cand == c->list_cand || (!apply && 2 * (int64_t)c->list_cand <= 3 * (int64_t)c->n_cand)) return PYKV_OK;
+    int64_t *chosen = malloc((size_t)(c->n_cand > 0 ? c->n_cand : 1) * sizeof(int64_t));
     if (!chosen) return pykv_error(PYKV_ERR_NOMEM, "out of memory shrinking layer %d", ev->layer);
-    for (int32_t i = 0; i < *n_cand; i++) chosen[i] = row[i];
-    const pykv_status rc = ws_keep(ev, g, chosen, *n_cand, *list_cand);
+    for (int32_t i = 0; i < c->n_cand; i++) chosen[i] = c->row[i];
+    const pykv_status rc = ws_keep(ev, g, chosen, c->n_cand, c->list_cand);
     free(chosen);
     PYKV_TRY(rc);
-    for (int32_t i = 0; i < *n_cand; i++) row[i] = i;
-    *list_cand = *n_cand;
+    for (int32_t i = 0; i < c->n_cand; i++) c->row[i] = i;
+    c->list_cand = c->n_cand;
     return PYKV_OK;
 }
 
