@@ -1,12 +1,14 @@
 // attention-probs.cu - a decode step's attention probabilities per query head (twin:
 // attention_weights of native/src/cpu/attention.c, which gives the CPU's attention sums on a
-// decode step), for the policies that evict as they decode (h2o, tova, cake). One block per
-// query head; the list's length is read from n_dev when it is set, so a recorded decode step
-// computes them at every step:
-//  1. the logits q . k_j / sqrt(d) into the output row (a warp per entry, the window kernel's
-//     lane layout and warp sum), and the row's max;
-//  2. exp(x - max) in place, and their sum in a fixed order (per thread, then per warp, then
-//     the warps in order), so the result does not depend on the card;
+// decode step), for the policies that evict as they decode (h2o, tova, cake, ems). One block
+// per query head; the list's length is read from n_dev when it is set, so a recorded decode
+// step computes them at every step:
+//  1. the logits x = q . k_j / sqrt(d) into the output row (a warp per entry, the window
+//     kernel's lane layout and warp sum), and the row's max (of a merged entry: its largest
+//     member logit, norm * x at either end of its ascending norms);
+//  2. exp(x - max) in place (a merged entry: the sum over its members of exp(norm * x - max),
+//     member order), and their sum in a fixed order (per thread, then per warp, then the
+//     warps in order), so the result does not depend on the card;
 //  3. each scaled by 1 / sum, as the CPU's softmax scales by the reciprocal.
 #include "common.cuh"
 #include "kv-rows.cuh"
@@ -26,6 +28,8 @@ decode_probs_kernel(const struct cuda_kv_layer layer, const float *__restrict__ 
     const int32_t n = layer.n_dev ? layer.n_dev[g] : layer.n[g];
     const float *qh = q + (size_t)h * d;
     float *row = out + (size_t)h * stride;
+    const int32_t *members = layer.members[g], *member_at = members + layer.members_cap[g];
+    const float *member_pool = (const float *)(member_at + layer.members_cap[g]);
 
     float m = -INFINITY;   // the same in every lane of a warp: warp_sum gives each lane the sum
     for (int32_t j = warp; j < n; j += PROBS_WARPS) {
@@ -33,7 +37,13 @@ decode_probs_kernel(const struct cuda_kv_layer layer, const float *__restrict__ 
         win_lane_key(kv_row(layer.k[g], fmt, d, j), fmt, d, lane, kreg);
         const float x = __fmul_rn(warp_sum(win_lane_dot(qh, kreg, d, lane)), scale);
         if (lane == 0) row[j] = x;
-        m = fmaxf(m, x);
+        const int32_t cnt = members ? members[j] : 1;
+        if (cnt > 1) {   // norms ascend: the largest member logit is at either end
+            const float *norm = member_pool + member_at[j];
+            m = fmaxf(m, fmaxf(__fmul_rn(x, norm[0]), __fmul_rn(x, norm[cnt - 1])));
+        } else {
+            m = fmaxf(m, x);
+        }
     }
     if (lane == 0) part[warp] = m;
     __syncthreads();   // the logits and the warps' maxima are written
@@ -46,7 +56,14 @@ decode_probs_kernel(const struct cuda_kv_layer layer, const float *__restrict__ 
     const float M = shared_m;
     float s = 0.0f;
     for (int32_t j = threadIdx.x; j < n; j += PROBS_THREADS) {
-        const float e = expf(row[j] - M);
+        const int32_t cnt = members ? members[j] : 1;
+        float e = 0.0f;
+        if (cnt > 1) {
+            const float *norm = member_pool + member_at[j];
+            for (int32_t i = 0; i < cnt; i++) e += expf(__fmul_rn(norm[i], row[j]) - M);
+        } else {
+            e = expf(row[j] - M);
+        }
         row[j] = e;
         s += e;
     }

@@ -72,3 +72,29 @@ extern "C" void cuda_move_rows(cuda_stream s, void *d_base, size_t row_bytes, co
     else if (a % 2 == 0) move_rows_kernel<uint16_t><<<1, MOVE_THREADS, 0, s>>>((uint16_t *)d_base, (int64_t)(row_bytes / 2), *m);
     else move_rows_kernel<uint8_t><<<1, MOVE_THREADS, 0, s>>>((uint8_t *)d_base, (int64_t)row_bytes, *m);
 }
+
+// A batch of independent byte copies (cuda_copy_bytes): block i copies job i (a grid-stride
+// loop over the jobs past the grid), in the widest unit that divides both pointers and the
+// length.
+template <class U>
+static __device__ __forceinline__ void copy_units(void *dst, const void *src, int64_t bytes) {
+    U *d = (U *)dst;
+    const U *s = (const U *)src;
+    for (int64_t u = threadIdx.x; u < bytes / (int64_t)sizeof(U); u += MOVE_THREADS) d[u] = s[u];
+}
+
+static __global__ void __launch_bounds__(MOVE_THREADS)
+copy_bytes_kernel(const struct cuda_byte_copy *__restrict__ jobs, int32_t n) {
+    for (int32_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const struct cuda_byte_copy job = jobs[i];
+        const uintptr_t a = (uintptr_t)job.dst | (uintptr_t)job.src | (uintptr_t)job.bytes;
+        if (a % 16 == 0) copy_units<uint4>(job.dst, job.src, job.bytes);
+        else if (a % 4 == 0) copy_units<uint32_t>(job.dst, job.src, job.bytes);
+        else copy_units<uint8_t>(job.dst, job.src, job.bytes);
+    }
+}
+
+extern "C" void cuda_copy_bytes(cuda_stream s, const struct cuda_byte_copy *d_jobs, int32_t n) {
+    if (n <= 0) return;
+    copy_bytes_kernel<<<(unsigned)(n < GATHER_MAX_BLOCKS ? n : GATHER_MAX_BLOCKS), MOVE_THREADS, 0, s>>>(d_jobs, n);
+}

@@ -1,9 +1,9 @@
 // policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
-// gathering and moving kept rows, the observation-window scores of the SnapKV family, a
-// decode step's attention probabilities, value norms and top-k selection. Each launcher
-// enqueues its work on stream s and returns at once (launch errors surface at cuda_check or
-// the next synchronising call). Pointers named d_* and every array argument not said to be
-// host memory are device memory. Each kernel has a CPU twin (named below);
+// gathering, moving and copying rows, the observation-window scores of the SnapKV family, a
+// decode step's attention probabilities, EMS's redundancy, value norms and top-k selection.
+// Each launcher enqueues its work on stream s and returns at once (launch errors surface at
+// cuda_check or the next synchronising call). Pointers named d_* and every array argument not
+// said to be host memory are device memory. Each kernel has a CPU twin (named below);
 // tests/c/test_cuda_policy.c compares them, tests/c/test_cuda_policy_host.cu checks the
 // per-element math on the host.
 #pragma once
@@ -35,6 +35,16 @@ struct cuda_row_moves {
     int32_t dst[CUDA_MAX_ROW_MOVES], src[CUDA_MAX_ROW_MOVES], len[CUDA_MAX_ROW_MOVES];
 };
 void cuda_move_rows(cuda_stream s, void *d_base, size_t row_bytes, const struct cuda_row_moves *m);
+
+// Independent copies of bytes between device buffers, in any order (their destinations must
+// not overlap each other or any source): a batch of scattered rows sent with one launch
+// (kv/kv-device-batch.c). Twin: memcpy per job.
+struct cuda_byte_copy {
+    void       *dst;
+    const void *src;
+    int64_t     bytes;
+};
+void cuda_copy_bytes(cuda_stream s, const struct cuda_byte_copy *d_jobs, int32_t n);
 
 // ---- observation-window scores (window-scores.cu) ----
 // Twin: ws_stats_compute and ws_layer_scores (native/src/kv/policies/common/window-scores.c),
@@ -89,14 +99,29 @@ void cuda_window_scores(cuda_stream s, const struct cuda_kv_layer *layer, const 
                         const struct cuda_window_args *a, float *scores, float *mean, float *var, void *work);
 
 // ---- a decode step's attention probabilities (attention-probs.cu) ----
-// For each of the n_head query heads h (q + h * head_dim; list g = h / (n_head / n_head_kv),
-// plain entries only): out[h * stride + j] = softmax_j(q_h . key_j / sqrt(head_dim)) in fp32
-// over the list's n[g] entries, or n_dev[g] read when the kernel runs (a recorded decode step
-// computes them at every step). Rows of at most stride entries. Twin: attention_weights
-// (cpu/attention.c), the CPU decode step's attention sums. Does nothing for n_head not a
+// For each of the n_head query heads h (q + h * head_dim; list g = h / (n_head / n_head_kv)):
+// out[h * stride + j] = softmax_j(q_h . key_j / sqrt(head_dim)) in fp32 over the list's n[g]
+// entries, or n_dev[g] read when the kernel runs (a recorded decode step computes them at
+// every step); a merged entry (layer->members) gets its members' total probability, each
+// member's logit norm * q . key_j / sqrt(head_dim). Rows of at most stride entries. Twin:
+// attention_weights (cpu/attention.c), the CPU decode step's attention sums. Does nothing for n_head not a
 // multiple of n_head_kv or head_dim > 512.
 void cuda_decode_probs(cuda_stream s, const struct cuda_kv_layer *layer, const float *q, int32_t n_head, float *out,
                        int64_t stride);
+
+// ---- EMS's redundancy (ems-redundancy.cu) ----
+// Job i: a list's stored keys k and values v (fmt_k, fmt_v, head_dim d <= 512); for every
+// centre c < nc, r[out + c] = R(weak, c) = cos(k_weak, k_c) * cos(v_weak, v_c), formed as the
+// CPU forms it: dots in fp32, inverse norms 1 / sqrt(|k|^2 |v|^2) with the product in double
+// (0 when it is 0), and -|R| when either cosine is negative. max_nc: the largest nc; at most
+// 65535 jobs. Twin: ems_redundancy_all (native/src/kv/policies/ems/ems-merge.c).
+struct cuda_ems_probe {
+    const void *k, *v;
+    int32_t     weak, nc;
+    int64_t     out;
+};
+void cuda_ems_redundancy(cuda_stream s, const struct cuda_ems_probe *d_jobs, int32_t n_jobs, int32_t max_nc,
+                         int fmt_k, int fmt_v, int d, float *r);
 
 // ---- value norms (value-norms.cu) ----
 // out[g] = the largest L1 norm (sum of |v_i| in index order) among values 0 .. rows[g] - 1

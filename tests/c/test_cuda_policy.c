@@ -12,7 +12,8 @@
 //    entropy terms vs sum p log(p + 1e-10); one row (a decode step's attention); NMSE <= 1e-6;
 //  * cuda_decode_probs vs attention_weights (a decode step's attention sums): keys f32, f16,
 //    q8_0, head_dim 64 and 128, GQA groups 1, 3, 4, lists of 0 to 20000 entries, lengths on
-//    the host or in device memory; NMSE <= 1e-6 and nothing written past a list's length;
+//    the host or in device memory, with and without merged entries (EMS's); NMSE <= 1e-6 and
+//    nothing written past a list's length;
 //  * cuda_value_l1_max vs ws_value_l1_max: values f32, f16, q8_0, head_dim 64 and 128, up
 //    to 8 lists of up to 3000 rows, no candidates to all; equal bits;
 //  * cuda_window_scores vs ws_stats_compute (mean, variance) and ws_layer_scores: keys f32,
@@ -236,13 +237,43 @@ static int32_t random_keys(struct kv_cache *c, struct cuda_kv_layer *layer, int 
 // cuda_decode_probs against attention_weights on one layer of n[g] entries per list, the
 // lengths given on the host or read from device memory (a recorded decode step's); rows of
 // `stride` floats whose entries past n must stay as they were.
-static void test_decode_probs(int fmt, int d, int n_kv, int group, const int32_t *n, int lengths_on_device) {
+// A quarter of every list's entries made merged entries of 2 to 6 members (norms 0.3 to 3),
+// their block as kv_list_sync_members lays it out sent to the device.
+static void merge_some(struct kv_cache *c, struct cuda_kv_layer *layer, int n_kv, void **blocks) {
+    for (int g = 0; g < n_kv; g++) {
+        struct kv_list *l = kv_cache_list(c, 0, g);
+        blocks[g] = NULL;
+        if (l->n == 0) continue;
+        CHECK(kv_list_enable_members(c, l) == PYKV_OK);
+        for (int32_t j = 0; j < l->n; j++) {
+            if (next_int(4) != 0) continue;
+            float norms[6];
+            const int m = 2 + next_int(5);
+            for (int i = 0; i < m; i++) norms[i] = uniform(0.3f, 3.0f);
+            CHECK(kv_list_set_members(c, l, j, norms, m) == PYKV_OK);
+        }
+        const size_t ints = (size_t)l->cap * sizeof(int32_t), bytes = 2 * ints + (size_t)l->pool_used * sizeof(float);
+        char *block = malloc(bytes + 1);
+        memcpy(block, l->n_members, ints);
+        memcpy(block + ints, l->member_at, ints);
+        memcpy(block + 2 * ints, l->member_pool, (size_t)l->pool_used * sizeof(float));
+        blocks[g] = dev_upload(block, bytes);
+        layer->members[g] = blocks[g];
+        layer->members_cap[g] = l->cap;
+        free(block);
+    }
+}
+
+static void test_decode_probs(int fmt, int d, int n_kv, int group, const int32_t *n, int lengths_on_device,
+                              int merged) {
     const int n_head = n_kv * group;
     struct kv_cache c;
     CHECK(kv_cache_init(&c, 1, n_kv, d, 30000, fmt, fmt) == PYKV_OK);
     struct cuda_kv_layer layer;
     const float spread[2] = { 1.0f, 6.0f };   // flat and peaked rows
     const int32_t n_max = random_keys(&c, &layer, fmt, d, n_kv, n, spread);
+    void *blocks[CUDA_MAX_KV_HEADS] = { 0 };
+    if (merged) merge_some(&c, &layer, n_kv, blocks);
     int32_t *d_n = NULL;
     if (lengths_on_device) {   // the host's lengths wrong on purpose: the kernel must read the device's
         d_n = dev_upload(layer.n, (size_t)n_kv * sizeof(int32_t));
@@ -273,12 +304,16 @@ static void test_decode_probs(int fmt, int d, int n_kv, int group, const int32_t
             e = eh > e ? eh : e;
         }
     }
-    printf("decode probs k=%s d=%d G=%d n=%d..%d%s: NMSE %.2e%s\n", kv_format_name(fmt), d, group, n[0],
-           n[n_kv - 1], lengths_on_device ? " (lengths on the device)" : "", e, untouched ? "" : ", past n written");
+    printf("decode probs k=%s d=%d G=%d n=%d..%d%s%s: NMSE %.2e%s\n", kv_format_name(fmt), d, group, n[0],
+           n[n_kv - 1], lengths_on_device ? " (lengths on the device)" : "", merged ? " (merged entries)" : "", e,
+           untouched ? "" : ", past n written");
     CHECK(e <= 1e-6);
     CHECK(untouched);
     cuda_free(dq); cuda_free(dout); cuda_free(d_n);
-    for (int g = 0; g < n_kv; g++) cuda_free(layer.k[g]);
+    for (int g = 0; g < n_kv; g++) {
+        cuda_free(layer.k[g]);
+        cuda_free(blocks[g]);
+    }
     free(q); free(want); free(got);
     kv_cache_free(&c);
 }
@@ -521,9 +556,11 @@ int main(void) {
 
     const int32_t probs_n[][4] = { { 1, 300 }, { 20000, 257, 0, 3 }, { 4097, 31 } };
     for (int fmt = 0; fmt < KV_N_FORMATS; fmt++) {
-        test_decode_probs(fmt, 64, 2, 3, probs_n[0], 0);
-        test_decode_probs(fmt, 128, 4, 4, probs_n[1], 1);
-        test_decode_probs(fmt, 64, 2, 1, probs_n[2], 1);
+        test_decode_probs(fmt, 64, 2, 3, probs_n[0], 0, 0);
+        test_decode_probs(fmt, 128, 4, 4, probs_n[1], 1, 0);
+        test_decode_probs(fmt, 64, 2, 1, probs_n[2], 1, 0);
+        test_decode_probs(fmt, 128, 2, 4, probs_n[0], 1, 1);   // EMS's merged entries
+        test_decode_probs(fmt, 64, 4, 3, probs_n[1], 0, 1);
     }
 
     for (int kind = 0; kind < 4; kind++) test_select(kind);

@@ -87,7 +87,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     check "bench smollm2 tg32 @ d8192" 200 bench "$MODELS/smollm2-shape-q4_1.gguf" -p 0 -n 32 -d 8192
     check "bench llama8b pp2048 tg128" 300 bench "$MODELS/llama8b-shape-q4_0.gguf" -p 2048 -n 128
     check "bench llama8b tg32 @ d8192" 300 bench "$MODELS/llama8b-shape-q4_0.gguf" -p 0 -n 32 -d 8192
-    POLICIES=full,snapkv,adakv,cake,lava,take
+    POLICIES=full,snapkv,adakv,cake,lava,ems,take
     check "bench smollm2 policies tg32 @ d32768" 300 bench "$MODELS/smollm2-shape-q4_1.gguf" -p 0 -n 32 -d 32768 \
         --policy $POLICIES --budget 256
     check "bench smollm2 policies pp4096" 200 bench "$MODELS/smollm2-shape-q4_1.gguf" -p 4096 -n 0 \

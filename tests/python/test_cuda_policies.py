@@ -3,10 +3,11 @@
 Every policy runs there (policy_ops.device_lists). Most score on the device (the observation
 window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms), some from what
 comes down of the layer (knorm, keydiff and lagkv's keys, criticalkv's values,
-expected_attention's and KVzip's queries and keys), and EMS on the host with the layer's lists
-brought down and sent back, its merged entries expanded by the GPU's attention; all compact
-the lists in GPU memory. SnapKV, PyramidKV and Ada-KV select on the device too, and the
-decode steps of h2o, tova and cake take their attention sums from the recorded decode step.
+expected_attention's and KVzip's queries and keys), and EMS's prefill on the host with the
+layer's lists brought down and sent back, its merged entries expanded by the GPU's attention;
+all compact the lists in GPU memory. SnapKV, PyramidKV and Ada-KV select on the device too,
+the decode steps of h2o, tova, cake and ems take their attention sums from the recorded
+decode step, and EMS's decode steps merge on the device.
 Each is run on the same prompt by a context with every layer on the GPU and by one on the
 CPU's exact path, and compared: the positions every (layer, KV head) list keeps, the byte
 counts of kv_stats, the budget, and the logits.
@@ -213,10 +214,14 @@ def test_ems_second_prompt_over_merged_entries(model_path):
 
 
 @needs_gpu
-def test_ems_decodes_and_starts_again(model_path):
-    """EMS's hooks bring each GPU layer's lists to host buffers that stay from one step to the
-    next (kv_layer_stage): 40 decode steps with merges and a reset to a new prompt, each step
-    from the GPU's state on the CPU side; positions and logits as the CPU's."""
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_ems_decodes_and_starts_again(model_path, monkeypatch, graphs):
+    """EMS's decode steps: through the recorded step, every list's step done on the device
+    together once it is done (ems-gpu.c); without CUDA graphs, each layer's lists staged in
+    host buffers kept from one step to the next (kv_layer_stage). 40 decode steps that merge,
+    and a reset to a new prompt, each step from the GPU's state on the CPU side; positions and
+    logits as the CPU's."""
+    monkeypatch.setenv("PYKV_CUDA_GRAPHS", graphs)
     path = model_path("llama_q8_0_h8kv2")
     cpu, gpu = _pair(path, "ems", budget=48, n_batch=64)
     with cpu, gpu:
@@ -228,9 +233,38 @@ def test_ems_decodes_and_starts_again(model_path):
             cpu.eval(prompt)
             gpu.eval(prompt)
             _check_same_cache(cpu, gpu, "ems", exact=False)
+            merged = gpu.kv_stats()["merged"]
             flips = _decode_from_the_gpu_state(cpu, gpu, 40)
-            assert gpu.kv_stats()["merged"] > 0
+            assert gpu.kv_stats()["merged"] > merged   # the decode steps merged too
             assert flips <= DECODE_NEAR_TIE_SHARE * 40 * lists, flips
+
+
+@needs_gpu
+def test_ems_decode_on_the_device_matches_the_cpu_over_many_steps(model_path):
+    """EMS decoding on its own for 120 steps on each side (no state copied across), with a
+    short window and a low merge threshold so that most steps merge and the lists' member
+    counts reach their cap (gamma B): the same entries per list, the same number of merged
+    tokens within a few, the kept positions apart at near-ties only, and the device bytes
+    fixed once the lists are at the budget."""
+    path = model_path("mistral_f16_h4kv1")
+    cpu, gpu = _pair(path, "ems", budget=40, n_batch=64, policy_kwargs={"window": 8, "tau": 0.05, "gamma": 2})
+    with cpu, gpu:
+        prompt = random_tokens(120, seed=35)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        merged = gpu.kv_stats()["merged"]
+        sizes = []
+        for _ in range(120):
+            token = int(np.argmax(cpu.logits()))
+            cpu.eval([token])
+            gpu.eval([token])
+            sizes.append(gpu.kv_stats()["device_bytes"])
+        sa, sb = cpu.kv_stats(), gpu.kv_stats()
+        assert sa["entries_per_head"] == sb["entries_per_head"]
+        assert sb["merged"] > merged and abs(sb["merged"] - sa["merged"]) <= max(4, sa["merged"] // 10)
+        diff, kept = _differing(_positions(cpu), _positions(gpu))
+        assert diff <= 0.1 * kept, f"{diff} of {kept} kept entries differ"
+        assert max(sizes[10:]) == min(sizes[10:])
 
 
 @needs_gpu
@@ -248,16 +282,31 @@ def test_eviction_gives_device_memory_back(model_path):
 
 @needs_gpu
 @pytest.mark.parametrize("layers", [1, 2])
-def test_partial_offload_with_a_policy(model_path, layers):
-    """Layers on the CPU and on the GPU under one policy: each keeps what the CPU keeps."""
+@pytest.mark.parametrize("policy", ["snapkv", "ems"])
+def test_partial_offload_with_a_policy(model_path, layers, policy):
+    """Layers on the CPU and on the GPU under one policy: each keeps what the CPU keeps, and
+    goes on doing so through decode steps (EMS's merge on the host for the CPU's layers, on the
+    device for the GPU's, in the same step); a state the CPU saved with merged entries then
+    loads into the GPU context and decodes there as on the CPU."""
     path = model_path("llama_q8_0_h8kv2")
-    cpu, gpu = _pair(path, "snapkv", layers=layers, n_batch=64)
+    cpu, gpu = _pair(path, policy, layers=layers, n_batch=64)
     with cpu, gpu:
         prompt = random_tokens(160, seed=24)
         cpu.eval(prompt)
         gpu.eval(prompt)
         assert 0 < gpu.kv_stats()["device_bytes"] < gpu.kv_stats()["bytes"]
-        _check_same_cache(cpu, gpu, "snapkv", exact=False)
+        _check_same_cache(cpu, gpu, policy, exact=False)
+        lists = gpu.model_info["n_layer"] * gpu.model_info["n_head_kv"]
+        flips = _decode_from_the_gpu_state(cpu, gpu, 12)
+        assert flips <= DECODE_NEAR_TIE_SHARE * 12 * lists, flips
+        gpu.load_state(cpu.save_state())   # the other way: the CPU's merged entries into device lists
+        for _ in range(4):
+            token = int(np.argmax(cpu.logits()))
+            cpu.eval([token])
+            gpu.eval([token])
+            assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+        if policy == "ems":
+            assert gpu.kv_stats()["merged"] > 0
 
 
 @needs_gpu

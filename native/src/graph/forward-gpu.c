@@ -297,8 +297,12 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
 // (policy_ops.host_lists): at the end of a prefill call and on decode steps, and whenever a
 // list holds merged entries, whose members the device's attention sums do not expand.
 // Earlier chunks take the sums only, computed on the device over the lists in place.
-static int hooks_on_host_lists(pykv_context *ctx, const struct policy_event *ev, const float *d_q) {
-    if (!d_q || ev->T == 1 || ev->is_last_chunk) return 1;
+// A decode step whose hooks run after the recorded step, with its sums, stays on the device
+// when the policy takes such steps there (policy_ops.after_step).
+static int hooks_on_host_lists(pykv_context *ctx, const struct policy_event *ev, const float *d_q,
+                               const float *sums) {
+    if (!d_q) return !(sums && ctx->policy->ops->after_step);
+    if (ev->T == 1 || ev->is_last_chunk) return 1;
     for (int h = 0; h < ctx->model->hp.n_head_kv; h++)
         if (kv_cache_list(&ctx->cache, ev->layer, h)->n_members) return 1;
     return 0;
@@ -324,7 +328,7 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
     ev.probe.rope_inv_freq = ctx->buf.rope_inv_freq;
     ev.wo = &ctx->model->layers[layer].wo;
     ev.attn_colsum = NULL;
-    if (ops->host_lists && hooks_on_host_lists(ctx, &ev, d_q)) return host_layer_hook(ctx, &ev, n_probe, d_q);
+    if (ops->host_lists && hooks_on_host_lists(ctx, &ev, d_q, sums)) return host_layer_hook(ctx, &ev, n_probe, d_q);
     if (sums) {
         ev.attn_colsum = sums;
         ev.attn_colsum_stride = (int32_t)ctx->gpu->sums_stride;
@@ -437,6 +441,12 @@ static pykv_status run_decode_graph(pykv_context *ctx, int *done) {
     struct gpu_run *g = ctx->gpu;
     const struct hparams *hp = &ctx->model->hp;
     *done = 0;
+    for (int layer = g->first_layer; layer < hp->n_layer; layer++)   // merged entries changed since they went up
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            struct kv_list *l = kv_cache_list(&ctx->cache, layer, h);
+            if (l->n_members && l->member_block_cap < l->n + 1) l->members_stale = 1;   // the step's entry too
+            PYKV_TRY(kv_list_sync_members(&ctx->cache, l));
+        }
     if (!g->graph || g->graph_moves != ctx->cache.device_moves) {
         if (!step_sums_reserve(ctx)) return PYKV_OK;   // recorded again at the next step
         if (record_decode(ctx) != PYKV_OK) {
@@ -469,11 +479,11 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
     *logits_done = 0;
     PYKV_TRY(cuda_set_device(mg->device));   // the calling thread may not have chosen it yet
     // a recorded decode step keeps no layer's queries, only the attention sums it computes
-    // for the policies that take them: the hooks run once it is done, except EMS's (its
-    // lists go to host memory around its hooks), which run layer by layer
+    // for the policies that take them: the hooks run once it is done, except those of a
+    // policy whose lists go to host memory around its hooks and that has no after_step
     const struct policy_ops *ops = ctx->policy->ops;
     const int hooks = ops->after_layer || ops->decode_list;
-    const int hooks_after_step = !hooks || (T == 1 && ctx->event.n_prompt == 1 && !ops->host_lists);
+    const int hooks_after_step = !hooks || (T == 1 && ctx->event.n_prompt == 1 && (!ops->host_lists || ops->after_step));
     if (g->graphs && T == 1 && !n_probe && !want_x && want_logits && mg->output && hooks_after_step) {
         int done = 0;
         PYKV_TRY(run_decode_graph(ctx, &done));
@@ -481,10 +491,16 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
             *logits_done = 1;
             // a decode step's hooks touch their own layer's lists only (policy_ops.device_lists),
             // so they may all run once the step is done
-            for (int layer = g->first_layer; hooks && layer < hp->n_layer; layer++) {
+            pykv_status st = PYKV_OK;
+            for (int layer = g->first_layer; hooks && st == PYKV_OK && layer < hp->n_layer; layer++) {
                 const float *sums = g->sums_stride ? g->h_sums + step_sums_at(g, hp, layer) : NULL;
-                PYKV_TRY(layer_hook(ctx, layer, 1, 0, NULL, sums));
+                st = layer_hook(ctx, layer, 1, 0, NULL, sums);
             }
+            if (ops->after_step) {
+                const pykv_status after = ops->after_step(ctx->policy, &ctx->cache, st != PYKV_OK);
+                if (st == PYKV_OK) st = after;
+            }
+            PYKV_TRY(st);
             return cuda_stream_sync(g->stream);
         }
     }

@@ -5,6 +5,7 @@
 #include "cpu/quant-blocks.h"
 #include "cpu/quant.h"
 #include "kv/kv-device.h"
+#include "kv/kv-device-batch.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -33,6 +34,25 @@ static void pool_free(struct kv_cache *c, struct kv_list *l) {
     free(l->member_pool);
     l->member_pool = NULL;
     l->pool_used = l->pool_cap = l->pool_live = 0;
+    l->members_stale = 1;
+}
+
+// Entries [lo, hi) of a device list's merged-entry arrays changed: one more range to send,
+// joined to one it touches, or everything once there are too many.
+static void members_touch(struct kv_list *l, int32_t lo, int32_t hi) {
+    if (l->members_stale || hi <= lo) return;
+    for (int i = 0; i < l->members_dirty; i++)
+        if (lo <= l->dirty_hi[i] && hi >= l->dirty_lo[i]) {
+            l->dirty_lo[i] = lo < l->dirty_lo[i] ? lo : l->dirty_lo[i];
+            l->dirty_hi[i] = hi > l->dirty_hi[i] ? hi : l->dirty_hi[i];
+            return;
+        }
+    if (l->members_dirty == KV_MEMBER_RANGES) {
+        l->members_stale = 1;
+        return;
+    }
+    l->dirty_lo[l->members_dirty] = lo;
+    l->dirty_hi[l->members_dirty++] = hi;
 }
 
 // Entry j becomes a single token again; its norms leave a gap in the pool (the pool goes
@@ -61,6 +81,7 @@ static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t c
     l->member_pool = pool;
     l->pool_used = used;
     l->pool_cap = cap;
+    l->members_stale = 1;   // every offset changed
     return PYKV_OK;
 }
 
@@ -218,18 +239,18 @@ static void quantize_row_q8_0(const float *x, block_q8_0 *y, int32_t d) {
 }
 _Static_assert(KV_Q8_BLOCK == QK8_0 && KV_Q8_BLOCK_BYTES == sizeof(block_q8_0), "the cache's Q8_0 is GGUF's");
 
-static void store_row(void *dst, int fmt, const float *x, int32_t d) {
+void kv_row_store(void *dst, int fmt, const float *x, int32_t d) {
     if (fmt == KV_F16) fp32_to_fp16_row(x, dst, d);
     else if (fmt == KV_Q8_0) quantize_row_q8_0(x, dst, d);
     else memcpy(dst, x, (size_t)d * sizeof(float));
 }
 
 void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v, int32_t d) {
-    store_row((void *)kv_key_row(l, j, d), l->fmt_k, k, d);
-    store_row((void *)kv_value_row(l, j, d), l->fmt_v, v, d);
+    kv_row_store((void *)kv_key_row(l, j, d), l->fmt_k, k, d);
+    kv_row_store((void *)kv_value_row(l, j, d), l->fmt_v, v, d);
 }
 
-static const float *row_f32(const void *src, int fmt, int32_t d, float *tmp) {
+const float *kv_row_f32(const void *src, int fmt, int32_t d, float *tmp) {
     if (fmt == KV_F32) return src;
     if (fmt == KV_F16) fp16_to_fp32_row(src, tmp, d);
     else dequant_row(kv_format_type(fmt), src, tmp, d);
@@ -237,10 +258,10 @@ static const float *row_f32(const void *src, int fmt, int32_t d, float *tmp) {
 }
 
 const float *kv_key_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) {
-    return row_f32(kv_key_row(l, j, d), l->fmt_k, d, tmp);
+    return kv_row_f32(kv_key_row(l, j, d), l->fmt_k, d, tmp);
 }
 const float *kv_value_f32(const struct kv_list *l, int32_t j, int32_t d, float *tmp) {
-    return row_f32(kv_value_row(l, j, d), l->fmt_v, d, tmp);
+    return kv_row_f32(kv_value_row(l, j, d), l->fmt_v, d, tmp);
 }
 
 pykv_status kv_list_rows_f32(const struct kv_cache *c, const struct kv_list *l, int values, int32_t n, float *out) {
@@ -260,36 +281,88 @@ pykv_status kv_list_rows_f32(const struct kv_cache *c, const struct kv_list *l, 
     }
     for (int32_t j = 0; j < n; j++) {
         float *dst = out + (size_t)j * d;
-        const float *row = row_f32((const char *)base + (size_t)j * rb, fmt, d, dst);
+        const float *row = kv_row_f32((const char *)base + (size_t)j * rb, fmt, d, dst);
         if (row != dst) memcpy(dst, row, (size_t)d * sizeof(float));
     }
     free(copy);
     return PYKV_OK;
 }
 
-pykv_status kv_list_sync_members(struct kv_cache *c, struct kv_list *l) {
-    if (!l->on_device || !l->n_members || !l->members_stale) return PYKV_OK;
-    const size_t ints = (size_t)l->cap * sizeof(int32_t), bytes = 2 * ints + (size_t)l->pool_used * sizeof(float);
-    char *block = malloc(bytes + 1);
-    if (!block) return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+// A device list's merged-entry block as the kernels read it: n_members, member_at (cap ints
+// each), then the pool's used part. Its device room follows the pool's room, so that merges
+// appending to the pool do not move it (a recorded decode step holds its address).
+static size_t members_block_bytes(const struct kv_list *l) {
+    return 2 * (size_t)l->cap * sizeof(int32_t) + (size_t)l->pool_used * sizeof(float);
+}
+static void members_block_fill(const struct kv_list *l, char *block) {
+    const size_t ints = (size_t)l->cap * sizeof(int32_t);
     memcpy(block, l->n_members, ints);
     memcpy(block + ints, l->member_at, ints);
     if (l->pool_used) memcpy(block + 2 * ints, l->member_pool, (size_t)l->pool_used * sizeof(float));
-    pykv_status st = PYKV_OK;
-    if (bytes > l->member_block_bytes) {   // grown: a new block (the old contents are not kept)
-        st = kv_device_resize(c->device, c->device_stream, &l->member_block, 0, bytes);
-        if (st == PYKV_OK) {
-            l->member_block_bytes = bytes;
-            c->device_moves++;
-        }
-    }
+}
+static pykv_status members_block_room(struct kv_cache *c, struct kv_list *l) {
+    const size_t bytes = members_block_bytes(l);
+    if (bytes <= l->member_block_bytes) return PYKV_OK;
+    const size_t room = 2 * (size_t)l->cap * sizeof(int32_t) + (size_t)(l->pool_cap > l->pool_used ? l->pool_cap : l->pool_used) * sizeof(float);
+    PYKV_TRY(kv_device_resize(c->device, c->device_stream, &l->member_block, 0, room));   // the old contents are not kept
+    l->member_block_bytes = room;
+    c->device_moves++;
+    return PYKV_OK;
+}
+
+// The block has gone up whole, or the changes since it last did.
+static void members_sent(struct kv_list *l) {
+    l->member_block_cap = l->cap;
+    l->members_stale = 0;
+    l->members_dirty = 0;
+    l->pool_sent = l->pool_used;
+}
+
+pykv_status kv_list_sync_members(struct kv_cache *c, struct kv_list *l) {
+    if (!l->on_device || !l->n_members || (!l->members_stale && !l->members_dirty && l->pool_sent == l->pool_used))
+        return PYKV_OK;
+    const size_t bytes = members_block_bytes(l);
+    char *block = malloc(bytes + 1);
+    if (!block) return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+    members_block_fill(l, block);
+    pykv_status st = members_block_room(c, l);
     if (st == PYKV_OK) st = kv_device_write(c->device_stream, l->member_block, block, bytes);
     free(block);
-    if (st == PYKV_OK) {
-        l->member_block_cap = l->cap;
-        l->members_stale = 0;
-    }
+    if (st == PYKV_OK) members_sent(l);
     return st;
+}
+
+pykv_status kv_list_sync_members_batched(struct kv_cache *c, struct kv_list *l, struct kv_batch *b) {
+    if (!l->on_device || !l->n_members) return PYKV_OK;
+    if (l->member_block_cap != l->cap || l->pool_used < l->pool_sent || members_block_bytes(l) > l->member_block_bytes)
+        l->members_stale = 1;   // the block's layout or room changed: all of it
+    if (l->members_stale) {
+        PYKV_TRY(members_block_room(c, l));
+        const size_t bytes = members_block_bytes(l);
+        char *block = kv_batch_upload(b, &l->member_block, 0, bytes);
+        if (!block) return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+        members_block_fill(l, block);
+        members_sent(l);
+        return PYKV_OK;
+    }
+    const size_t ints = (size_t)l->cap * sizeof(int32_t);
+    for (int i = 0; i < l->members_dirty; i++) {   // the changed entries' counts and offsets
+        const int32_t lo = l->dirty_lo[i], hi = l->dirty_hi[i];
+        const size_t at = (size_t)lo * sizeof(int32_t), bytes = (size_t)(hi - lo) * sizeof(int32_t);
+        for (int a = 0; a < 2; a++) {   // each written before the next upload, which may move the staging
+            char *up = kv_batch_upload(b, &l->member_block, (int64_t)(a * ints + at), bytes);
+            if (!up) return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+            memcpy(up, (a ? l->member_at : l->n_members) + lo, bytes);
+        }
+    }
+    if (l->pool_used > l->pool_sent) {   // the norms appended since
+        const size_t bytes = (size_t)(l->pool_used - l->pool_sent) * sizeof(float);
+        char *norms = kv_batch_upload(b, &l->member_block, (int64_t)(2 * ints + (size_t)l->pool_sent * sizeof(float)), bytes);
+        if (!norms) return pykv_error(PYKV_ERR_NOMEM, "out of memory for merged KV entries");
+        memcpy(norms, l->member_pool + l->pool_sent, bytes);
+    }
+    members_sent(l);
+    return PYKV_OK;
 }
 
 // The list's staging buffers, with room for its entries (the ones it had when they have).
@@ -411,7 +484,9 @@ void kv_list_push_positions(struct kv_list *l, int32_t pos0, int32_t T) {
     for (int32_t t = 0; t < T; t++) l->pos[l->n + t] = pos0 + t;
     if (l->n_members) {
         for (int32_t t = 0; t < T; t++) l->n_members[l->n + t] = 1;
-        l->members_stale = 1;   // a device list's block must count the new entries too
+        // a device list's block counts the entries past n as single tokens already, as the
+        // host's arrays do; one made for a smaller room must be made again
+        if (l->n + T > l->member_block_cap) l->members_stale = 1;
     }
     l->n += T;
 }
@@ -479,7 +554,7 @@ pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j
         l->pool_live += n;
     }
     if (n > before) c->merged += n - before;
-    l->members_stale = 1;
+    members_touch(l, j, j + 1);
     return PYKV_OK;
 }
 
@@ -598,31 +673,54 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
     return l->member_pool && l->pool_cap > l->pool_live ? pool_rebuild(c, l, l->pool_live) : PYKV_OK;
 }
 
-pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
+// A dropped entry's merged-entry bookkeeping follows the rows (host arrays, any list).
+static void drop_members(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
+    if (!l->n_members) return;
+    free_members(c, l, j);
+    kv_drop_row(l->n_members, sizeof(int32_t), l->n, j, tail);
+    kv_drop_row(l->member_at, sizeof(int32_t), l->n, j, tail);
+    l->n_members[l->n - 1] = 1;   // a stale copy of the moved last entry
+    const int32_t h = drop_split(l->n, j, tail);
+    members_touch(l, j, j + 1);
+    members_touch(l, h - 1, l->n);
+}
+
+pykv_status kv_list_drop_batched(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail,
+                                 struct kv_batch *b) {
     if (j < 0 || j >= l->n || tail < 0) return pykv_error(PYKV_ERR_INTERNAL, "kv_list_drop: entry %d of %d", j, l->n);
     if (l->on_device) {
-        if (l->n_members) return pykv_error(PYKV_ERR_UNSUPPORTED, "merged KV entries are not kept in GPU memory");
+        const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
         const int32_t h = drop_split(l->n, j, tail);   // kv_drop_row's two moves
         const struct kv_row_move moves[2] = { { .dst = j, .src = h - 1, .len = h - 1 > j }, { .dst = h - 1, .src = h, .len = l->n - h } };
-        PYKV_TRY(kv_device_move_rows(c->device_stream, l->k, kv_cache_key_bytes(c), moves, 2));
-        PYKV_TRY(kv_device_move_rows(c->device_stream, l->v, kv_cache_value_bytes(c), moves, 2));
+        if (b) {
+            for (int i = 0; i < 2; i++) {
+                PYKV_TRY(kv_batch_move(b, &l->k, kb, moves[i].dst, moves[i].src, moves[i].len));
+                PYKV_TRY(kv_batch_move(b, &l->v, vb, moves[i].dst, moves[i].src, moves[i].len));
+            }
+        } else {
+            PYKV_TRY(kv_device_move_rows(c->device_stream, l->k, kb, moves, 2));
+            PYKV_TRY(kv_device_move_rows(c->device_stream, l->v, vb, moves, 2));
+        }
+        drop_members(c, l, j, tail);
         kv_drop_row(l->pos, sizeof(int32_t), l->n, j, tail);
         return shrink_after_drop(c, l, l->n - 1);
     }
-    free_members(c, l, j);
     kv_drop_row(l->k, kv_cache_key_bytes(c), l->n, j, tail);
     kv_drop_row(l->v, kv_cache_value_bytes(c), l->n, j, tail);
     kv_drop_row(l->pos, sizeof(int32_t), l->n, j, tail);
-    if (l->n_members) {
-        kv_drop_row(l->n_members, sizeof(int32_t), l->n, j, tail);
-        kv_drop_row(l->member_at, sizeof(int32_t), l->n, j, tail);
-        l->n_members[l->n - 1] = 1;   // a stale copy of the moved last entry
-    }
+    drop_members(c, l, j, tail);
     return shrink_after_drop(c, l, l->n - 1);
 }
 
+pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail) {
+    return kv_list_drop_batched(c, l, j, tail, NULL);
+}
+
 void kv_list_truncate(struct kv_cache *c, struct kv_list *l, int32_t n) {
-    for (int32_t j = n; j < l->n; j++) free_members(c, l, j);
+    for (int32_t j = n; j < l->n; j++) {
+        if (l->n_members && l->n_members[j] > 1) l->members_stale = 1;   // past n counts as single again
+        free_members(c, l, j);
+    }
     if (n < l->n) l->n = n;
 }
 

@@ -53,6 +53,8 @@ static inline size_t kv_format_row_bytes(int fmt, int d) {
     return fmt == KV_Q8_0 ? (size_t)(d / KV_Q8_BLOCK) * KV_Q8_BLOCK_BYTES : (size_t)d * (fmt == KV_F16 ? 2 : 4);
 }
 
+#define KV_MEMBER_RANGES 4   // changed ranges of a list's merged entries tracked before all of them go up
+
 struct kv_list {
     int32_t  n;     // entries in use
     int32_t  cap;   // entries allocated
@@ -80,11 +82,16 @@ struct kv_list {
     int32_t  on_device;
     // A device list's merged entries as the attention kernels read them (kv_list_sync_members):
     // n_members, member_at (member_block_cap ints each) and the pool, in GPU memory; stale
-    // once the host's change.
+    // once the host's change wholesale. Changes to a few entries (a merge, a decode step's
+    // drop) are kept as ranges of entries [lo, hi), with the pool's floats from pool_sent on,
+    // so that only those go up (kv_list_sync_members_batched).
     void    *member_block;
     size_t   member_block_bytes;
     int32_t  member_block_cap;
     int32_t  members_stale;
+    int32_t  members_dirty;                          // ranges in use
+    int32_t  dirty_lo[KV_MEMBER_RANGES], dirty_hi[KV_MEMBER_RANGES];
+    int32_t  pool_sent;
     // A device list's host buffers for kv_layer_stage (room stage_cap), kept from one staging
     // to the next so that a decode step does not map and fault in fresh pages; freed with the
     // list's room.
@@ -172,6 +179,10 @@ void        kv_layer_host_copy_free(const struct kv_cache *c, struct kv_list *co
 float kv_key_dot(const struct kv_list *l, int32_t j, const float *q, int32_t d);
 // Overwrite entry j's key and value (d floats each, stored in the list's type).
 void kv_list_set_kv(struct kv_list *l, int32_t j, const float *k, const float *v, int32_t d);
+// One row of d floats stored in format fmt at dst, as a list stores it; and a stored row as
+// d floats (src itself for f32, otherwise converted into tmp).
+void         kv_row_store(void *dst, int fmt, const float *x, int32_t d);
+const float *kv_row_f32(const void *src, int fmt, int32_t d, float *tmp);
 
 // Append one entry (copies head_dim floats of k and v). Host lists only.
 void kv_list_push(struct kv_cache *c, struct kv_list *l, const float *k, const float *v, int32_t pos);
@@ -200,6 +211,11 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
 // an ordered drop. Counts it as evicted; keeps the room for the next token, as
 // kv_list_retain does; on a device list too.
 pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail);
+// The same, a device list's row moves queued on b (kv_batch_run sends them) rather than
+// launched now.
+struct kv_batch;
+pykv_status kv_list_drop_batched(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail,
+                                 struct kv_batch *b);
 
 // Move rows keep[0..n_keep) (ascending) of an array of rows to its front, in order: one
 // memmove per run of consecutive indices. kv_drop_row: remove row j of n as kv_list_drop
@@ -215,8 +231,10 @@ pykv_status kv_list_enable_members(struct kv_cache *c, struct kv_list *l);
 // token's own key). Counts new members as merged.
 pykv_status kv_list_set_members(struct kv_cache *c, struct kv_list *l, int32_t j, const float *norms, int32_t n);
 
-// Send a device list's merged-entry bookkeeping to its member_block when it changed.
+// Send a device list's merged-entry bookkeeping to its member_block when it changed: now, or
+// queued on b.
 pykv_status kv_list_sync_members(struct kv_cache *c, struct kv_list *l);
+pykv_status kv_list_sync_members_batched(struct kv_cache *c, struct kv_list *l, struct kv_batch *b);
 
 // A layer of device lists brought to host memory for code that reads and changes them there
 // (a policy with policy_ops.host_lists): kv_layer_stage copies every list's keys and values

@@ -154,6 +154,10 @@ struct policy_ops {
     // back as a failed chunk does.
     pykv_status (*scoring_pass)(struct kv_policy *p, const struct policy_replay *in, int32_t i, pykv_token *out,
                                 int32_t *n);
+    // After the hooks of a GPU decode step that ran once the step was done (device_lists):
+    // called when every GPU layer's have run, with discard set when one of them failed (work
+    // they queued is then forgotten). NULL if the policy queues nothing.
+    pykv_status (*after_step)(struct kv_policy *p, struct kv_cache *cache, int discard);
     // The cache was cleared (pykv_reset): forget per-entry state. NULL if there is none.
     void        (*reset)(struct kv_policy *p);
     // Saved states (pykv_state_save / load) of a policy that keeps state of its own between
@@ -202,7 +206,8 @@ struct policy_ops {
     // attention sums to host memory (kv_layer_stage) and sends the lists back, with their
     // merged entries, which the GPU's attention expands. The hooks of earlier chunks take
     // only the attention sums, computed on the device (in host memory too while a list of
-    // the layer holds merged entries).
+    // the layer holds merged entries). A policy with after_step takes decode steps on the
+    // device lists instead, once the recorded step is done (its sums expand merged entries).
     int           host_lists;
 };
 

@@ -63,10 +63,10 @@ void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, 
 }
 
 // Add entry e's weighted key direction and value to the sums; append its member norms.
-static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_t d, int32_t e,
-                       double *ks, double *vs, double *W, float *norms, int32_t *nn) {
+static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_t d, const struct ems_rows *rows,
+                       int32_t e, double *ks, double *vs, double *W, float *norms, int32_t *nn) {
     float tk[PYKV_MAX_HEAD_DIM], tv[PYKV_MAX_HEAD_DIM];
-    const float *k = kv_key_f32(l, e, d, tk), *v = kv_value_f32(l, e, d, tv);
+    const float *k = rows->row(rows->arg, e, 0, tk), *v = rows->row(rows->arg, e, 1, tv);
     const float *mn = kv_member_norms(l, e);
     if (mn) {
         const double we = s->wsum[e], km = s->kmag[e];
@@ -87,8 +87,8 @@ static void accumulate(const struct kv_list *l, const struct ems_list *s, int32_
     norms[(*nn)++] = (float)nrm;
 }
 
-pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
-                           const int32_t *src, int32_t n_src) {
+pykv_status ems_merge_rows(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
+                           const int32_t *src, int32_t n_src, const struct ems_rows *rows, float *k, float *v) {
     int32_t total = ems_members(l, c);
     for (int32_t t = 0; t < n_src; t++) total += ems_members(l, src[t]);
     double *ks = calloc((size_t)2 * d, sizeof(double));
@@ -99,10 +99,10 @@ pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems
     }
     double *vs = ks + d, W = 0.0;
     int32_t nn = 0;
-    accumulate(l, s, d, c, ks, vs, &W, norms, &nn);
+    accumulate(l, s, d, rows, c, ks, vs, &W, norms, &nn);
     for (int32_t t = 0; t < n_src; t++) {
         const int32_t e = src[t];
-        accumulate(l, s, d, e, ks, vs, &W, norms, &nn);
+        accumulate(l, s, d, rows, e, ks, vs, &W, norms, &nn);
         s->glo[c] += s->glo[e];
         s->lp[c] += s->lp[e];
         s->lc[c] += s->lc[e];
@@ -110,11 +110,10 @@ pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems
     double kn = 0.0;
     for (int32_t i = 0; i < d; i++) kn += ks[i] * ks[i];
     kn = sqrt(kn);
-    float k[PYKV_MAX_HEAD_DIM], v[PYKV_MAX_HEAD_DIM];
     if (kn > 0.0) {
         for (int32_t i = 0; i < d; i++) k[i] = (float)(ks[i] / kn);
     } else {   // degenerate: keep the centre's direction
-        const float *kc = kv_key_f32(l, c, d, k);
+        const float *kc = rows->row(rows->arg, c, 0, k);
         if (kc != k) memcpy(k, kc, (size_t)d * sizeof(float));
         double cn = 0.0;
         for (int32_t i = 0; i < d; i++) cn += (double)k[i] * k[i];
@@ -122,7 +121,6 @@ pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems
         if (cn > 0.0) for (int32_t i = 0; i < d; i++) k[i] = (float)(k[i] / cn);
     }
     for (int32_t i = 0; i < d; i++) v[i] = (float)(vs[i] / W);
-    kv_list_set_kv(l, c, k, v, d);
     s->inv[c] = -1.0f;
     s->wsum[c] = (float)W;
     s->kmag[c] = (float)(kn / W);
@@ -130,5 +128,22 @@ pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems
     if (st == PYKV_OK) st = kv_list_set_members(cache, l, c, norms, total);
     free(ks);
     free(norms);
+    return st;
+}
+
+struct list_rows { const struct kv_list *l; int32_t d; };
+
+static const float *host_row(const void *arg, int32_t e, int values, float *tmp) {
+    const struct list_rows *r = arg;
+    return values ? kv_value_f32(r->l, e, r->d, tmp) : kv_key_f32(r->l, e, r->d, tmp);
+}
+
+pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
+                           const int32_t *src, int32_t n_src) {
+    const struct list_rows lr = { l, d };
+    const struct ems_rows rows = { host_row, &lr };
+    float k[PYKV_MAX_HEAD_DIM], v[PYKV_MAX_HEAD_DIM];
+    const pykv_status st = ems_merge_rows(cache, l, s, d, c, src, n_src, &rows, k, v);
+    if (st == PYKV_OK) kv_list_set_kv(l, c, k, v, d);
     return st;
 }

@@ -18,7 +18,8 @@
 //    paper's PPL setting). One-shot weighted average, w = s_Loc. R with a negative key or value
 //    cosine never merges. tau = 1 is evict-only; gamma = 1 has no TBM tokens.
 //  * Decode (ems-decode.c; each list as soon as it has attended, through decode_list,
-//    overlapped with the attention of the layer's other lists): fixed budget B per list,
+//    overlapped with the attention of the layer's other lists; on a GPU, every list once the
+//    step is done, ems-gpu.c): fixed budget B per list,
 //    window -> centre, weakest centre by unpooled s_GL merged (R >= tau) or evicted;
 //    s_Glo += the step's attention; s_Loc = s_Loc_past + s_Loc_cur, s_Loc_cur accumulates
 //    decode queries and replaces s_Loc_past every L_win steps (counted per layer since the last prefill); member count <= gamma * B per list
@@ -56,6 +57,7 @@ struct ems {
     int32_t         *steps;    // (n_layer) decode steps since the last prefill
     int32_t          n_layer;
     struct ws_opts   ws;       // window and kernel as parsed (shared checks)
+    struct ems_gpu  *gpu;      // decode steps of device lists (ems-gpu.c); NULL until one
 };
 
 // ---- per-list score arrays -------------------------------------------------------------
@@ -129,6 +131,7 @@ static void ems_free(struct kv_policy *base) {
         for (int32_t i = 0; i < p->n_lists; i++) ems_list_free(&p->lists[i]);
     free(p->lists);
     free(p->steps);
+    ems_gpu_free(p->gpu);
     free(p);
 }
 
@@ -218,8 +221,17 @@ static pykv_status prefill_end(struct ems *p, const struct policy_event *ev) {
 static pykv_status ems_decode_step(struct kv_policy *base, const struct policy_event *ev, int32_t g) {
     struct ems *p = (struct ems *)base;
     struct ems_list *s = &p->lists[ev->layer * ev->hp->n_head_kv + g];
-    PYKV_TRY(ems_list_track(s, kv_cache_list(ev->cache, ev->layer, g)->n));
-    return ems_decode_list(ev, &p->o, p->budget, g, s, p->steps[ev->layer] % p->o.window == 0);
+    const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
+    const int roll = p->steps[ev->layer] % p->o.window == 0;
+    PYKV_TRY(ems_list_track(s, l->n));
+    if (l->on_device) return ems_gpu_decode_list(&p->gpu, ev, p->budget, g, s, roll);
+    return ems_decode_list(ev, &p->o, p->budget, g, s, roll);
+}
+
+// Once every GPU layer's lists have taken a decode step's scores: their evictions and merges.
+static pykv_status ems_after_step(struct kv_policy *base, struct kv_cache *c, int discard) {
+    struct ems *p = (struct ems *)base;
+    return ems_gpu_after_step(p->gpu, c, &p->o, p->budget, discard);
 }
 
 static pykv_status ems_alloc(struct ems *p, int32_t n_layer, int32_t n_head_kv) {
@@ -299,6 +311,7 @@ const struct policy_ops policy_ems = {
     .free = ems_free,
     .after_layer = ems_after_layer,
     .decode_list = ems_decode_step,
+    .after_step = ems_after_step,
     .last_chunk_min = ems_last_chunk_min,
     .reset = ems_reset,
     .state_write = ems_state_write,

@@ -5,6 +5,7 @@
 //   ems-prefill.c end of prefill: global-local score, centre / TBM / evict partition, merges
 //   ems-decode.c  every decode step: window -> centre, weakest centre merged or evicted
 //   ems-step.c    the decode step's scans of a list (scores and sums, weakest centre, most similar)
+//   ems-gpu.c     the decode step of lists in GPU memory, every list's done together
 // Every choice is documented in ems.c's header comment.
 #pragma once
 #include <stddef.h>
@@ -57,6 +58,14 @@ void ems_redundancy_all(const struct kv_list *l, struct ems_list *s, int32_t d, 
 // s (glo, lp, lc, wsum, kmag of c). The caller drops the sources afterwards.
 pykv_status ems_merge_into(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
                            const int32_t *src, int32_t n_src);
+// The same merge reading the entries' rows through `rows` and leaving c's new key and value
+// in k and v (d floats each) for the caller to store (a device list's rows are elsewhere).
+struct ems_rows {
+    const float *(*row)(const void *arg, int32_t e, int values, float *tmp);   // entry e's key or value as floats
+    const void *arg;
+};
+pykv_status ems_merge_rows(struct kv_cache *cache, struct kv_list *l, struct ems_list *s, int32_t d, int32_t c,
+                           const int32_t *src, int32_t n_src, const struct ems_rows *rows, float *k, float *v);
 
 static inline int32_t ems_members(const struct kv_list *l, int32_t j) {
     return l->n_members ? l->n_members[j] : 1;
@@ -95,6 +104,16 @@ pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opt
 // (s_Loc_cur replaces s_Loc_past when `roll`), then, with a budget B > 0, the list back to B.
 pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
                             struct ems_list *s, int roll);
+
+// The same on a device list (ems-gpu.c): the scores now, the list's step queued on *gp
+// (created when needed) and done for every queued list by ems_gpu_after_step, which with
+// `discard` (a hook of the step failed) forgets them instead.
+struct ems_gpu;
+pykv_status ems_gpu_decode_list(struct ems_gpu **gp, const struct policy_event *ev, int32_t B, int32_t g,
+                                struct ems_list *s, int roll);
+pykv_status ems_gpu_after_step(struct ems_gpu *e, struct kv_cache *c, const struct ems_opts *o, int32_t B,
+                               int discard);
+void        ems_gpu_free(struct ems_gpu *e);
 
 // The GQA mean of the step's attention on entries [j0, j0 + m) of list g: a[i] for entry j0 + i.
 void ems_attention_mean(const struct policy_event *ev, int32_t g, int32_t j0, int32_t m, float *a);
