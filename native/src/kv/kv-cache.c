@@ -703,6 +703,11 @@ pykv_status kv_list_drop_batched(struct kv_cache *c, struct kv_list *l, int32_t 
         }
         drop_members(c, l, j, tail);
         kv_drop_row(l->pos, sizeof(int32_t), l->n, j, tail);
+        if (b) {   // the room stays: the queued moves read the rows where they are now
+            c->evicted++;
+            l->n--;
+            return PYKV_OK;
+        }
         return shrink_after_drop(c, l, l->n - 1);
     }
     kv_drop_row(l->k, kv_cache_key_bytes(c), l->n, j, tail);

@@ -212,7 +212,7 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
 // kv_list_retain does; on a device list too.
 pykv_status kv_list_drop(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail);
 // The same, a device list's row moves queued on b (kv_batch_run sends them) rather than
-// launched now.
+// launched now; the list keeps its room whatever it holds.
 struct kv_batch;
 pykv_status kv_list_drop_batched(struct kv_cache *c, struct kv_list *l, int32_t j, int32_t tail,
                                  struct kv_batch *b);
