@@ -37,6 +37,10 @@ pykv_status cuda_upload(void *d_dst, const void *src, size_t bytes);     // sync
 pykv_status cuda_download(void *dst, const void *d_src, size_t bytes);   // synchronous
 pykv_status cuda_copy_d2d(void *d_dst, const void *d_src, size_t bytes, cuda_stream s);
 pykv_status cuda_upload_async(void *d_dst, const void *src, size_t bytes, cuda_stream s);
+// The same for a few KiB from pageable memory, without the wait such a copy makes for the
+// stream's queued work: the bytes are copied into pinned memory first (staged-upload.cu), so
+// src may change or go as soon as it returns. Not for a stream being captured into a graph.
+pykv_status cuda_upload_staged(void *d_dst, const void *src, size_t bytes, cuda_stream s);
 pykv_status cuda_download_async(void *dst, const void *d_src, size_t bytes, cuda_stream s);
 pykv_status cuda_memset(void *d_ptr, int value, size_t bytes, cuda_stream s);
 

@@ -1,6 +1,7 @@
 // policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
 // gathering, moving and copying rows, the observation-window scores of the SnapKV family, a
-// decode step's attention probabilities, EMS's redundancy, value norms and top-k selection.
+// decode step's attention probabilities, EMS's redundancy, TAKE's probe average, value norms
+// and top-k selection.
 // Each launcher enqueues its work on stream s and returns at once (launch errors surface at
 // cuda_check or the next synchronising call). Pointers named d_* and every array argument not
 // said to be host memory are device memory. Each kernel has a CPU twin (named below);
@@ -122,6 +123,13 @@ struct cuda_ems_probe {
 };
 void cuda_ems_redundancy(cuda_stream s, const struct cuda_ems_probe *d_jobs, int32_t n_jobs, int32_t max_nc,
                          int fmt_k, int fmt_v, int d, float *r);
+
+// ---- TAKE's probe average (take-ema.cu) ----
+// rows rows of width values in x (pre-RoPE probe queries): row r becomes a * old[r + shift]
+// + b * x[r] where r + shift >= 0 (old: the kept rows), else stays; the results go to x and to
+// state (which must not overlap old). Twin: the mixing loop of take_ema_update.
+void cuda_take_ema(cuda_stream s, float *x, float *state, const float *old, int32_t rows, int32_t shift,
+                   int64_t width, float a, float b);
 
 // ---- value norms (value-norms.cu) ----
 // out[g] = the largest L1 norm (sum of |v_i| in index order) among values 0 .. rows[g] - 1

@@ -355,7 +355,7 @@ static void test_visible(int fmt, int d, int n_kv, int group, int rows, int kern
     const size_t n_out = (size_t)total * group;
     float *want = malloc((size_t)total * sizeof(float)), *want_mean = calloc(n_out, sizeof(float));
     double *want_ent = calloc(n_out, sizeof(double));
-    CHECK(take_layer_scores(&ev, q, rows, pos0, n, offset, kernel, weight, want) == PYKV_OK);
+    CHECK(take_layer_scores(&ev, q, 0, rows, pos0, n, offset, kernel, weight, want) == PYKV_OK);
     float *z = malloc((size_t)n_max * sizeof(float));
     for (int h = 0; h < n_head; h++) {   // the means and entropy terms of every entry, on the host
         const int g = h / group;

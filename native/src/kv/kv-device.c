@@ -65,8 +65,9 @@ pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v,
     PYKV_TRY(cuda_set_device(device));
     void *d_keep = NULL, *nk = NULL, *nv = NULL;
     pykv_status err = cuda_alloc_async(&d_keep, (size_t)(n_keep > 0 ? n_keep : 1) * sizeof(int32_t), st, "the KV cache");
-    // from pageable memory: the call returns once keep is staged, so the caller may free it
-    if (err == PYKV_OK && n_keep > 0) err = cuda_upload_async(d_keep, keep, (size_t)n_keep * sizeof(int32_t), st);
+    // staged through pinned memory: the caller may free keep at once, and the stream's queue
+    // is not drained for it
+    if (err == PYKV_OK && n_keep > 0) err = cuda_upload_staged(d_keep, keep, (size_t)n_keep * sizeof(int32_t), st);
     if (err == PYKV_OK) err = cuda_alloc_async(&nk, (size_t)rows * kb, st, "the KV cache");
     if (err == PYKV_OK) err = cuda_alloc_async(&nv, (size_t)rows * vb, st, "the KV cache");
     if (err == PYKV_OK) {

@@ -151,7 +151,7 @@ static pykv_status keep_best(const struct finch *p, const struct policy_event *e
     pykv_status st = scores ? PYKV_OK
                    : pykv_error(PYKV_ERR_NOMEM, "out of memory in FINCH eviction (%lld entries)", (long long)total);
     const enum take_row_weight weight = p->normalize ? TAKE_ROWS_BY_SEEN : TAKE_ROWS_EQUAL;
-    if (st == PYKV_OK) st = take_layer_scores(ev, q, qn->rows, qn->pos0, n_cols, offset, 1, weight, scores);
+    if (st == PYKV_OK) st = take_layer_scores(ev, q, 0, qn->rows, qn->pos0, n_cols, offset, 1, weight, scores);
     for (int32_t g = 0; g < Hkv && st == PYKV_OK; g++) {
         const int32_t n_cand = n_cols[g] - qn->kept;
         if (n_cand > k) st = ws_keep_top(ev, g, scores + offset[g], n_cand, k);

@@ -50,8 +50,8 @@ pykv_status ws_window_run(const struct kv_cache *c, const struct cuda_kv_layer *
     float *d_var = r->var ? (float *)(at + scores_b + mean_b) : NULL;
     a.ent = r->ent ? (double *)(at + scores_b + mean_b + var_b) : NULL;
     pykv_status err = PYKV_OK;
-    if (vis) err = cuda_upload_async((void *)a.vis, vis, (size_t)a.rows * kl->n_head_kv * sizeof(int32_t), s);
-    if (err == PYKV_OK && r->q) err = cuda_upload_async((void *)d_q, r->q, q_bytes, s);
+    if (vis) err = cuda_upload_staged((void *)a.vis, vis, (size_t)a.rows * kl->n_head_kv * sizeof(int32_t), s);
+    if (err == PYKV_OK && r->q) err = cuda_upload_staged((void *)d_q, r->q, q_bytes, s);
     if (err == PYKV_OK) {
         cuda_window_scores(s, kl, d_q, &a, d_scores, d_mean, d_var, d);
         err = cuda_check("the observation window's scores on the GPU");
@@ -143,9 +143,9 @@ static pykv_status device_select(const struct ws_device_scores *ds, int m, const
     const cuda_stream s = (cuda_stream)ds->ev->cache->device_stream;
     int64_t *d_off = ds->d_lists;
     int32_t *d_n = (int32_t *)(d_off + ds->n_head_kv), *d_k = d_n + ds->n_head_kv;
-    pykv_status err = cuda_upload_async(d_off, off, (size_t)m * sizeof(int64_t), s);
-    if (err == PYKV_OK) err = cuda_upload_async(d_n, n, (size_t)m * sizeof(int32_t), s);
-    if (err == PYKV_OK) err = cuda_upload_async(d_k, k, (size_t)m * sizeof(int32_t), s);
+    pykv_status err = cuda_upload_staged(d_off, off, (size_t)m * sizeof(int64_t), s);
+    if (err == PYKV_OK) err = cuda_upload_staged(d_n, n, (size_t)m * sizeof(int32_t), s);
+    if (err == PYKV_OK) err = cuda_upload_staged(d_k, k, (size_t)m * sizeof(int32_t), s);
     if (err == PYKV_OK) {
         cuda_select_top(s, ds->d_scores, d_off, d_n, d_k, m, ds->d_idx, NULL);
         err = cuda_check("selecting the window's top entries on the GPU");

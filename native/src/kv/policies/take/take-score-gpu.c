@@ -1,8 +1,9 @@
-// take-score-gpu.c - TAKE's probe scores for a layer on the GPU: the probe's query rows come
-// down to the host (ws_query_rows; the EMA runs there, on rows * n_head * head_dim floats), and
-// the mixed probe goes up to be scored by the observation-window kernel (ws_window_run) with
-// each row's causal limit by position given per row (and its weight, for FINCH's rows weighted
-// by the entries they see); the per-entry scores come back.
+// take-score-gpu.c - TAKE's probe for a layer on the GPU: the EMA of its query rows runs there
+// (the rows un-rotated and rotated again by the forward pass's RoPE kernel with tables made on
+// the host, mixed by cuda_take_ema into a state kept in device memory), and the mixed probe is
+// scored by the observation-window kernel (ws_window_run) with each row's causal limit by
+// position given per row (and its weight, for FINCH's rows weighted by the entries they see);
+// only the per-entry scores come back.
 //
 // The kernel sums over the rows in double where take_layer_scores sums floats: the scores
 // agree to float rounding, so only near-ties can rank differently.
@@ -12,13 +13,77 @@
 #include "model/model.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef PYKV_CUDA
+#include "cpu/ops.h"
+#include "ggml-cuda/device.h"
+#include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-device.h"
 
-pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                                     const int32_t *n_cols, int32_t kernel, enum take_row_weight weight,
-                                     float *scores) {
+void take_ema_free(struct take_ema *e) {
+    free(e->q);
+    cuda_free(e->d_q[0]);
+    cuda_free(e->d_q[1]);
+    memset(e, 0, sizeof(*e));
+}
+
+pykv_status take_ema_update_device(struct take_ema *e, int32_t rows, int32_t pos0, double alpha,
+                                   const struct policy_event *ev, float *d_out) {
+    const struct hparams *hp = ev->hp;
+    const cuda_stream s = (cuda_stream)ev->cache->device_stream;
+    const size_t width = (size_t)hp->n_head * hp->head_dim, n_rot = (size_t)hp->n_rot;
+    PYKV_TRY(cuda_set_device(ev->cache->device));
+    if (rows > e->d_cap_rows) {   // both buffers grow; the kept rows move to the new current one
+        float *q[2] = { NULL, NULL };
+        pykv_status st = cuda_alloc_async((void **)&q[0], (size_t)rows * width * sizeof(float), s, "the TAKE probe");
+        if (st == PYKV_OK) st = cuda_alloc_async((void **)&q[1], (size_t)rows * width * sizeof(float), s, "the TAKE probe");
+        if (st == PYKV_OK && e->rows > 0)
+            st = cuda_copy_d2d(q[0], e->d_q[e->d_cur], (size_t)e->rows * width * sizeof(float), s);
+        if (st != PYKV_OK) {
+            cuda_free_async(q[0], s);
+            cuda_free_async(q[1], s);
+            return st;
+        }
+        cuda_free_async(e->d_q[0], s);
+        cuda_free_async(e->d_q[1], s);
+        e->d_q[0] = q[0];
+        e->d_q[1] = q[1];
+        e->d_cur = 0;
+        e->d_cap_rows = rows;
+    }
+    // the RoPE tables of the rows' positions: undoing (sines negated), then redoing
+    float *cs = malloc(2 * (size_t)rows * n_rot * sizeof(float) + 1), *d_cs = NULL;
+    if (!cs) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
+    for (int32_t r = 0; r < rows; r++) {
+        float *undo = cs + (size_t)r * n_rot, *redo = cs + ((size_t)rows + r) * n_rot;
+        rope_angles(redo, hp->n_rot, pos0 + r, ev->probe.rope_inv_freq);
+        for (size_t i = 0; i < n_rot; i++) undo[i] = i % 2 ? -redo[i] : redo[i];
+    }
+    pykv_status st = cuda_alloc_async((void **)&d_cs, 2 * (size_t)rows * n_rot * sizeof(float) + 4, s, "the TAKE probe");
+    if (st == PYKV_OK) st = cuda_upload_staged(d_cs, cs, 2 * (size_t)rows * n_rot * sizeof(float), s);
+    free(cs);
+    if (st == PYKV_OK)
+        st = cuda_copy_d2d(d_out, ev->q_device + (size_t)(ev->T - rows) * width, (size_t)rows * width * sizeof(float), s);
+    if (st == PYKV_OK) {
+        float *next = e->d_q[1 - e->d_cur];
+        cuda_rope(s, d_out, rows, hp->n_head, hp->head_dim, hp->n_rot, d_cs);   // pre-RoPE
+        cuda_take_ema(s, d_out, next, e->d_q[e->d_cur], rows, e->rows - rows, (int64_t)width, (float)alpha,
+                      (float)(1.0 - alpha));
+        cuda_rope(s, d_out, rows, hp->n_head, hp->head_dim, hp->n_rot, d_cs + (size_t)rows * n_rot);
+        st = cuda_check("TAKE's probe average on the GPU");
+        if (st == PYKV_OK) {
+            e->d_cur = 1 - e->d_cur;
+            e->rows = rows;
+        }
+    }
+    cuda_free_async(d_cs, s);
+    return st;
+}
+
+pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int qa_on_device, int32_t rows,
+                                     int32_t pos0, const int32_t *n_cols, int32_t kernel,
+                                     enum take_row_weight weight, float *scores) {
     const struct hparams *hp = ev->hp;
     const int hkv = hp->n_head_kv;
     struct cuda_kv_layer kl;
@@ -37,7 +102,8 @@ pykv_status take_layer_scores_device(const struct policy_event *ev, const float 
     struct cuda_window_args a = { .n_head = hp->n_head, .T = rows, .rows = rows, .protect = 0, .pool = WS_POOL_AVG,
                                   .kernel = kernel, .gqa = WS_GQA_MEAN, .weight_seen = weight == TAKE_ROWS_BY_SEEN };
     a.vis = vis;
-    const struct ws_device_run run = { .q = qa, .scores = scores };
+    const struct ws_device_run run = { .q = qa_on_device ? NULL : qa, .d_q = qa_on_device ? qa : NULL,
+                                       .scores = scores };
     const pykv_status err = ws_window_run(ev->cache, &kl, a, &run);
     free(vis);
     return err;
@@ -45,11 +111,22 @@ pykv_status take_layer_scores_device(const struct policy_event *ev, const float 
 
 #else
 
-pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                                     const int32_t *n_cols, int32_t kernel, enum take_row_weight weight,
-                                     float *scores) {
-    (void)ev; (void)qa; (void)rows; (void)pos0; (void)n_cols; (void)kernel; (void)weight; (void)scores;
-    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+void take_ema_free(struct take_ema *e) {
+    free(e->q);
+    memset(e, 0, sizeof(*e));
+}
+static pykv_status no_cuda(void) { return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend"); }
+pykv_status take_ema_update_device(struct take_ema *e, int32_t rows, int32_t pos0, double alpha,
+                                   const struct policy_event *ev, float *d_out) {
+    (void)e; (void)rows; (void)pos0; (void)alpha; (void)ev; (void)d_out;
+    return no_cuda();
+}
+pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int qa_on_device, int32_t rows,
+                                     int32_t pos0, const int32_t *n_cols, int32_t kernel,
+                                     enum take_row_weight weight, float *scores) {
+    (void)ev; (void)qa; (void)qa_on_device; (void)rows; (void)pos0; (void)n_cols; (void)kernel; (void)weight;
+    (void)scores;
+    return no_cuda();
 }
 
 #endif

@@ -99,11 +99,12 @@ static void score_task(void *arg, int ith, int nth) {
     for (long h = h0; h < h1; h++) score_head(j, (int32_t)h);
 }
 
-pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                              const int32_t *n_cols, const int64_t *offset, int32_t kernel,
+pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, int qa_on_device, int32_t rows,
+                              int32_t pos0, const int32_t *n_cols, const int64_t *offset, int32_t kernel,
                               enum take_row_weight weight, float *scores) {
     const struct hparams *hp = ev->hp;
-    if (ev->q_device) return take_layer_scores_device(ev, qa, rows, pos0, n_cols, kernel, weight, scores);
+    if (ev->q_device) return take_layer_scores_device(ev, qa, qa_on_device, rows, pos0, n_cols, kernel, weight, scores);
+    if (qa_on_device) return pykv_error(PYKV_ERR_INTERNAL, "take: a probe in GPU memory for a layer on the CPU");
     const int32_t G = hp->n_head / hp->n_head_kv;
     int32_t max_cols = 1;
     int64_t total = 0;

@@ -29,12 +29,17 @@
 void take_rotate(float *q, int32_t rows, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos0,
                  int sign, const float *inv_freq);
 
-// EMA state of one layer: `rows` pre-RoPE probe rows (rows * n_head * head_dim floats).
+// EMA state of one layer: `rows` pre-RoPE probe rows (rows * n_head * head_dim floats), in
+// host memory, or for a layer on the GPU in device memory (d_q[d_cur]; the other buffer takes
+// the next state).
 struct take_ema {
     float  *q;
     int32_t rows;
     int32_t cap_rows;
+    float  *d_q[2];
+    int32_t d_cur, d_cap_rows;
 };
+void take_ema_free(struct take_ema *e);
 
 // Mix the post-RoPE probe rows `now` (rows at positions pos0..) into e and write the
 // mixed rows, rotated to those positions, to out (rows * n_head * head_dim floats).
@@ -48,14 +53,21 @@ enum take_row_weight {
                              // attention over more entries counts as much as a shorter one (FINCH)
 };
 
+// The same for a layer on the GPU (ev->q_device set; take-score-gpu.c), all of it there: the
+// chunk's last `rows` query rows mixed into e's device state, the mixed rows rotated into
+// d_out (device, rows * n_head * head_dim floats).
+pykv_status take_ema_update_device(struct take_ema *e, int32_t rows, int32_t pos0, double alpha,
+                                   const struct policy_event *ev, float *d_out);
+
 // Scores of one layer: for KV head g, n_cols[g] values at scores + offset[g] (offset is
-// the running sum of n_cols). qa: (rows, n_head, head_dim) post-RoPE probe at pos0...
-pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                              const int32_t *n_cols, const int64_t *offset, int32_t kernel,
+// the running sum of n_cols). qa: (rows, n_head, head_dim) post-RoPE probe at pos0..., in
+// host memory, or in device memory when qa_on_device (a layer on the GPU).
+pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, int qa_on_device, int32_t rows,
+                              int32_t pos0, const int32_t *n_cols, const int64_t *offset, int32_t kernel,
                               enum take_row_weight weight, float *scores);
 
 // A layer on the GPU (ev->q_device set; take-score-gpu.c): take_layer_scores' scores computed
 // there.
-pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int32_t rows, int32_t pos0,
-                                     const int32_t *n_cols, int32_t kernel, enum take_row_weight weight,
-                                     float *scores);
+pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int qa_on_device, int32_t rows,
+                                     int32_t pos0, const int32_t *n_cols, int32_t kernel,
+                                     enum take_row_weight weight, float *scores);

@@ -40,6 +40,7 @@
 //    checked at the first chunk), warmup_budget (>= 1, tokens), kernel (odd, >= 1);
 //    anything else is an error.
 #include "kv/policies/common/policy-make.h"
+#include "kv/kv-device.h"
 #include "kv/policies/take/take-score.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
@@ -98,7 +99,7 @@ static pykv_status take_finish(struct kv_policy *base, const struct policy_confi
 static void take_free(struct kv_policy *base) {
     struct take *p = (struct take *)base;
     if (p->ema)
-        for (int32_t l = 0; l < p->n_layer; l++) free(p->ema[l].q);
+        for (int32_t l = 0; l < p->n_layer; l++) take_ema_free(&p->ema[l]);
     free(p->ema);
     free(p);
 }
@@ -159,8 +160,8 @@ static pykv_status keep_positions(struct kv_cache *c, struct kv_list *l, const i
 }
 
 // Select and evict on the scored layer ev->layer; the key layer also shrinks layers below.
-static pykv_status evict_layer(struct take *p, const struct policy_event *ev, const float *qa, int32_t rows,
-                               int32_t pos0, int32_t k, int32_t key) {
+static pykv_status evict_layer(struct take *p, const struct policy_event *ev, const float *qa, int qa_on_device,
+                               int32_t rows, int32_t pos0, int32_t k, int32_t key) {
     const struct hparams *hp = ev->hp;
     const int32_t Hkv = hp->n_head_kv;
     int32_t *n_cols = malloc((size_t)Hkv * sizeof(int32_t));
@@ -187,7 +188,7 @@ static pykv_status evict_layer(struct take *p, const struct policy_event *ev, co
     pykv_status st = (scores && chosen && keep && want) ? PYKV_OK
                    : pykv_error(PYKV_ERR_NOMEM, "out of memory in TAKE eviction (%lld entries)", (long long)total);
     if (st == PYKV_OK)
-        st = take_layer_scores(ev, qa, rows, pos0, n_cols, offset, p->kernel, TAKE_ROWS_EQUAL, scores);
+        st = take_layer_scores(ev, qa, qa_on_device, rows, pos0, n_cols, offset, p->kernel, TAKE_ROWS_EQUAL, scores);
     for (int32_t g = 0; g < Hkv && st == PYKV_OK; g++) {
         struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
         int64_t n_chosen = 0;
@@ -231,15 +232,24 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
         if (rows > real) rows = real;
         pos0 = ev->n_past - rows;
     }
-    // the probe rows are the chunk's last ones either way (a layer on the GPU sends them down)
-    float *qa = malloc((size_t)rows * width * sizeof(float)), *q_rows = malloc((size_t)rows * width * sizeof(float));
-    if (!qa || !q_rows) {
-        free(qa); free(q_rows);
-        return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
+    // the probe rows are the chunk's last ones either way; a layer on the GPU mixes them there
+    float *qa = NULL;
+    pykv_status st = PYKV_OK;
+    if (ev->q_device) {   // device memory, given back once the work queued with it is done
+        st = kv_device_resize(ev->cache->device, ev->cache->device_stream, (void **)&qa, 0,
+                              (size_t)rows * width * sizeof(float));
+        if (st == PYKV_OK) st = take_ema_update_device(e, rows, pos0, p->alpha, ev, qa);
+    } else {
+        float *q_rows = malloc((size_t)rows * width * sizeof(float));
+        qa = malloc((size_t)rows * width * sizeof(float));
+        if (!qa || !q_rows) {
+            free(qa); free(q_rows);
+            return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
+        }
+        st = ws_query_rows(ev, ev->T - rows, rows, q_rows);
+        if (st == PYKV_OK) st = take_ema_update(e, q_rows, rows, pos0, p->alpha, ev, qa);
+        free(q_rows);
     }
-    pykv_status st = ws_query_rows(ev, ev->T - rows, rows, q_rows);
-    if (st == PYKV_OK) st = take_ema_update(e, q_rows, rows, pos0, p->alpha, ev, qa);
-    free(q_rows);
 
     const int32_t B = policy_budget(&base->cfg, ev->n_prompt);
     int64_t Bw = p->warmup_budget > 0 ? p->warmup_budget : (ev->n_prompt < 20LL * B ? ev->n_prompt : 20LL * B);
@@ -251,8 +261,9 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
         any |= kv_cache_list(ev->cache, ev->layer, g)->n - ev->probe.n > k;
         for (int32_t low = 0; ev->layer == key && low < key; low++) any |= kv_cache_list(ev->cache, low, g)->n > k;
     }
-    if (st == PYKV_OK && any) st = evict_layer(p, ev, qa, rows, pos0, k, key);
-    free(qa);
+    if (st == PYKV_OK && any) st = evict_layer(p, ev, qa, ev->q_device != NULL, rows, pos0, k, key);
+    if (ev->q_device) kv_device_resize(ev->cache->device, ev->cache->device_stream, (void **)&qa, 0, 0);
+    else free(qa);
     return st;
 }
 
