@@ -270,21 +270,34 @@ static pykv_status run_hooks(pykv_context *ctx, const struct policy_event *ev) {
     return PYKV_OK;
 }
 
+// Whether a list of the layer holds merged entries, whose members the device's attention
+// sums of a prefill chunk do not expand.
+static int layer_has_merged(pykv_context *ctx, int layer) {
+    for (int h = 0; h < ctx->model->hp.n_head_kv; h++)
+        if (kv_cache_list(&ctx->cache, layer, h)->n_members) return 1;
+    return 0;
+}
+
 // A policy with host_lists (EMS) sees the layer as the CPU's hooks do: its lists, the chunk's
 // queries (in ctx->buf.q) and the attention sums in host memory, the lists going back after.
+// A prefill chunk's sums come from the device while no list holds merged entries (a prompt's
+// last chunk over a long list is the costly part of them), otherwise from the CPU over the
+// staged lists.
 static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, int n_probe, const float *d_q) {
     const struct policy_ops *ops = ctx->policy->ops;
     const struct hparams *hp = &ctx->model->hp;
     const int T = ev->T;
     struct kv_staged saved[CUDA_MAX_KV_HEADS];
     if (!d_q) return pykv_error(PYKV_ERR_INTERNAL, "the '%s' policy's hooks need the layer's queries", ops->name);
+    const int sums = hooks_take_sums(ops, T), sums_on_device = sums && T > 1 && !layer_has_merged(ctx, ev->layer);
+    if (sums_on_device) PYKV_TRY(ws_attention_sums_device(ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
     PYKV_TRY(ws_query_rows(ev, 0, T, ctx->buf.q));
     PYKV_TRY(kv_layer_stage(&ctx->cache, ev->layer, saved));
     ev->q = ctx->buf.q;
     ev->q_device = NULL;
     ev->probe.q = n_probe ? ctx->buf.q + (size_t)(T - n_probe) * hp->n_head * hp->head_dim : NULL;
-    if (hooks_take_sums(ops, T)) {
-        prefill_attention_sums(ctx, ev->layer, T);   // the CPU's sums over the staged lists (T = 1 too)
+    if (sums) {
+        if (!sums_on_device) prefill_attention_sums(ctx, ev->layer, T);   // the CPU's over the staged lists
         ev->attn_colsum = ctx->buf.attn_colsum;
         ev->attn_colsum_stride = (int32_t)ctx->buf.colsum_stride;
     }
@@ -302,10 +315,7 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
 static int hooks_on_host_lists(pykv_context *ctx, const struct policy_event *ev, const float *d_q,
                                const float *sums) {
     if (!d_q) return !(sums && ctx->policy->ops->after_step);
-    if (ev->T == 1 || ev->is_last_chunk) return 1;
-    for (int h = 0; h < ctx->model->hp.n_head_kv; h++)
-        if (kv_cache_list(&ctx->cache, ev->layer, h)->n_members) return 1;
-    return 0;
+    return ev->T == 1 || ev->is_last_chunk || layer_has_merged(ctx, ev->layer);
 }
 
 // The policy's hooks for a layer on the GPU, once its kernels are queued: the work the policy

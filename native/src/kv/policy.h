@@ -205,8 +205,8 @@ struct policy_ops {
     // those hooks of a GPU layer the context brings its lists, the chunk's queries and the
     // attention sums to host memory (kv_layer_stage) and sends the lists back, with their
     // merged entries, which the GPU's attention expands. The hooks of earlier chunks take
-    // only the attention sums, computed on the device (in host memory too while a list of
-    // the layer holds merged entries). A policy with after_step takes decode steps on the
+    // only the attention sums, computed on the device (the last chunk's too; in host memory
+    // while a list of the layer holds merged entries). A policy with after_step takes decode steps on the
     // device lists instead, once the recorded step is done (its sums expand merged entries).
     int           host_lists;
 };
