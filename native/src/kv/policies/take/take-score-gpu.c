@@ -34,19 +34,19 @@ pykv_status take_ema_update_device(struct take_ema *e, int32_t rows, int32_t pos
     const cuda_stream s = (cuda_stream)ev->cache->device_stream;
     const size_t width = (size_t)hp->n_head * hp->head_dim, n_rot = (size_t)hp->n_rot;
     PYKV_TRY(cuda_set_device(ev->cache->device));
-    if (rows > e->d_cap_rows) {   // both buffers grow; the kept rows move to the new current one
-        float *q[2] = { NULL, NULL };
-        pykv_status st = cuda_alloc_async((void **)&q[0], (size_t)rows * width * sizeof(float), s, "the TAKE probe");
-        if (st == PYKV_OK) st = cuda_alloc_async((void **)&q[1], (size_t)rows * width * sizeof(float), s, "the TAKE probe");
+    if (rows > e->d_cap_rows) {   // both buffers grow (rarely: plain allocations, freed without a stream)
+        float *q[2] = { NULL, NULL };   // the kept rows move to the new current one
+        pykv_status st = cuda_alloc((void **)&q[0], (size_t)rows * width * sizeof(float), "the TAKE probe");
+        if (st == PYKV_OK) st = cuda_alloc((void **)&q[1], (size_t)rows * width * sizeof(float), "the TAKE probe");
         if (st == PYKV_OK && e->rows > 0)
             st = cuda_copy_d2d(q[0], e->d_q[e->d_cur], (size_t)e->rows * width * sizeof(float), s);
         if (st != PYKV_OK) {
-            cuda_free_async(q[0], s);
-            cuda_free_async(q[1], s);
+            cuda_free(q[0]);
+            cuda_free(q[1]);
             return st;
         }
-        cuda_free_async(e->d_q[0], s);
-        cuda_free_async(e->d_q[1], s);
+        cuda_free(e->d_q[0]);   // waits for the copy and the work that read them
+        cuda_free(e->d_q[1]);
         e->d_q[0] = q[0];
         e->d_q[1] = q[1];
         e->d_cur = 0;
