@@ -291,8 +291,25 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
     if (!d_q) return pykv_error(PYKV_ERR_INTERNAL, "the '%s' policy's hooks need the layer's queries", ops->name);
     const int sums = hooks_take_sums(ops, T), sums_on_device = sums && T > 1 && !layer_has_merged(ctx, ev->layer);
     if (sums_on_device) PYKV_TRY(ws_attention_sums_device(ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
-    PYKV_TRY(ws_query_rows(ev, 0, T, ctx->buf.q));
-    PYKV_TRY(kv_layer_stage(&ctx->cache, ev->layer, saved));
+    float *window = NULL;   // the window's own sums (policy_event.window_sums)
+    if (sums_on_device && ev->is_last_chunk && ops->last_chunk_min) {
+        const int32_t w = ops->last_chunk_min(ctx->policy), rows = w < T ? w : T;
+        if (rows > 0 && (window = malloc((size_t)hp->n_head * ctx->buf.colsum_stride * sizeof(float)))) {
+            const pykv_status st = ws_attention_sums_device(ev, rows, window, ctx->buf.colsum_stride);
+            if (st != PYKV_OK) {
+                free(window);
+                return st;
+            }
+            ev->window_sums = window;
+            ev->window_rows = rows;
+        }
+    }
+    pykv_status st = ws_query_rows(ev, 0, T, ctx->buf.q);
+    if (st == PYKV_OK) st = kv_layer_stage(&ctx->cache, ev->layer, saved);
+    if (st != PYKV_OK) {
+        free(window);
+        return st;
+    }
     ev->q = ctx->buf.q;
     ev->q_device = NULL;
     ev->probe.q = n_probe ? ctx->buf.q + (size_t)(T - n_probe) * hp->n_head * hp->head_dim : NULL;
@@ -301,8 +318,9 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
         ev->attn_colsum = ctx->buf.attn_colsum;
         ev->attn_colsum_stride = (int32_t)ctx->buf.colsum_stride;
     }
-    const pykv_status st = run_hooks(ctx, ev);
+    st = run_hooks(ctx, ev);
     const pykv_status back = kv_layer_unstage(&ctx->cache, ev->layer, saved);
+    free(window);
     return st != PYKV_OK ? st : back;
 }
 
@@ -338,6 +356,7 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
     ev.probe.rope_inv_freq = ctx->buf.rope_inv_freq;
     ev.wo = &ctx->model->layers[layer].wo;
     ev.attn_colsum = NULL;
+    ev.window_sums = NULL;
     if (ops->host_lists && hooks_on_host_lists(ctx, &ev, d_q, sums)) return host_layer_hook(ctx, &ev, n_probe, d_q);
     if (sums) {
         ev.attn_colsum = sums;

@@ -88,6 +88,12 @@ struct policy_event {
     // attn_colsum_stride) holds one value per entry of KV head h / (n_head / n_head_kv).
     const float          *attn_colsum;
     int32_t               attn_colsum_stride;
+    // after_layer of a host_lists policy at a prompt's last chunk on a GPU layer whose lists
+    // hold no merged entries: the same sums from the chunk's last window_rows queries only
+    // (window_rows = min(last_chunk_min, T)), computed on the device before the lists came
+    // down; NULL otherwise.
+    const float          *window_sums;
+    int32_t               window_rows;
     // after_layer only: the probe tokens (policies with probe_len, e.g. TAKE).
     struct policy_probe   probe;
     // after_layer only: the layer's output projection (attn_output, ne = (n_head * head_dim,

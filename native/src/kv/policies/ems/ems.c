@@ -195,6 +195,21 @@ static void accumulate(struct ems_list *s, const struct policy_event *ev, int32_
     }
 }
 
+// s_Loc from the sums a GPU layer computed over the window's queries (policy_event.window_sums;
+// its lists hold no merged entries): the GQA mean of each KV head's rows, in head order.
+static pykv_status window_local_scores(const struct policy_event *ev, float **out) {
+    const int32_t hkv = ev->hp->n_head_kv, G = ev->hp->n_head / hkv;
+    for (int32_t g = 0; g < hkv; g++) {
+        const int32_t n = kv_cache_list(ev->cache, ev->layer, g)->n;
+        if (!(out[g] = malloc((size_t)(n ? n : 1) * sizeof(float)))) {
+            for (int32_t h = 0; h <= g; h++) { free(out[h]); out[h] = NULL; }
+            return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory for local scores");
+        }
+        ems_rows_mean(ev->window_sums + (size_t)g * G * ev->attn_colsum_stride, ev->attn_colsum_stride, G, 0, n, out[g]);
+    }
+    return PYKV_OK;
+}
+
 static pykv_status prefill_end(struct ems *p, const struct policy_event *ev) {
     const int32_t hkv = ev->hp->n_head_kv;
     const int32_t B = policy_budget(&p->base.cfg, ev->n_prompt);
@@ -205,7 +220,8 @@ static pykv_status prefill_end(struct ems *p, const struct policy_event *ev) {
     if (rows > ev->T) rows = ev->T;
     float **loc = calloc((size_t)hkv, sizeof(float *));
     if (!loc) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory");
-    pykv_status st = ems_local_scores(ev, rows, loc);
+    pykv_status st = ev->window_sums && ev->window_rows == rows ? window_local_scores(ev, loc)
+                                                               : ems_local_scores(ev, rows, loc);
     for (int32_t g = 0; g < hkv && st == PYKV_OK; g++)
         st = ems_prefill_list(ev, &p->o, B, g, &p->lists[ev->layer * hkv + g], loc[g]);
     for (int32_t g = 0; g < hkv; g++) free(loc[g]);
