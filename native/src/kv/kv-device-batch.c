@@ -19,17 +19,8 @@ void kv_batch_init(struct kv_batch *b, int device, void *stream) {
 
 static size_t aligned(size_t x) { return (x + BATCH_ALIGN - 1) / BATCH_ALIGN * BATCH_ALIGN; }
 
-static pykv_status push(struct kv_batch *b, struct kv_batch_copy c) {
-    if (b->n_copies == b->copies_cap) {
-        const int32_t cap = b->copies_cap ? 2 * b->copies_cap : 64;
-        struct kv_batch_copy *x = realloc(b->copies, (size_t)cap * sizeof(*x));
-        if (!x) return pykv_error(PYKV_ERR_NOMEM, "out of memory queuing KV cache copies");
-        b->copies = x;
-        b->copies_cap = cap;
-    }
-    b->copies[b->n_copies++] = c;
-    return PYKV_OK;
-}
+// One more copy, in the room kv_batch_reserve made for it.
+static void push(struct kv_batch *b, struct kv_batch_copy c) { b->copies[b->n_copies++] = c; }
 
 // Bytes of h_up / d_up for `up` staged bytes and `copies` copies.
 static size_t up_bytes(size_t up, int64_t copies) {
@@ -63,11 +54,12 @@ static pykv_status device_room(struct kv_batch *b, void **d, size_t *cap, size_t
 pykv_status kv_batch_reserve(struct kv_batch *b, size_t up, int32_t copies, size_t scratch, size_t down) {
     PYKV_TRY(cuda_set_device(b->device));
     const int64_t n = (int64_t)b->n_copies + copies;
-    if (n > b->copies_cap) {
-        struct kv_batch_copy *x = realloc(b->copies, (size_t)n * sizeof(*x));
+    if (n > b->copies_cap) {   // grown by doubling: queuing reserves one copy at a time
+        const int64_t cap = n > 2 * (int64_t)b->copies_cap ? n : 2 * (int64_t)b->copies_cap;
+        struct kv_batch_copy *x = realloc(b->copies, (size_t)cap * sizeof(*x));
         if (!x) return pykv_error(PYKV_ERR_NOMEM, "out of memory queuing KV cache copies");
         b->copies = x;
-        b->copies_cap = (int32_t)n;
+        b->copies_cap = (int32_t)cap;
     }
     const size_t need_up = up_bytes(b->up_used + aligned(up), n);
     if (need_up > b->up_cap) {   // pinned: the staged bytes move with it; device: filled at the run

@@ -38,9 +38,7 @@ pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts
     ems_step_scores(s, ev->attn_colsum + (size_t)g * G * ev->attn_colsum_stride, ev->attn_colsum_stride, G, roll,
                     &sum_glo, &sum_loc);
     if (B <= 0 || l->n <= B) return PYKV_OK;
-    int64_t members = l->n;
-    if (l->n_members)
-        for (int32_t j = 0; j < l->n; j++) members += l->n_members[j] - 1;
+    int64_t members = ems_member_count(l);
     pykv_status st = PYKV_OK;
     while (st == PYKV_OK && l->n > B) {
         const int32_t n = l->n, P = o->window < n ? o->window : n, nc = n - P;

@@ -37,7 +37,6 @@ struct ems_gpu {
     struct ems_pending *pend;
     int32_t             n_pend, cap_pend;
     struct kv_batch     batch;
-    int                 batch_ready;
     void               *h_jobs, *d_jobs;   // pinned / device: the redundancy launch's jobs
     float              *h_r, *d_r;         // pinned / device: its results
     size_t              jobs_cap, r_cap;   // bytes of each
@@ -51,7 +50,10 @@ pykv_status ems_gpu_decode_list(struct ems_gpu **gp, const struct policy_event *
     ems_step_scores(s, ev->attn_colsum + (size_t)g * G * ev->attn_colsum_stride, ev->attn_colsum_stride, G, roll,
                     &p.sum_glo, &p.sum_loc);
     if (B <= 0 || l->n <= B) return PYKV_OK;
-    if (!*gp && !(*gp = calloc(1, sizeof(struct ems_gpu)))) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory");
+    if (!*gp) {
+        if (!(*gp = calloc(1, sizeof(struct ems_gpu)))) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory");
+        kv_batch_init(&(*gp)->batch, ev->cache->device, ev->cache->device_stream);
+    }
     struct ems_gpu *e = *gp;
     if (e->n_pend == e->cap_pend) {
         const int32_t cap = e->cap_pend ? 2 * e->cap_pend : 64;
@@ -60,9 +62,7 @@ pykv_status ems_gpu_decode_list(struct ems_gpu **gp, const struct policy_event *
         e->pend = x;
         e->cap_pend = cap;
     }
-    p.members = l->n;
-    if (l->n_members)
-        for (int32_t j = 0; j < l->n; j++) p.members += l->n_members[j] - 1;
+    p.members = ems_member_count(l);
     e->pend[e->n_pend++] = p;
     return PYKV_OK;
 }
@@ -181,7 +181,7 @@ static const float *downloaded_row(const void *arg, int32_t e, int values, float
 
 // Round step 3: each list's merge or eviction, its row moves, merged rows and member blocks
 // sent in one batch.
-static pykv_status merge_or_evict(struct ems_gpu *e, struct kv_cache *c, const struct ems_opts *o) {
+static pykv_status merge_or_evict(struct ems_gpu *e, struct kv_cache *c) {
     const int32_t d = c->head_dim;
     for (int32_t i = 0; i < e->n_pend; i++) {
         struct ems_pending *p = &e->pend[i];
@@ -217,15 +217,11 @@ static pykv_status merge_or_evict(struct ems_gpu *e, struct kv_cache *c, const s
 pykv_status ems_gpu_after_step(struct ems_gpu *e, struct kv_cache *c, const struct ems_opts *o, int32_t B,
                                int discard) {
     if (!e || e->n_pend == 0) return PYKV_OK;
-    if (!e->batch_ready) {
-        kv_batch_init(&e->batch, c->device, c->device_stream);
-        e->batch_ready = 1;
-    }
     pykv_status st = PYKV_OK;
     while (!discard && st == PYKV_OK && e->n_pend > 0) {
         st = weakest_and_redundancy(e, c, o, B);
         if (st == PYKV_OK) st = merge_rows_down(e, c, o);
-        if (st == PYKV_OK) st = merge_or_evict(e, c, o);
+        if (st == PYKV_OK) st = merge_or_evict(e, c);
         int32_t left = 0;   // the lists still over the budget go round again
         for (int32_t i = 0; st == PYKV_OK && i < e->n_pend; i++) {
             const struct ems_pending *p = &e->pend[i];

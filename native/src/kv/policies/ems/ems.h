@@ -70,6 +70,13 @@ pykv_status ems_merge_rows(struct kv_cache *cache, struct kv_list *l, struct ems
 static inline int32_t ems_members(const struct kv_list *l, int32_t j) {
     return l->n_members ? l->n_members[j] : 1;
 }
+// The tokens the list's entries stand for (the member cap's count).
+static inline int64_t ems_member_count(const struct kv_list *l) {
+    int64_t members = l->n;
+    if (l->n_members)
+        for (int32_t j = 0; j < l->n; j++) members += l->n_members[j] - 1;
+    return members;
+}
 
 // The mean alignment a = sum(s_Loc) / sum(s_Glo) over a list (1 when s_Glo sums to 0).
 static inline float ems_alignment(double sum_loc, double sum_glo) {

@@ -16,7 +16,6 @@
 #include <string.h>
 
 #ifdef PYKV_CUDA
-#include "cpu/ops.h"
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-device.h"
@@ -56,9 +55,8 @@ pykv_status take_ema_update_device(struct take_ema *e, int32_t rows, int32_t pos
     float *cs = malloc(2 * (size_t)rows * n_rot * sizeof(float) + 1), *d_cs = NULL;
     if (!cs) return pykv_error(PYKV_ERR_NOMEM, "out of memory for the TAKE probe");
     for (int32_t r = 0; r < rows; r++) {
-        float *undo = cs + (size_t)r * n_rot, *redo = cs + ((size_t)rows + r) * n_rot;
-        rope_angles(redo, hp->n_rot, pos0 + r, ev->probe.rope_inv_freq);
-        for (size_t i = 0; i < n_rot; i++) undo[i] = i % 2 ? -redo[i] : redo[i];
+        take_rope_angles(cs + (size_t)r * n_rot, hp->n_rot, pos0 + r, -1, ev->probe.rope_inv_freq);
+        take_rope_angles(cs + ((size_t)rows + r) * n_rot, hp->n_rot, pos0 + r, +1, ev->probe.rope_inv_freq);
     }
     pykv_status st = cuda_alloc_async((void **)&d_cs, 2 * (size_t)rows * n_rot * sizeof(float) + 4, s, "the TAKE probe");
     if (st == PYKV_OK) st = cuda_upload_staged(d_cs, cs, 2 * (size_t)rows * n_rot * sizeof(float), s);

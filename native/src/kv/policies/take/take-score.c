@@ -12,13 +12,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+void take_rope_angles(float *cs, int32_t n_rot, int32_t pos, int sign, const float *inv_freq) {
+    rope_angles(cs, n_rot, pos, inv_freq);   // the forward pass's angles
+    if (sign < 0)
+        for (int32_t i = 1; i < n_rot; i += 2) cs[i] = -cs[i];   // sin(-theta): the inverse rotation
+}
+
 void take_rotate(float *q, int32_t rows, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos0,
                  int sign, const float *inv_freq) {
     float cs[PYKV_MAX_HEAD_DIM];
     for (int32_t r = 0; r < rows; r++) {
-        rope_angles(cs, n_rot, pos0 + r, inv_freq);   // the forward pass's angles
-        if (sign < 0)
-            for (int32_t i = 1; i < n_rot; i += 2) cs[i] = -cs[i];   // sin(-theta): the inverse rotation
+        take_rope_angles(cs, n_rot, pos0 + r, sign, inv_freq);
         rope_rotate(q + (size_t)r * n_head * head_dim, n_head, head_dim, n_rot, cs);
     }
 }

@@ -28,6 +28,9 @@
 // sign * position (sign -1 undoes RoPE, +1 applies it); only the first n_rot dims turn.
 void take_rotate(float *q, int32_t rows, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos0,
                  int sign, const float *inv_freq);
+// The RoPE table take_rotate turns a row at position pos with (n_rot floats, rope_angles's
+// layout): the GPU path's tables for the same rotations.
+void take_rope_angles(float *cs, int32_t n_rot, int32_t pos, int sign, const float *inv_freq);
 
 // EMA state of one layer: `rows` pre-RoPE probe rows (rows * n_head * head_dim floats), in
 // host memory, or for a layer on the GPU in device memory (d_q[d_cur]; the other buffer takes
