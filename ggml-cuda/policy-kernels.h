@@ -1,7 +1,7 @@
 // policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
-// gathering, moving and copying rows, the observation-window scores of the SnapKV family, a
-// decode step's attention probabilities, EMS's redundancy, TAKE's probe average, value norms
-// and top-k selection.
+// gathering, moving and copying rows, the observation-window scores of the SnapKV family, the
+// scores of single entries (Knorm, KeyDiff, LagKV), a decode step's attention probabilities,
+// EMS's redundancy, TAKE's probe average, value norms and top-k selection.
 // Each launcher enqueues its work on stream s and returns at once (launch errors surface at
 // cuda_check or the next synchronising call). Pointers named d_* and every array argument not
 // said to be host memory are device memory. Each kernel has a CPU twin (named below);
@@ -98,6 +98,30 @@ size_t cuda_window_work_bytes(const struct cuda_kv_layer *layer, const struct cu
 // n_head_kv).
 void cuda_window_scores(cuda_stream s, const struct cuda_kv_layer *layer, const float *q,
                         const struct cuda_window_args *a, float *scores, float *mean, float *var, void *work);
+
+// ---- scores of single entries (entry-scores.cu) ----
+// The question-agnostic scores of every entry of a layer's lists from its stored key and value
+// alone, the CPU's bit for bit (LagKV's softmax aside, within an ulp of a double). Twins: the
+// es_score_fn of knorm.c (-|k_j|), keydiff.c (-cos(k_j, the list's mean unit key)) and lagkv.c
+// (partitions against the next: ranks or weights, sinks and the unscored tail 1).
+#define CUDA_ENTRY_KNORM 1
+#define CUDA_ENTRY_KEYDIFF 2
+#define CUDA_ENTRY_LAGKV 3
+#define CUDA_ENTRY_MAX_D 512
+#define CUDA_LAGKV_MAX_LAG 1024
+struct cuda_entry_args {
+    int32_t rule;     // CUDA_ENTRY_*
+    int32_t budget;   // lists of at most this many entries are not scored (their scores untouched)
+    int32_t sink, lag, cross;   // LagKV's options
+};
+// Nonzero when the kernel takes these lists and arguments (head_dim <= CUDA_ENTRY_MAX_D; LagKV:
+// 2 <= lag <= CUDA_LAGKV_MAX_LAG).
+int    cuda_entry_supported(const struct cuda_kv_layer *layer, const struct cuda_entry_args *a);
+size_t cuda_entry_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_entry_args *a);
+// scores: one float per entry, list g's n[g] after those of the lists before it (the layout of
+// cuda_window_layout with protect 0). Does nothing for arguments it does not take.
+void   cuda_entry_scores(cuda_stream s, const struct cuda_kv_layer *layer, const struct cuda_entry_args *a,
+                         float *scores, void *work);
 
 // ---- a decode step's attention probabilities (attention-probs.cu) ----
 // For each of the n_head query heads h (q + h * head_dim; list g = h / (n_head / n_head_kv)):

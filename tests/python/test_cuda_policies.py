@@ -1,13 +1,14 @@
 """The eviction policies with the layers on the GPU, checked against the CPU path.
 
 Every policy runs there (policy_ops.device_lists). Most score on the device (the observation
-window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms), some from what
-comes down of the layer (knorm, keydiff and lagkv's keys, criticalkv's values,
-expected_attention's and KVzip's queries and keys), and EMS's prefill on the host with the
-layer's lists brought down and sent back, its merged entries expanded by the GPU's attention;
-all compact the lists in GPU memory. SnapKV, PyramidKV and Ada-KV select on the device too,
-the decode steps of h2o, tova, cake and ems take their attention sums from the recorded
-decode step, and EMS's decode steps merge on the device.
+window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms, the keys and values
+of knorm, keydiff and lagkv), some from what comes down of the layer (criticalkv's values,
+expected_attention's and KVzip's queries and keys), random from positions alone, and EMS's
+prefill on the host with the layer's lists brought down and sent back, its merged entries
+expanded by the GPU's attention; all compact the lists in GPU memory. SnapKV, PyramidKV,
+Ada-KV, knorm, keydiff and lagkv select on the device too, the decode steps of h2o, tova, cake
+and ems take their attention sums from the recorded decode step, and EMS's decode steps merge
+on the device.
 Each is run on the same prompt by a context with every layer on the GPU and by one on the
 CPU's exact path, and compared: the positions every (layer, KV head) list keeps, the byte
 counts of kv_stats, the budget, and the logits.
@@ -138,6 +139,25 @@ def test_policy_on_the_gpu_keeps_what_the_cpu_keeps(model_path, name, policy):
             assert gpu.kv_stats()["merged"] > 0
         flips = _decode_from_the_gpu_state(cpu, gpu, 16)
         assert flips <= (0 if policy in BY_POSITION else DECODE_NEAR_TIE_SHARE * 16 * lists), flips
+
+
+@needs_gpu
+@pytest.mark.parametrize("kwargs", [{"lag": 16}, {"lag": 16, "cross": 1}, {"lag": 8, "sink": 0}])
+def test_lagkv_partitions_on_the_gpu_keep_what_the_cpu_keeps(model_path, kwargs):
+    """LagKV with partitions short enough that a 200-token prompt has a dozen of them, each
+    scored against the next on the device: the kept positions and byte counts are the CPU's
+    (near-ties aside), and the logits agree where the kept sets do."""
+    path = model_path("llama_q8_0_h8kv2")
+    cpu, gpu = _pair(path, "lagkv", n_batch=64, policy_kwargs=kwargs)
+    with cpu, gpu:
+        prompt = random_tokens(200, seed=36)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        diff = _check_same_cache(cpu, gpu, "lagkv", exact=False)
+        lists = gpu.model_info["n_layer"] * gpu.model_info["n_head_kv"]
+        assert gpu.kv_stats()["entries"] == BUDGET * lists
+        if diff == 0:
+            assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
 
 
 @needs_gpu

@@ -199,8 +199,8 @@ struct policy_ops {
     // are in device memory: they read them and the queries only through the helpers that
     // take q_device (ws_stats_compute, ws_value_l1_max, ws_query_rows, ws_host_event,
     // take_layer_scores, ws_device_scores; the attention sums come computed),
-    // kv_list_rows_f32, kv_layer_host_copy or the score functions of es_layer_keep_top (which
-    // reads a host copy); change lists only through
+    // kv_list_rows_f32, kv_layer_host_copy or the score functions of es_layer_keep_top (run
+    // over a host copy unless the device has their twin); change lists only through
     // kv_list_retain, kv_list_drop and kv_list_truncate; and on a decode step touch only the
     // lists of ev->layer (after_layer and decode_list run for every GPU layer once the step
     // is done, with the step's attention sums when the policy takes them). A context whose

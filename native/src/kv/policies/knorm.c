@@ -45,7 +45,8 @@ static void knorm_score(const struct kv_policy *p, const struct policy_event *ev
 
 static pykv_status knorm_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     if (!ws_is_prefill_end(ev)) return PYKV_OK;
-    return es_layer_keep_top(base, ev, ws_budget(&base->cfg, ev), knorm_score);
+    static const struct es_device on_device = { .rule = ES_KNORM };
+    return es_layer_keep_top(base, ev, ws_budget(&base->cfg, ev), knorm_score, &on_device);
 }
 
 const struct policy_ops policy_knorm = {

@@ -163,7 +163,8 @@ static pykv_status lagkv_after_layer(struct kv_policy *base, const struct policy
     if (p->B <= p->sink)
         return pykv_error(PYKV_ERR_INVALID_ARG, "policy 'lagkv': the budget (%d entries per layer and KV head) must be "
                           "larger than the %d sink tokens it includes", p->B, p->sink);
-    return es_layer_keep_top(base, ev, p->B, lagkv_score);
+    const struct es_device on_device = { .rule = ES_LAGKV, .sink = p->sink, .lag = p->lag, .cross = p->cross };
+    return es_layer_keep_top(base, ev, p->B, lagkv_score, &on_device);
 }
 
 static int32_t lagkv_min_budget(const struct kv_policy *base) { return ((const struct lagkv *)base)->sink + 1; }

@@ -69,7 +69,8 @@ static void random_score(const struct kv_policy *base, const struct policy_event
 
 static pykv_status random_after_layer(struct kv_policy *base, const struct policy_event *ev) {
     if (!ws_is_prefill_end(ev)) return PYKV_OK;
-    return es_layer_keep_top(base, ev, ws_budget(&base->cfg, ev), random_score);
+    static const struct es_device by_position = { .rule = ES_POSITIONS };
+    return es_layer_keep_top(base, ev, ws_budget(&base->cfg, ev), random_score, &by_position);
 }
 
 const struct policy_ops policy_random = {

@@ -33,8 +33,16 @@ static void score_task(void *arg, int ith, int nth) {
     }
 }
 
-pykv_status es_layer_keep_top(const struct kv_policy *p, const struct policy_event *ev, int32_t B, es_score_fn score) {
+pykv_status es_layer_keep_top(const struct kv_policy *p, const struct policy_event *ev, int32_t B, es_score_fn score,
+                              const struct es_device *dev) {
     const int32_t n_head_kv = ev->hp->n_head_kv;
+    const int on_device = kv_cache_list(ev->cache, ev->layer, 0)->on_device;
+    const enum es_device_rule rule = on_device && dev ? dev->rule : ES_ON_HOST;
+    if (rule != ES_ON_HOST && rule != ES_POSITIONS) {
+        int done = 0;
+        PYKV_TRY(es_layer_keep_top_device(ev, B, dev, &done));
+        if (done) return PYKV_OK;
+    }
     const int nth = threadpool_size(ev->pool);
     int64_t total = 0;
     int32_t n_max = 0;
@@ -54,7 +62,7 @@ pykv_status es_layer_keep_top(const struct kv_policy *p, const struct policy_eve
                              malloc((size_t)nth * 2 * (size_t)n_max * sizeof(float)), n_max, NULL };
     struct kv_list *views = NULL;
     pykv_status st = job.s && job.tmp ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "out of memory scoring KV entries");
-    if (st == PYKV_OK && kv_cache_list(ev->cache, ev->layer, 0)->on_device) {
+    if (st == PYKV_OK && on_device && rule != ES_POSITIONS) {
         // a layer on the GPU is scored from a copy in host memory (each entry is read once; the
         // eviction then moves the rows on the device)
         views = calloc((size_t)n_head_kv, sizeof(*views));

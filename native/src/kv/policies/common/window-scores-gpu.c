@@ -75,10 +75,9 @@ pykv_status ws_stats_device(const struct policy_event *ev, struct ws_window w, s
     return ws_window_run(ev->cache, &kl, a, &r);
 }
 
-pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
-                                  struct ws_device_scores *ds) {
+pykv_status ws_device_scores_alloc(const struct policy_event *ev, int32_t protect, size_t work,
+                                   struct ws_device_scores *ds) {
     const struct kv_cache *c = ev->cache;
-    const cuda_stream s = (cuda_stream)c->device_stream;
     const int hkv = c->n_head_kv;
     memset(ds, 0, sizeof(*ds));
     ds->ev = ev;
@@ -87,7 +86,7 @@ pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws
     kv_device_layer(c, ev->layer, NULL, &kl);
     int32_t n_cand[CUDA_MAX_KV_HEADS];
     int64_t off[CUDA_MAX_KV_HEADS];
-    ds->total = cuda_window_layout(&kl, w.protect, n_cand, off);
+    ds->total = cuda_window_layout(&kl, protect, n_cand, off);
     ds->n_cand = malloc((size_t)hkv * sizeof(int32_t));
     ds->offset_kv = malloc((size_t)hkv * sizeof(int64_t));
     if (!ds->n_cand || !ds->offset_kv) {
@@ -100,20 +99,14 @@ pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws
         ws_device_scores_free(ds);
         return pykv_error(PYKV_ERR_UNSUPPORTED, "layer %d has more candidates than the GPU's selection takes", ev->layer);
     }
-    const struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = w.rows, .protect = w.protect,
-                                        .pool = o->pool, .kernel = o->kernel, .gqa = o->gqa };
-    const size_t work = aligned(cuda_window_work_bytes(&kl, &a));
-    if (work == 0) {
-        ws_device_scores_free(ds);
-        return pykv_error(PYKV_ERR_INTERNAL, "the GPU cannot score layer %d's window (rows=%d, chunk=%d)", ev->layer,
-                          w.rows, ev->T);
-    }
     // one block: the kernel's work, the scores, the chosen indices and the selection's lists
+    work = aligned(work);
     const size_t list_b = aligned(ds->total * sizeof(float));
     const size_t lists = (size_t)hkv * (sizeof(int64_t) + 2 * sizeof(int32_t));
+    const cuda_stream s = (cuda_stream)c->device_stream;
     pykv_status err = cuda_set_device(c->device);
     char *d = NULL;
-    if (err == PYKV_OK) err = cuda_alloc_async((void **)&d, work + 2 * list_b + lists, s, "the window's selection");
+    if (err == PYKV_OK) err = cuda_alloc_async((void **)&d, work + 2 * list_b + lists, s, "the layer's selection");
     if (err != PYKV_OK) {
         ws_device_scores_free(ds);
         return err;
@@ -122,8 +115,24 @@ pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws
     ds->d_scores = d + work;
     ds->d_idx = d + work + list_b;
     ds->d_lists = d + work + 2 * list_b;
-    cuda_window_scores(s, &kl, ev->q_device, &a, ds->d_scores, NULL, NULL, d);
-    err = cuda_check("the window's scores on the GPU");
+    return PYKV_OK;
+}
+
+pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
+                                  struct ws_device_scores *ds) {
+    struct cuda_kv_layer kl;
+    kv_device_layer(ev->cache, ev->layer, NULL, &kl);
+    const struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = ev->T, .rows = w.rows, .protect = w.protect,
+                                        .pool = o->pool, .kernel = o->kernel, .gqa = o->gqa };
+    const size_t work = cuda_window_work_bytes(&kl, &a);
+    if (work == 0) {
+        memset(ds, 0, sizeof(*ds));
+        return pykv_error(PYKV_ERR_INTERNAL, "the GPU cannot score layer %d's window (rows=%d, chunk=%d)", ev->layer,
+                          w.rows, ev->T);
+    }
+    PYKV_TRY(ws_device_scores_alloc(ev, w.protect, work, ds));
+    cuda_window_scores((cuda_stream)ev->cache->device_stream, &kl, ev->q_device, &a, ds->d_scores, NULL, NULL, ds->d);
+    const pykv_status err = cuda_check("the window's scores on the GPU");
     if (err != PYKV_OK) ws_device_scores_free(ds);
     return err;
 }
@@ -336,6 +345,12 @@ pykv_status ws_layer_keep_top_device(const struct policy_event *ev, const struct
 pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
                                   struct ws_device_scores *ds) {
     (void)ev; (void)o; (void)w;
+    memset(ds, 0, sizeof(*ds));
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ws_device_scores_alloc(const struct policy_event *ev, int32_t protect, size_t work,
+                                   struct ws_device_scores *ds) {
+    (void)ev; (void)protect; (void)work;
     memset(ds, 0, sizeof(*ds));
     return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
 }

@@ -146,6 +146,10 @@ struct ws_device_scores {
 };
 pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws_opts *o, struct ws_window w,
                                   struct ws_device_scores *ds);
+// The layout for lists with `protect` window entries and the device block, with `work` bytes
+// of kernel work at ds->d, for scores that another kernel fills (ds->d_scores).
+pykv_status ws_device_scores_alloc(const struct policy_event *ev, int32_t protect, size_t work,
+                                   struct ws_device_scores *ds);
 void        ws_device_scores_free(struct ws_device_scores *ds);
 // c[g] = how many of the layer's joint top K (all heads' scores ranked as one list, ties ->
 // lower head, then lower position) belong to head g: Ada-KV's cross-head count.
