@@ -135,18 +135,26 @@ void cuda_decode_probs(cuda_stream s, const struct cuda_kv_layer *layer, const f
                        int64_t stride);
 
 // ---- EMS's redundancy (ems-redundancy.cu) ----
-// Job i: a list's stored keys k and values v (fmt_k, fmt_v, head_dim d <= 512); for every
-// centre c < nc, r[out + c] = R(weak, c) = cos(k_weak, k_c) * cos(v_weak, v_c), formed as the
-// CPU forms it: dots in fp32, inverse norms 1 / sqrt(|k|^2 |v|^2) with the product in double
-// (0 when it is 0), and -|R| when either cosine is negative. max_nc: the largest nc; at most
-// 65535 jobs. Twin: ems_redundancy_all (native/src/kv/policies/ems/ems-merge.c).
+// Job i: a list's stored keys k and values v (fmt_k, fmt_v, head_dim d <= 512), a probe entry
+// `weak` and nc centres: rows centre[0 .. nc) (device memory), or rows 0 .. nc - 1 when centre
+// is NULL. R(weak, c) = cos(k_weak, k_c) * cos(v_weak, v_c), formed as the CPU forms it: dots
+// in fp32, inverse norms 1 / sqrt(|k|^2 |v|^2) with the product in double (0 when it is 0),
+// and -|R| when either cosine is negative. Twins: ems_redundancy_all and ems_redundancy
+// (native/src/kv/policies/ems/ems-merge.c).
 struct cuda_ems_probe {
-    const void *k, *v;
-    int32_t     weak, nc;
-    int64_t     out;
+    const void    *k, *v;
+    const int32_t *centre;
+    int32_t        weak, nc;
+    int64_t        out;
 };
+// r[out + c] = R(weak, centre c) for every c < nc. max_nc: the largest nc; at most 65535 jobs.
 void cuda_ems_redundancy(cuda_stream s, const struct cuda_ems_probe *d_jobs, int32_t n_jobs, int32_t max_nc,
                          int fmt_k, int fmt_v, int d, float *r);
+// best[out] = the row of the centre with the largest R (the first in centre order on a tie;
+// -1 when nc is 0) and r_best[out] that R: ems_prefill_list's most similar centre of a
+// to-be-merged entry.
+void cuda_ems_most_similar(cuda_stream s, const struct cuda_ems_probe *d_jobs, int32_t n_jobs, int fmt_k, int fmt_v,
+                           int d, int32_t *best, float *r_best);
 
 // ---- TAKE's probe average (take-ema.cu) ----
 // rows rows of width values in x (pre-RoPE probe queries): row r becomes a * old[r + shift]

@@ -278,6 +278,27 @@ static int layer_has_merged(pykv_context *ctx, int layer) {
     return 0;
 }
 
+// The sums of a prompt's last chunk's window of queries (the policy's last_chunk_min rows),
+// computed on the device, into *window (freed by the caller) and ev->window_sums.
+static pykv_status window_sums_device(pykv_context *ctx, struct policy_event *ev, float **window) {
+    const struct policy_ops *ops = ctx->policy->ops;
+    *window = NULL;
+    if (!ops->last_chunk_min) return PYKV_OK;
+    const int32_t w = ops->last_chunk_min(ctx->policy), rows = w < ev->T ? w : ev->T;
+    if (rows <= 0) return PYKV_OK;
+    if (!(*window = malloc((size_t)ctx->model->hp.n_head * ctx->buf.colsum_stride * sizeof(float))))
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory for the attention sums of layer %d", ev->layer);
+    const pykv_status st = ws_attention_sums_device(ev, rows, *window, ctx->buf.colsum_stride);
+    if (st != PYKV_OK) {
+        free(*window);
+        *window = NULL;
+        return st;
+    }
+    ev->window_sums = *window;
+    ev->window_rows = rows;
+    return PYKV_OK;
+}
+
 // A policy with host_lists (EMS) sees the layer as the CPU's hooks do: its lists, the chunk's
 // queries (in ctx->buf.q) and the attention sums in host memory, the lists going back after.
 // A prefill chunk's sums come from the device while no list holds merged entries (a prompt's
@@ -292,18 +313,7 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
     const int sums = hooks_take_sums(ops, T), sums_on_device = sums && T > 1 && !layer_has_merged(ctx, ev->layer);
     if (sums_on_device) PYKV_TRY(ws_attention_sums_device(ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
     float *window = NULL;   // the window's own sums (policy_event.window_sums)
-    if (sums_on_device && ev->is_last_chunk && ops->last_chunk_min) {
-        const int32_t w = ops->last_chunk_min(ctx->policy), rows = w < T ? w : T;
-        if (rows > 0 && (window = malloc((size_t)hp->n_head * ctx->buf.colsum_stride * sizeof(float)))) {
-            const pykv_status st = ws_attention_sums_device(ev, rows, window, ctx->buf.colsum_stride);
-            if (st != PYKV_OK) {
-                free(window);
-                return st;
-            }
-            ev->window_sums = window;
-            ev->window_rows = rows;
-        }
-    }
+    if (sums_on_device && ev->is_last_chunk) PYKV_TRY(window_sums_device(ctx, ev, &window));
     pykv_status st = ws_query_rows(ev, 0, T, ctx->buf.q);
     if (st == PYKV_OK) st = kv_layer_stage(&ctx->cache, ev->layer, saved);
     if (st != PYKV_OK) {
@@ -333,7 +343,8 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
 static int hooks_on_host_lists(pykv_context *ctx, const struct policy_event *ev, const float *d_q,
                                const float *sums) {
     if (!d_q) return !(sums && ctx->policy->ops->after_step);
-    return ev->T == 1 || ev->is_last_chunk || layer_has_merged(ctx, ev->layer);
+    if (ev->T == 1 || layer_has_merged(ctx, ev->layer)) return 1;
+    return ev->is_last_chunk && !ctx->policy->ops->device_prefill_end;
 }
 
 // The policy's hooks for a layer on the GPU, once its kernels are queued: the work the policy
@@ -358,6 +369,7 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
     ev.attn_colsum = NULL;
     ev.window_sums = NULL;
     if (ops->host_lists && hooks_on_host_lists(ctx, &ev, d_q, sums)) return host_layer_hook(ctx, &ev, n_probe, d_q);
+    float *window = NULL;
     if (sums) {
         ev.attn_colsum = sums;
         ev.attn_colsum_stride = (int32_t)ctx->gpu->sums_stride;
@@ -365,8 +377,12 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
         PYKV_TRY(ws_attention_sums_device(&ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
         ev.attn_colsum = ctx->buf.attn_colsum;
         ev.attn_colsum_stride = (int32_t)ctx->buf.colsum_stride;
+        // a device_prefill_end policy's last chunk (hooks_on_host_lists)
+        if (ops->host_lists && ev.is_last_chunk) PYKV_TRY(window_sums_device(ctx, &ev, &window));
     }
-    return run_hooks(ctx, &ev);
+    const pykv_status st = run_hooks(ctx, &ev);
+    free(window);
+    return st;
 }
 
 // The chunk layer by layer: each layer's kernels queued as the host appends the chunk's

@@ -650,25 +650,24 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
     for (int32_t j = 0; j < n_keep; j++)   // checked first, so that a bad list changes nothing
         if (keep[j] < j || keep[j] >= l->n || (j > 0 && keep[j] <= keep[j - 1]))
             return pykv_error(PYKV_ERR_INTERNAL, "kv_list_retain: keep indices must be ascending and in range");
-    if (l->on_device) {
-        if (l->n_members) return pykv_error(PYKV_ERR_UNSUPPORTED, "merged KV entries are not kept in GPU memory");
-        return device_retain(c, l, keep, n_keep);
-    }
-    if (l->n_members) {   // the dropped entries' members go first
+    if (l->n_members) {   // the dropped entries' members go first, then the counts follow the rows
         for (int32_t j = 0, d = 0; d < l->n; d++) {
             if (j < n_keep && keep[j] == d) j++;
             else free_members(c, l, d);
         }
-    }
-    kv_compact_rows(l->k, kv_cache_key_bytes(c), keep, n_keep);
-    kv_compact_rows(l->v, kv_cache_value_bytes(c), keep, n_keep);
-    kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
-    if (l->n_members) {
         kv_compact_rows(l->n_members, sizeof(int32_t), keep, n_keep);
         kv_compact_rows(l->member_at, sizeof(int32_t), keep, n_keep);
         for (int32_t d = n_keep; d < l->n; d++) l->n_members[d] = 1;   // stale copies of moved entries
+        l->members_stale = 1;   // a device list's block goes up whole (kv_list_sync_members)
     }
-    PYKV_TRY(shrink_after_drop(c, l, n_keep));
+    if (l->on_device) {
+        PYKV_TRY(device_retain(c, l, keep, n_keep));
+    } else {
+        kv_compact_rows(l->k, kv_cache_key_bytes(c), keep, n_keep);
+        kv_compact_rows(l->v, kv_cache_value_bytes(c), keep, n_keep);
+        kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
+        PYKV_TRY(shrink_after_drop(c, l, n_keep));
+    }
     // a compaction (end of a prefill) gives the pool's gaps and spare room back too
     return l->member_pool && l->pool_cap > l->pool_live ? pool_rebuild(c, l, l->pool_live) : PYKV_OK;
 }

@@ -202,7 +202,8 @@ pykv_status kv_list_write_rows(const struct kv_cache *c, struct kv_list *l, int 
 // Keep only the entries whose indices are listed in keep (ascending, n_keep of them), and
 // give back the memory no longer needed (a decode step's one or two dropped entries leave
 // their room for the next token). Counts the dropped entries as evicted. A device list's keys
-// and values are moved by kernels queued on the cache's stream; merged entries stay on the host.
+// and values are moved by kernels queued on the cache's stream; its merged-entry block is
+// then stale, for kv_list_sync_members to send whole.
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep);
 
 // Drop entry j alone (a decode step's eviction). The last `tail` entries (a window) stay

@@ -90,8 +90,8 @@ struct policy_event {
     int32_t               attn_colsum_stride;
     // after_layer of a host_lists policy at a prompt's last chunk on a GPU layer whose lists
     // hold no merged entries: the same sums from the chunk's last window_rows queries only
-    // (window_rows = min(last_chunk_min, T)), computed on the device before the lists came
-    // down; NULL otherwise.
+    // (window_rows = min(last_chunk_min, T)), computed on the device (before the lists came
+    // down, or with device_prefill_end in their place); NULL otherwise.
     const float          *window_sums;
     int32_t               window_rows;
     // after_layer only: the probe tokens (policies with probe_len, e.g. TAKE).
@@ -215,6 +215,10 @@ struct policy_ops {
     // while a list of the layer holds merged entries). A policy with after_step takes decode steps on the
     // device lists instead, once the recorded step is done (its sums expand merged entries).
     int           host_lists;
+    // Nonzero (with host_lists): the hooks of a prompt's last chunk on a GPU layer whose lists
+    // hold no merged entries work on the device lists instead, as earlier chunks' do, with the
+    // attention sums and the window's sums (policy_event.window_sums) computed on the device.
+    int           device_prefill_end;
 };
 
 // Nonzero when a context with the policy runs the model's GPU layers there (pykv_policy_info's

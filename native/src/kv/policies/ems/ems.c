@@ -17,6 +17,9 @@
 //    direction attention.c can expand (no per-member re-rotation). No protected centres (the
 //    paper's PPL setting). One-shot weighted average, w = s_Loc. R with a negative key or value
 //    cosine never merges. tau = 1 is evict-only; gamma = 1 has no TBM tokens.
+//  * On a GPU, a prompt's end on lists that hold no merged entries yet (ems-gpu-prefill.c):
+//    the same partition and merges, every TBM entry's most similar centre found on the
+//    device and only the rows that may merge brought down.
 //  * Decode (ems-decode.c; each list as soon as it has attended, through decode_list,
 //    overlapped with the attention of the layer's other lists; on a GPU, every list once the
 //    step is done, ems-gpu.c): fixed budget B per list,
@@ -220,9 +223,13 @@ static pykv_status prefill_end(struct ems *p, const struct policy_event *ev) {
     if (rows > ev->T) rows = ev->T;
     float **loc = calloc((size_t)hkv, sizeof(float *));
     if (!loc) return pykv_error(PYKV_ERR_NOMEM, "ems: out of memory");
-    pykv_status st = ev->window_sums && ev->window_rows == rows ? window_local_scores(ev, loc)
-                                                               : ems_local_scores(ev, rows, loc);
-    for (int32_t g = 0; g < hkv && st == PYKV_OK; g++)
+    const int on_device = kv_cache_list(ev->cache, ev->layer, 0)->on_device;
+    const int window = ev->window_sums && ev->window_rows == rows;
+    pykv_status st = window ? window_local_scores(ev, loc)
+                   : on_device ? pykv_error(PYKV_ERR_INTERNAL, "ems: a GPU layer's prompt came without its window's sums")
+                   : ems_local_scores(ev, rows, loc);
+    if (st == PYKV_OK && on_device) st = ems_gpu_prefill_layer(ev, &p->o, B, &p->lists[ev->layer * hkv], loc);
+    for (int32_t g = 0; g < hkv && st == PYKV_OK && !on_device; g++)
         st = ems_prefill_list(ev, &p->o, B, g, &p->lists[ev->layer * hkv + g], loc[g]);
     for (int32_t g = 0; g < hkv; g++) free(loc[g]);
     free(loc);
@@ -341,4 +348,5 @@ const struct policy_ops policy_ems = {
     .budget_floor = POLICY_BUDGET_FLOOR,
     .device_lists = 1,
     .host_lists = 1,
+    .device_prefill_end = 1,
 };

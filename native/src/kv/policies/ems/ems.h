@@ -5,6 +5,7 @@
 //   ems-prefill.c end of prefill: global-local score, centre / TBM / evict partition, merges
 //   ems-decode.c  every decode step: window -> centre, weakest centre merged or evicted
 //   ems-step.c    the decode step's scans of a list (scores and sums, weakest centre, most similar)
+//   ems-gpu-prefill.c  end of prefill on lists in GPU memory, before they hold merged entries
 //   ems-gpu.c     the decode step of lists in GPU memory, every list's done together
 // Every choice is documented in ems.c's header comment.
 #pragma once
@@ -107,6 +108,35 @@ void ems_step_force_scalar(int on);
 
 pykv_status ems_prefill_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
                              struct ems_list *s, const float *loc);
+// The steps of ems_prefill_list, shared with the device lists' (ems-gpu-prefill.c):
+// ems_partition sets s_Loc (lp = loc, lc = 0) and, for a list over B (order set; NULL
+// otherwise), ranks the candidates: order[0 .. n_imp) the centres, ascending, then the n_tbm
+// TBM entries in rank order, whose most similar centre (row) and R the caller fills into
+// best and r (best -1: none). ems_prefill_merge assigns them in rank order (R >= tau, the
+// member cap) and has m merge each centre's; ems_prefill_keep keeps the centres and the window.
+struct ems_partition {
+    int32_t  nc, n_imp, n_tbm;
+    int32_t *order;
+    int32_t *best;   // (n_tbm)
+    float   *r;      // (n_tbm)
+};
+struct ems_merger {
+    pykv_status (*merge)(void *arg, int32_t c, const int32_t *src, int32_t n_src);
+    void *arg;
+};
+pykv_status ems_partition(const struct ems_opts *o, int32_t B, const struct kv_list *l, struct ems_list *s,
+                          const float *loc, struct ems_partition *pt);
+void        ems_partition_free(struct ems_partition *pt);
+pykv_status ems_prefill_merge(struct kv_list *l, const struct ems_opts *o, int32_t B, const struct ems_partition *pt,
+                              const struct ems_merger *m);
+pykv_status ems_prefill_keep(struct kv_cache *cache, struct kv_list *l, struct ems_list *s,
+                             const struct ems_partition *pt);
+// The prefill end of every list of a layer in GPU memory whose lists hold no merged entries
+// (ems-gpu-prefill.c): the partitions on the host, every TBM entry's most similar centre in
+// one launch, the merging lists' rows brought down and the merged rows sent up in batches,
+// the lists compacted on the device. loc[g]: list g's s_Loc.
+pykv_status ems_gpu_prefill_layer(const struct policy_event *ev, const struct ems_opts *o, int32_t B,
+                                  struct ems_list *lists, float *const *loc);
 // A decode step of list g (after it has attended): the step's attention into the scores
 // (s_Loc_cur replaces s_Loc_past when `roll`), then, with a budget B > 0, the list back to B.
 pykv_status ems_decode_list(const struct policy_event *ev, const struct ems_opts *o, int32_t B, int32_t g,
