@@ -1,0 +1,61 @@
+# setup.sh - what the GPU scripts (run.sh, bench-long.sh) share, sourced from the repository
+# root with LOG_NAME set: the log in $OUT (or build-gpu), check(), the carried wheels on the
+# Python path, the library (built here for this card, or $PREBUILT) as PYKV_LIBRARY, and
+# summary(). check runs a command under `timeout`: a script or program, not a shell function.
+ROOT=$PWD
+export OUTDIR=${OUT:-$ROOT/build-gpu}
+mkdir -p "$OUTDIR"
+LOG=$OUTDIR/$LOG_NAME
+exec > >(tee "$LOG") 2>&1
+export PYTHONUNBUFFERED=1
+export PYTHON=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc)}
+failures=0
+results=()
+
+check() {   # check NAME TIMEOUT_S COMMAND...: run it, record PASS/FAIL
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    echo "==> $name"
+    timeout "$limit" "$@"
+    local rc=$?
+    local line
+    if [ $rc -eq 0 ]; then line="PASS $name ($((SECONDS - t0)) s)"
+    elif [ $rc -eq 124 ]; then line="FAIL $name (over its ${limit} s limit)"; failures=$((failures + 1))
+    else line="FAIL $name (exit $rc)"; failures=$((failures + 1)); fi
+    echo "$line"
+    results+=("$line")
+}
+
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pykv-site .whl/*.whl
+    export PYTHONPATH=/tmp/pykv-site:$ROOT
+else
+    export PYTHONPATH=$ROOT
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+BUILD=${PREBUILT:-build-gpu/build}
+if [ -z "${PREBUILT:-}" ]; then
+    arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+    check "build (sm_${arch:-90})" 400 bash -c "cmake -S . -B $BUILD -DPYKV_CUDA=ON -DPYKV_BUILD_TESTS=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=${arch:-90} -DCMAKE_CUDA_COMPILER=\$(bash tests/cuda-toolchain.sh) >/dev/null \
+        && cmake --build $BUILD -j $JOBS"
+fi
+export PYKV_LIBRARY=$ROOT/$BUILD/libpykv.so
+head=$(git rev-parse HEAD 2>/dev/null || true)
+if [ -f "$BUILD/commit" ] && [ -n "$head" ] && [ "$(cat "$BUILD/commit")" != "$head" ]; then
+    echo "warning: $BUILD was built from commit $(cat "$BUILD/commit"), not from this checkout's HEAD ($head)"
+fi
+"$PYTHON" -c "import pykv; print(pykv.system_info())"
+
+
+summary() {   # the benchmark rows, then one line per check; exits 1 when one failed
+    [ -f "$OUTDIR/bench-gpu.jsonl" ] && "$PYTHON" tests/gpu/bench-summary.py "$OUTDIR/bench-gpu.jsonl"
+    echo
+    echo "==> summary"
+    printf '%s\n' "${results[@]}"
+    echo "$failures failed"
+    exit $((failures > 0))
+}
