@@ -1,7 +1,8 @@
 // policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
 // gathering, moving and copying rows, the observation-window scores of the SnapKV family, the
-// scores of single entries (Knorm, KeyDiff, LagKV), a decode step's attention probabilities,
-// EMS's redundancy, TAKE's probe average, value norms and top-k selection.
+// scores of single entries (Knorm, KeyDiff, LagKV), Expected Attention's scores, a decode
+// step's attention probabilities, EMS's redundancy, TAKE's probe average, value norms and
+// top-k selection.
 // Each launcher enqueues its work on stream s and returns at once (launch errors surface at
 // cuda_check or the next synchronising call). Pointers named d_* and every array argument not
 // said to be host memory are device memory. Each kernel has a CPU twin (named below);
@@ -122,6 +123,29 @@ size_t cuda_entry_work_bytes(const struct cuda_kv_layer *layer, const struct cud
 // cuda_window_layout with protect 0). Does nothing for arguments it does not take.
 void   cuda_entry_scores(cuda_stream s, const struct cuda_kv_layer *layer, const struct cuda_entry_args *a,
                          float *scores, void *work);
+
+// ---- Expected Attention's scores (expected-attention.cu) ----
+// Twin: score_head and keep_list (native/src/kv/policies/expected-attention/). For query head
+// h (list g = h / (n_head / n_head_kv)) and each entry j >= first[g] of its list: the logit
+// m_h . k_j + k_j^T A_h k_j, softmax over those entries; then per entry of list g the mean of
+// its query heads' probabilities (head order), times ||v_j||_2 with use_vnorm (after adding
+// epsilon); entries before first[g] (the sinks) score +inf. Scores laid out as
+// cuda_entry_scores' (list g's n[g] after the lists before it). Within rounding of the CPU's
+// (the products A k are summed in another order).
+#define CUDA_EA_MAX_D 256
+struct cuda_ea_args {
+    int32_t      n_head;
+    const float *m;   // (n_head, d): the future query's mean, rotated, / sqrt(d)
+    const float *A;   // (n_head, d, d): its covariance, rotated, / (2 d); NULL: no covariance term
+    int32_t      first[CUDA_MAX_KV_HEADS];
+    int32_t      use_vnorm;
+    double       epsilon;
+};
+// Nonzero when the kernels take these lists and arguments (head_dim <= CUDA_EA_MAX_D).
+int    cuda_ea_supported(const struct cuda_kv_layer *layer, const struct cuda_ea_args *a);
+size_t cuda_ea_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_ea_args *a);
+void   cuda_ea_scores(cuda_stream s, const struct cuda_kv_layer *layer, const struct cuda_ea_args *a, float *scores,
+                      void *work);
 
 // ---- a decode step's attention probabilities (attention-probs.cu) ----
 // For each of the n_head query heads h (q + h * head_dim; list g = h / (n_head / n_head_kv)):

@@ -38,6 +38,7 @@
 //    evict_every_chunk, from the statistics of the call so far). Decode steps append
 //    without eviction. No eviction while a list holds <= B entries; ties go to the lower
 //    position.
+#include "kv/policies/expected-attention/expected-attention.h"
 #include "kv/policies/common/policy-make.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
@@ -54,26 +55,6 @@
 extern const struct policy_ops policy_expected_attention;
 
 #define EA_KEYS "sink, n_future_positions, use_covariance (0|1), use_vnorm (0|1), epsilon"
-
-// The query statistics of one layer in the current prefill call: its query heads' means
-// (n_head, d) and sums of outer products of deviations from the mean (n_head, d, d), over
-// `count` queries; allocated at the call's first chunk, freed at its last.
-struct ea_stats {
-    int64_t count;
-    double *mean;
-    double *m2;
-};
-
-struct expected_attention {
-    struct kv_policy base;
-    int32_t          sink;
-    int32_t          n_future;
-    int32_t          use_cov;
-    int32_t          use_vnorm;
-    double           epsilon;
-    int32_t          n_layer, n_head, d;
-    struct ea_stats *stats;   // (n_layer), made at the first prefill
-};
 
 static const struct policy_opt ea_opts[] = {
     { .key = "sink", .type = POLICY_OPT_INT, .offset = offsetof(struct expected_attention, sink), .lo = 0, .hi = 1 << 24 },
@@ -257,8 +238,7 @@ static pykv_status ea_add_chunk(struct expected_attention *p, const struct polic
 
 // ---- scores ----------------------------------------------------------------------------
 
-// The mean over positions [first, first + n) of cos and sin of each rotated pair's angle.
-static void average_rotation(const float *inv_freq, int n_rot, int32_t first, int32_t n, double *c, double *s) {
+void ea_average_rotation(const float *inv_freq, int n_rot, int32_t first, int32_t n, double *c, double *s) {
     for (int i = 0; i < n_rot / 2; i++) {
         double sc = 0.0, ss = 0.0;
         for (int32_t t = 0; t < n; t++) {
@@ -293,21 +273,19 @@ struct score_job {
     double                          *dscratch;// per thread: d + d * d
 };
 
-// The future query's rotated mean (scaled by 1/sqrt(d)) and covariance (scaled by 1/(2d)).
-static void future_query(const struct score_job *job, int hq, float *m, float *A, double *dm, double *dC) {
-    const struct expected_attention *p = job->p;
-    const int d = p->d, n_rot = job->ev->hp->n_rot, layer = job->ev->layer;
-    const struct ea_stats *st = &p->stats[layer];
+void ea_future_query(const struct expected_attention *p, const struct ea_stats *st, int n_rot, const double *cos_avg,
+                     const double *sin_avg, int hq, float *m, float *A, double *dm, double *dC) {
+    const int d = p->d;
     const int64_t count = st->count;
     const double *mean = st->mean + (size_t)hq * d;
     const double *m2 = st->m2 + (size_t)hq * d * d;
     memcpy(dm, mean, (size_t)d * sizeof(double));
-    rotate(dm, 1, n_rot, job->cos_avg, job->sin_avg);
+    rotate(dm, 1, n_rot, cos_avg, sin_avg);
     for (int i = 0; i < d; i++) m[i] = (float)(dm[i] / sqrt((double)d));
     if (!p->use_cov) return;
     for (size_t i = 0; i < (size_t)d * d; i++) dC[i] = count > 0 ? m2[i] / (double)count : 0.0;
-    for (int j = 0; j < d; j++) rotate(dC + j, (size_t)d, n_rot, job->cos_avg, job->sin_avg);   // R C
-    for (int i = 0; i < d; i++) rotate(dC + (size_t)i * d, 1, n_rot, job->cos_avg, job->sin_avg); // (R C) R^T
+    for (int j = 0; j < d; j++) rotate(dC + j, (size_t)d, n_rot, cos_avg, sin_avg);   // R C
+    for (int i = 0; i < d; i++) rotate(dC + (size_t)i * d, 1, n_rot, cos_avg, sin_avg); // (R C) R^T
     for (size_t i = 0; i < (size_t)d * d; i++) A[i] = (float)(dC[i] / (2.0 * d));
 }
 
@@ -319,7 +297,8 @@ static void score_head(const struct score_job *job, int hq, float *scratch, doub
     float *m = scratch, *A = m + d, *Y = A + (size_t)d * d;
     float *z = job->prob + (size_t)hq * job->n_max;
     if (first >= n) return;
-    future_query(job, hq, m, A, dscratch, dscratch + d);
+    ea_future_query(p, &p->stats[job->ev->layer], job->ev->hp->n_rot, job->cos_avg, job->sin_avg, hq, m, A, dscratch,
+                    dscratch + d);
     const float *K = job->keys[g] + (size_t)first * d;
     const int32_t nc = n - first;
     if (p->use_cov) gemm_rows_f32(A, d, K, nc, d, Y, d);   // Y[j] = C' k_j / (2d)
@@ -385,9 +364,7 @@ static pykv_status keep_list(const struct policy_event *ev, const struct expecte
     return ws_keep_top(ev, g, s, l->n, B);
 }
 
-// The index of the first entry at a position >= sink (lists hold their entries in position
-// order until a decode step's eviction, which this policy does not do).
-static int32_t first_past_sinks(const struct kv_list *l, int32_t sink) {
+int32_t ea_first_past_sinks(const struct kv_list *l, int32_t sink) {
     int32_t j = 0;
     while (j < l->n && l->pos[j] < sink) j++;
     return j;
@@ -398,7 +375,7 @@ static pykv_status ea_compress_layer(struct expected_attention *p, const struct 
     const int hkv = hp->n_head_kv, d = p->d, nth = threadpool_size(ev->pool);
     struct score_job job = { .ev = ev, .p = p };
     double cos_avg[PYKV_MAX_HEAD_DIM / 2], sin_avg[PYKV_MAX_HEAD_DIM / 2];
-    average_rotation(ev->probe.rope_inv_freq, hp->n_rot, ev->n_past_end, p->n_future, cos_avg, sin_avg);
+    ea_average_rotation(ev->probe.rope_inv_freq, hp->n_rot, ev->n_past_end, p->n_future, cos_avg, sin_avg);
     job.cos_avg = cos_avg;
     job.sin_avg = sin_avg;
     int32_t *first = calloc((size_t)hkv, sizeof(int32_t));
@@ -409,7 +386,7 @@ static pykv_status ea_compress_layer(struct expected_attention *p, const struct 
     }
     for (int g = 0; g < hkv; g++) {
         const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
-        first[g] = first_past_sinks(l, p->sink);
+        first[g] = ea_first_past_sinks(l, p->sink);
         if (l->n > job.n_max) job.n_max = l->n;
     }
     job.keys = keys;
@@ -445,7 +422,9 @@ static pykv_status ea_layer(struct expected_attention *p, const struct policy_ev
                               "and KV head) must be larger than the %d sink tokens it includes", B, p->sink);
         int any = 0;
         for (int g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n > B;
-        if (any) PYKV_TRY(ea_compress_layer(p, ev, B));
+        int done = 0;   // a layer on the GPU scores there
+        if (any && kv_cache_list(ev->cache, ev->layer, 0)->on_device) PYKV_TRY(ea_compress_layer_device(p, ev, B, &done));
+        if (any && !done) PYKV_TRY(ea_compress_layer(p, ev, B));
     }
     if (ev->n_past >= ev->n_past_end) ea_stats_end(p, ev->layer);   // the call's last chunk
     return PYKV_OK;
