@@ -60,12 +60,12 @@ ea_logits_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a, 
     }
 }
 
-// Block reduce of one double (sum) or float (max) over the block; every thread gets the result.
+// The sum of one double per thread over the block (a tree in a fixed order); every thread gets it.
 static __device__ double block_sum(double x, double *smem) {
     smem[threadIdx.x] = x;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) smem[threadIdx.x] = __dadd_rn(smem[threadIdx.x], smem[threadIdx.x + s]);
+        if ((int)threadIdx.x < s) smem[threadIdx.x] = __dadd_rn(smem[threadIdx.x], smem[threadIdx.x + s]);
         __syncthreads();
     }
     const double r = smem[0];
@@ -85,7 +85,7 @@ ea_softmax_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a,
     red[threadIdx.x] = top;
     __syncthreads();
     for (int s = EA_SOFTMAX_THREADS / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) red[threadIdx.x] = fmax(red[threadIdx.x], red[threadIdx.x + s]);
+        if ((int)threadIdx.x < s) red[threadIdx.x] = fmax(red[threadIdx.x], red[threadIdx.x + s]);
         __syncthreads();
     }
     const float zmax = (float)red[0];
@@ -167,4 +167,93 @@ extern "C" void cuda_ea_scores(cuda_stream s, const struct cuda_kv_layer *layer,
     }
     const dim3 grid((unsigned)cuda_blocks_for(n_max, EA_SOFTMAX_THREADS), (unsigned)layer->n_head_kv);
     ea_combine_kernel<<<grid, EA_SOFTMAX_THREADS, 0, s>>>(*layer, *a, lay, z, scores);
+}
+
+// ---- the query statistics ----
+
+// Channel c of query head h of chunk row t with the forward pass's rotation undone (cs: the
+// row's cos, sin pairs), in the CPU's float operations.
+static __device__ __forceinline__ float ea_unrotated(const float *q, const float *cs, int n_rot, int c) {
+    if (c >= n_rot) return q[c];
+    const int i = c / 2;
+    const float a = q[2 * i], b = q[2 * i + 1], co = cs[2 * i], si = cs[2 * i + 1];
+    return c % 2 == 0 ? __fadd_rn(__fmul_rn(a, co), __fmul_rn(b, si)) : __fsub_rn(__fmul_rn(b, co), __fmul_rn(a, si));
+}
+
+// Block h: each channel's mean over the chunk's rows (double, in row order) into cm, and the
+// rows' deviations from it (float) into x, (d, rows) per head.
+static __global__ void ea_center_kernel(const float *q, const struct cuda_ea_chunk c, double *cm, float *x) {
+    const int h = blockIdx.x;
+    for (int ch = threadIdx.x; ch < c.d; ch += blockDim.x) {
+        double sum = 0.0;
+        for (int32_t r = 0; r < c.rows; r++) {
+            const float *row = q + ((size_t)(c.t0 + r) * c.n_head + h) * c.d;
+            sum = __dadd_rn(sum, (double)ea_unrotated(row, c.cs + (size_t)r * c.n_rot, c.n_rot, ch));
+        }
+        const double mean = __ddiv_rn(sum, (double)c.rows);
+        cm[(size_t)h * c.d + ch] = mean;
+        float *out = x + ((size_t)h * c.d + ch) * c.rows;
+        for (int32_t r = 0; r < c.rows; r++) {
+            const float *row = q + ((size_t)(c.t0 + r) * c.n_head + h) * c.d;
+            out[r] = (float)__dsub_rn((double)ea_unrotated(row, c.cs + (size_t)r * c.n_rot, c.n_rot, ch), mean);
+        }
+    }
+}
+
+#define EA_OUTER 16   // outer-product tile: EA_OUTER x EA_OUTER elements a block
+#define EA_SPAN 32    // rows staged at a time
+
+// m2 of head blockIdx.z, element (i, j): += the chunk's sum over rows of x_i x_j (float, in row
+// order) + (cm_i - mean_i)(cm_j - mean_j) na nb / n, as the CPU's pairwise merge.
+static __global__ void __launch_bounds__(EA_OUTER * EA_OUTER)
+ea_outer_kernel(const struct cuda_ea_chunk c, const double *cm, const float *x, const double *mean, double *m2) {
+    const int h = blockIdx.z, d = c.d, tx = threadIdx.x % EA_OUTER, ty = threadIdx.x / EA_OUTER;
+    const int i = blockIdx.y * EA_OUTER + ty, j = blockIdx.x * EA_OUTER + tx;
+    __shared__ float xi[EA_OUTER][EA_SPAN + 1], xj[EA_OUTER][EA_SPAN + 1];
+    const float *xh = x + (size_t)h * d * c.rows;
+    float acc = 0.0f;
+    for (int32_t r0 = 0; r0 < c.rows; r0 += EA_SPAN) {
+        for (int k = threadIdx.x; k < EA_OUTER * EA_SPAN; k += EA_OUTER * EA_OUTER) {
+            const int row = k / EA_SPAN, r = r0 + k % EA_SPAN;
+            const int ci = blockIdx.y * EA_OUTER + row, cj = blockIdx.x * EA_OUTER + row;
+            xi[row][k % EA_SPAN] = ci < d && r < c.rows ? xh[(size_t)ci * c.rows + r] : 0.0f;
+            xj[row][k % EA_SPAN] = cj < d && r < c.rows ? xh[(size_t)cj * c.rows + r] : 0.0f;
+        }
+        __syncthreads();
+        const int span = c.rows - r0 < EA_SPAN ? c.rows - r0 : EA_SPAN;
+        for (int r = 0; r < span; r++) acc = fmaf(xi[ty][r], xj[tx][r], acc);
+        __syncthreads();
+    }
+    if (i >= d || j >= d) return;
+    const double na = (double)c.count, nb = (double)c.rows, n = na + nb;
+    const double di = __dsub_rn(cm[(size_t)h * d + i], mean[(size_t)h * d + i]);
+    const double dj = __dsub_rn(cm[(size_t)h * d + j], mean[(size_t)h * d + j]);
+    const double t = __ddiv_rn(__dmul_rn(__dmul_rn(__dmul_rn(di, dj), na), nb), n);
+    double *m = m2 + ((size_t)h * d + i) * d + j;
+    *m = __dadd_rn(*m, __dadd_rn((double)acc, t));
+}
+
+// mean += (cm - mean) nb / n, once every m2 element has read the old mean.
+static __global__ void ea_mean_kernel(const struct cuda_ea_chunk c, const double *cm, double *mean) {
+    const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (int64_t)c.n_head * c.d) return;
+    const double nb = (double)c.rows, n = (double)c.count + nb;
+    mean[k] = __dadd_rn(mean[k], __ddiv_rn(__dmul_rn(__dsub_rn(cm[k], mean[k]), nb), n));
+}
+
+extern "C" size_t cuda_ea_chunk_work_bytes(const struct cuda_ea_chunk *c) {
+    const size_t cm = (size_t)c->n_head * c->d * sizeof(double);
+    return (cm + 255) / 256 * 256 + (size_t)c->n_head * c->d * (size_t)c->rows * sizeof(float);
+}
+
+extern "C" void cuda_ea_stats_chunk(cuda_stream s, const float *q, const struct cuda_ea_chunk *c, double *mean,
+                                    double *m2, void *work) {
+    if (c->rows <= 0 || c->d < 1 || c->d > CUDA_EA_MAX_D || c->n_rot > c->d) return;
+    double *cm = (double *)work;
+    float *x = (float *)((char *)work + ((size_t)c->n_head * c->d * sizeof(double) + 255) / 256 * 256);
+    const int threads = c->d < 128 ? 32 * ((c->d + 31) / 32) : 128;
+    ea_center_kernel<<<c->n_head, threads, 0, s>>>(q, *c, cm, x);
+    const int tiles = (c->d + EA_OUTER - 1) / EA_OUTER;
+    ea_outer_kernel<<<dim3(tiles, tiles, c->n_head), EA_OUTER * EA_OUTER, 0, s>>>(*c, cm, x, mean, m2);
+    ea_mean_kernel<<<cuda_blocks_for((int64_t)c->n_head * c->d, 256), 256, 0, s>>>(*c, cm, mean);
 }

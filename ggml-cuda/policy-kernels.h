@@ -146,6 +146,20 @@ int    cuda_ea_supported(const struct cuda_kv_layer *layer, const struct cuda_ea
 size_t cuda_ea_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_ea_args *a);
 void   cuda_ea_scores(cuda_stream s, const struct cuda_kv_layer *layer, const struct cuda_ea_args *a, float *scores,
                       void *work);
+// Its query statistics (twin: stats_head): one chunk's query rows t0 .. t0 + rows - 1 (q: (T,
+// n_head, d), post-RoPE) with each row's rotation undone (cs: (rows, n_rot) cos, sin pairs),
+// merged into a layer's running mean (n_head, d) and m2 (n_head, d, d) of `count` earlier
+// queries, in double: the chunk's own mean and sum of outer products of its deviations (the
+// products in float), then the pairwise update of Chan et al.
+struct cuda_ea_chunk {
+    int32_t      n_head, d, n_rot;
+    int32_t      t0, rows;
+    int64_t      count;
+    const float *cs;
+};
+size_t cuda_ea_chunk_work_bytes(const struct cuda_ea_chunk *c);
+void   cuda_ea_stats_chunk(cuda_stream s, const float *q, const struct cuda_ea_chunk *c, double *mean, double *m2,
+                           void *work);
 
 // ---- a decode step's attention probabilities (attention-probs.cu) ----
 // For each of the n_head query heads h (q + h * head_dim; list g = h / (n_head / n_head_kv)):

@@ -2,15 +2,15 @@
 
 Every policy runs there (policy_ops.device_lists). Most score on the device (the observation
 window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms, the keys and values
-of knorm, keydiff and lagkv, expected_attention's expected logits), some from what comes down
-of the layer (criticalkv's values, expected_attention's queries for its statistics, KVzip's
-queries and keys), random from positions alone; EMS's first prompt merges on the device (each
-to-be-merged entry's most similar centre found there, only the merging rows brought down) and
-a later one on the host with the layer's lists brought down and sent back, its merged entries
-expanded by the GPU's attention; all compact the lists in GPU memory. SnapKV, PyramidKV,
-Ada-KV, knorm, keydiff, lagkv and expected_attention select on the device too, the decode
-steps of h2o, tova, cake and ems take their attention sums from the recorded decode step, and
-EMS's decode steps merge on the device.
+of knorm, keydiff and lagkv, expected_attention's query statistics and expected logits), some
+from what comes down of the layer (criticalkv's values, KVzip's queries and keys), random from
+positions alone; EMS's first prompt merges on the device (each to-be-merged entry's most
+similar centre found there, only the merging rows brought down) and a later one on the host
+with the layer's lists brought down and sent back, its merged entries expanded by the GPU's
+attention; all compact the lists in GPU memory. SnapKV, PyramidKV, Ada-KV, knorm, keydiff,
+lagkv and expected_attention select on the device too, the decode steps of h2o, tova, cake and
+ems take their attention sums from the recorded decode step, and EMS's decode steps merge on
+the device.
 Each is run on the same prompt by a context with every layer on the GPU and by one on the
 CPU's exact path, and compared: the positions every (layer, KV head) list keeps, the byte
 counts of kv_stats, the budget, and the logits.

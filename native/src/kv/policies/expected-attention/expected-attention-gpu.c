@@ -1,12 +1,14 @@
-// expected-attention-gpu.c - Expected Attention's step at the end of a prefill call for a layer
-// on the GPU: the future queries from the statistics on the host (ea_future_query, as on the
-// CPU), sent up; the logits, softmax, group means and value norms over the lists in place
-// (ggml-cuda/expected-attention.cu); the device's radix select of each list's top B (the
-// sinks score +inf, so they stay); only the chosen indices come back. No key or value of the
-// layer comes down.
+// expected-attention-gpu.c - Expected Attention on a layer on the GPU: each chunk's queries are
+// merged into the layer's statistics in device memory (ggml-cuda/expected-attention.cu, the
+// twin of stats_head); at the end of a prefill call the statistics come down, the future
+// queries are made from them on the host (ea_future_query, as on the CPU) and sent up; the
+// logits, softmax, group means and value norms run over the lists in place; the device's
+// radix select picks each list's top B (the sinks score +inf, so they stay) and only the
+// chosen indices come back. No query, key or value of the layer comes down.
 #include "kv/policies/expected-attention/expected-attention.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
+#include "cpu/ops.h"
 #include "model/model.h"
 
 #include <stdlib.h>
@@ -17,6 +19,60 @@
 #include "kv/kv-device.h"
 
 static size_t aligned(size_t b) { return (b + 255) / 256 * 256; }
+
+static size_t stats_bytes(const struct expected_attention *p) {
+    return (size_t)p->n_head * p->d * (p->d + 1) * sizeof(double);   // mean, then m2
+}
+
+pykv_status ea_add_chunk_device(struct expected_attention *p, const struct policy_event *ev) {
+    struct ea_stats *st = &p->stats[ev->layer];
+    const cuda_stream s = (cuda_stream)ev->cache->device_stream;
+    PYKV_TRY(cuda_set_device(ev->cache->device));
+    if (!st->d_stats || ev->is_first_chunk) {   // a call starts its statistics afresh
+        if (!st->d_stats) PYKV_TRY(cuda_alloc(&st->d_stats, stats_bytes(p), "expected_attention's query statistics"));
+        PYKV_TRY(cuda_memset(st->d_stats, 0, stats_bytes(p), s));
+    }
+    const int n_rot = ev->hp->n_rot;
+    int32_t t0;
+    const int32_t rows = ea_chunk_rows(p, ev, &t0), first_pos = ev->n_past - (ev->T - ev->probe.n);
+    if (rows <= 0) return PYKV_OK;
+    const size_t cs_b = aligned((size_t)rows * (n_rot ? n_rot : 1) * sizeof(float));
+    float *cs = malloc(cs_b);
+    if (!cs) return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
+    for (int32_t r = 0; r < rows; r++)   // the angles the forward pass rotated by
+        rope_angles(cs + (size_t)r * n_rot, n_rot, first_pos + t0 + r, ev->probe.rope_inv_freq);
+    struct cuda_ea_chunk c = { .n_head = p->n_head, .d = p->d, .n_rot = n_rot, .t0 = t0, .rows = rows,
+                               .count = st->count };
+    char *d = NULL;
+    pykv_status err = cuda_alloc_async((void **)&d, cs_b + cuda_ea_chunk_work_bytes(&c), s,
+                                       "expected_attention's query statistics");
+    if (err == PYKV_OK) err = cuda_upload_async(d, cs, (size_t)rows * n_rot * sizeof(float), s);
+    if (err == PYKV_OK) {
+        c.cs = (const float *)d;
+        double *mean = st->d_stats, *m2 = mean + (size_t)p->n_head * p->d;
+        cuda_ea_stats_chunk(s, ev->q_device, &c, mean, m2, d + cs_b);
+        err = cuda_check("expected_attention's query statistics on the GPU");
+    }
+    if (d) cuda_free_async(d, s);
+    free(cs);
+    if (err == PYKV_OK) st->count += rows;
+    return err;
+}
+
+pykv_status ea_stats_download(struct expected_attention *p, const struct policy_event *ev) {
+    struct ea_stats *st = &p->stats[ev->layer];
+    if (!st->d_stats) return PYKV_OK;   // no row counted yet: the host's zeros stand
+    const cuda_stream s = (cuda_stream)ev->cache->device_stream;
+    const size_t n_mean = (size_t)p->n_head * p->d;
+    PYKV_TRY(cuda_download_async(st->mean, st->d_stats, n_mean * sizeof(double), s));
+    PYKV_TRY(cuda_download_async(st->m2, (double *)st->d_stats + n_mean, n_mean * p->d * sizeof(double), s));
+    return cuda_stream_sync(s);
+}
+
+void ea_stats_device_free(struct ea_stats *st) {
+    cuda_free(st->d_stats);   // waits for the work queued with it (the context's stream may be gone)
+    st->d_stats = NULL;
+}
 
 pykv_status ea_compress_layer_device(struct expected_attention *p, const struct policy_event *ev, int32_t B, int *done) {
     const struct hparams *hp = ev->hp;
@@ -67,6 +123,16 @@ pykv_status ea_compress_layer_device(struct expected_attention *p, const struct 
 }
 
 #else
+
+pykv_status ea_add_chunk_device(struct expected_attention *p, const struct policy_event *ev) {
+    (void)p; (void)ev;
+    return pykv_error(PYKV_ERR_UNSUPPORTED, "this build of pykv has no CUDA backend");
+}
+pykv_status ea_stats_download(struct expected_attention *p, const struct policy_event *ev) {
+    (void)p; (void)ev;
+    return PYKV_OK;
+}
+void ea_stats_device_free(struct ea_stats *st) { (void)st; }
 
 pykv_status ea_compress_layer_device(struct expected_attention *p, const struct policy_event *ev, int32_t B, int *done) {
     (void)p; (void)ev; (void)B;

@@ -112,6 +112,7 @@ static void ea_free(struct kv_policy *base) {
     for (int32_t l = 0; p->stats && l < p->n_layer; l++) {
         free(p->stats[l].mean);
         free(p->stats[l].m2);
+        ea_stats_device_free(&p->stats[l]);
     }
     free(p->stats);
     free(p);
@@ -142,6 +143,7 @@ static void ea_stats_end(struct expected_attention *p, int layer) {
     struct ea_stats *st = &p->stats[layer];
     free(st->mean);
     free(st->m2);
+    ea_stats_device_free(st);
     memset(st, 0, sizeof(*st));
 }
 
@@ -210,15 +212,19 @@ static void stats_task(void *arg, int ith, int nth) {
     for (long hq = h0; hq < h1; hq++) stats_head(job, (int)hq, xt, outer);
 }
 
-// Add this chunk's queries (positions >= sink) to the layer's statistics; a call's first
-// chunk starts them afresh.
+int32_t ea_chunk_rows(const struct expected_attention *p, const struct policy_event *ev, int32_t *t0) {
+    const int32_t T = ev->T - ev->probe.n, first_pos = ev->n_past - T;
+    *t0 = first_pos >= p->sink ? 0 : (p->sink - first_pos < T ? p->sink - first_pos : T);
+    return T - *t0;
+}
+
+// Add this chunk's queries (positions >= sink) to the layer's statistics.
 static pykv_status ea_add_chunk(struct expected_attention *p, const struct policy_event *ev) {
     const int layer = ev->layer;
-    if (ev->is_first_chunk || !p->stats || !p->stats[layer].mean) PYKV_TRY(ea_stats_begin(p, ev->hp, layer));
     const int d = p->d, n_rot = ev->hp->n_rot;
-    const int32_t T = ev->T - ev->probe.n, first_pos = ev->n_past - T;
-    const int32_t t0 = first_pos >= p->sink ? 0 : (p->sink - first_pos < T ? p->sink - first_pos : T);
-    struct stats_job job = { .ev = ev, .p = p, .t0 = t0, .rows = T - t0 };
+    int32_t t0;
+    const int32_t rows = ea_chunk_rows(p, ev, &t0), first_pos = ev->n_past - (ev->T - ev->probe.n);
+    struct stats_job job = { .ev = ev, .p = p, .t0 = t0, .rows = rows };
     if (job.rows <= 0) return PYKV_OK;
     const int nth = threadpool_size(ev->pool);
     job.cs = malloc((size_t)job.rows * (n_rot ? n_rot : 1) * sizeof(float));
@@ -412,9 +418,12 @@ static pykv_status ea_compress_layer(struct expected_attention *p, const struct 
     return rc;
 }
 
-// One layer's hook with the chunk's queries in host memory.
-static pykv_status ea_layer(struct expected_attention *p, const struct policy_event *ev) {
-    PYKV_TRY(ea_add_chunk(p, ev));
+static pykv_status ea_after_layer(struct kv_policy *base, const struct policy_event *ev) {
+    struct expected_attention *p = (struct expected_attention *)base;
+    if (ev->layer < 0 || ev->n_prompt <= 1 || (!ev->q && !ev->q_device)) return PYKV_OK;   // decode steps: no statistics
+    // a call's first chunk starts the statistics afresh; a layer on the GPU keeps them there
+    if (ev->is_first_chunk || !p->stats || !p->stats[ev->layer].mean) PYKV_TRY(ea_stats_begin(p, ev->hp, ev->layer));
+    PYKV_TRY(ev->q_device ? ea_add_chunk_device(p, ev) : ea_add_chunk(p, ev));
     if (ws_is_prefill_end(ev)) {
         const int32_t B = ws_budget(&p->base.cfg, ev);
         if (B <= p->sink)
@@ -422,23 +431,13 @@ static pykv_status ea_layer(struct expected_attention *p, const struct policy_ev
                               "and KV head) must be larger than the %d sink tokens it includes", B, p->sink);
         int any = 0;
         for (int g = 0; g < ev->hp->n_head_kv; g++) any |= kv_cache_list(ev->cache, ev->layer, g)->n > B;
-        int done = 0;   // a layer on the GPU scores there
-        if (any && kv_cache_list(ev->cache, ev->layer, 0)->on_device) PYKV_TRY(ea_compress_layer_device(p, ev, B, &done));
+        int done = 0;   // a layer on the GPU scores there, from its statistics brought down
+        if (any && ev->q_device) PYKV_TRY(ea_stats_download(p, ev));
+        if (any && ev->q_device) PYKV_TRY(ea_compress_layer_device(p, ev, B, &done));
         if (any && !done) PYKV_TRY(ea_compress_layer(p, ev, B));
     }
     if (ev->n_past >= ev->n_past_end) ea_stats_end(p, ev->layer);   // the call's last chunk
     return PYKV_OK;
-}
-
-static pykv_status ea_after_layer(struct kv_policy *base, const struct policy_event *ev) {
-    if (ev->layer < 0 || ev->n_prompt <= 1 || (!ev->q && !ev->q_device)) return PYKV_OK;   // decode steps: no statistics
-    // a layer on the GPU: the chunk's queries come down, and the statistics run on the host
-    struct policy_event host;
-    float *q_host;
-    PYKV_TRY(ws_host_event(ev, &host, &q_host));
-    const pykv_status rc = ea_layer((struct expected_attention *)base, &host);
-    free(q_host);
-    return rc;
 }
 
 static int32_t ea_min_budget(const struct kv_policy *base) {
