@@ -1,8 +1,8 @@
 // policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
 // gathering, moving and copying rows, the observation-window scores of the SnapKV family, the
-// scores of single entries (Knorm, KeyDiff, LagKV), Expected Attention's scores, a decode
-// step's attention probabilities, EMS's redundancy, TAKE's probe average, value norms and
-// top-k selection.
+// scores of single entries (Knorm, KeyDiff, LagKV), Expected Attention's scores, CriticalKV's
+// value weights, a decode step's attention probabilities, EMS's redundancy, TAKE's probe
+// average, value norms and top-k selection.
 // Each launcher enqueues its work on stream s and returns at once (launch errors surface at
 // cuda_check or the next synchronising call). Pointers named d_* and every array argument not
 // said to be host memory are device memory. Each kernel has a CPU twin (named below);
@@ -160,6 +160,24 @@ struct cuda_ea_chunk {
 size_t cuda_ea_chunk_work_bytes(const struct cuda_ea_chunk *c);
 void   cuda_ea_stats_chunk(cuda_stream s, const float *q, const struct cuda_ea_chunk *c, double *mean, double *m2,
                            void *work);
+
+// ---- CriticalKV's value weights (value-weights.cu) ----
+// Twin: critical_value_weights (native/src/kv/policies/criticalkv/critical.c). For each list g
+// and candidate j < n_cand[g]: w[j at list g's offset] = the mean over g's query heads h of
+// sum_r |wo[r, h * head_dim .. (h + 1) * head_dim) . v_j| (r < n_embd; wo: the layer's output
+// projection as floats, (n_embd, n_head * head_dim), device memory); lists laid out one after
+// another (the candidates of list g after those of the lists before it). Sums in float, in
+// another order than the CPU's.
+#define CUDA_VW_MAX_D 128
+struct cuda_vw_args {
+    int32_t      n_head, n_embd;
+    const float *wo;
+    int32_t      n_cand[CUDA_MAX_KV_HEADS];
+};
+int    cuda_value_weights_supported(const struct cuda_kv_layer *layer, const struct cuda_vw_args *a);
+size_t cuda_value_weights_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_vw_args *a);
+void   cuda_value_weights(cuda_stream s, const struct cuda_kv_layer *layer, const struct cuda_vw_args *a, float *w,
+                          void *work);
 
 // ---- a decode step's attention probabilities (attention-probs.cu) ----
 // For each of the n_head query heads h (q + h * head_dim; list g = h / (n_head / n_head_kv)):

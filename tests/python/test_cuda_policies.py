@@ -2,8 +2,8 @@
 
 Every policy runs there (policy_ops.device_lists). Most score on the device (the observation
 window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms, the keys and values
-of knorm, keydiff and lagkv, expected_attention's query statistics and expected logits), some
-from what comes down of the layer (criticalkv's values, KVzip's queries and keys), random from
+of knorm, keydiff and lagkv, expected_attention's query statistics and expected logits,
+criticalkv's value weights), KVzip from the queries and keys that come down, random from
 positions alone; EMS's first prompt merges on the device (each to-be-merged entry's most
 similar centre found there, only the merging rows brought down) and a later one on the host
 with the layer's lists brought down and sent back, its merged entries expanded by the GPU's

@@ -4,7 +4,8 @@
 // across the pool), then each query head's columns are copied out and multiplied with its
 // KV head's candidate values in blocks of rows (gemm_rows_f32), summing absolute values;
 // query heads are split across threads. The cost is one output projection of the prompt
-// per query head's share, as kvpress's.
+// per query head's share, as kvpress's. A layer on the GPU sends the dequantized projection up
+// and weighs its values there (critical-gpu.c).
 #include "kv/policies/criticalkv/critical.h"
 #include "core/error.h"
 #include "core/threadpool.h"
@@ -91,18 +92,12 @@ pykv_status critical_value_weights(const struct policy_event *ev, const struct w
     struct weights_job job = { .ev = ev, .st = st };
     for (int g = 0; g < st->n_head_kv; g++) if (st->n_cand[g] > job.nc_max) job.nc_max = st->n_cand[g];
     job.wo = malloc((size_t)t->ne[0] * t->ne[1] * sizeof(float));
-    job.values = calloc((size_t)(st->n_head_kv > 0 ? st->n_head_kv : 1), sizeof(float *));
-    job.per_head = malloc((size_t)hp->n_head * (job.nc_max ? job.nc_max : 1) * sizeof(float));
-    job.scratch = malloc((size_t)nth * ((size_t)hp->n_embd * hp->head_dim + (size_t)job.nc_max * CRITICAL_ROW_BLOCK)
-                         * sizeof(float));
     job.failed = calloc((size_t)nth, sizeof(int));
     pykv_status rc = PYKV_OK;
-    if (!job.wo || !job.values || !job.per_head || !job.scratch || !job.failed) {
+    if (!job.wo || !job.failed) {
         rc = pykv_error(PYKV_ERR_NOMEM, "out of memory weighing the values of layer %d", ev->layer);
         goto done;
     }
-    rc = candidate_values(ev, st, job.values);
-    if (rc != PYKV_OK) goto done;
     threadpool_run(ev->pool, dequant_task, &job);
     for (int i = 0; i < nth; i++)
         if (job.failed[i]) {
@@ -110,6 +105,21 @@ pykv_status critical_value_weights(const struct policy_event *ev, const struct w
                             ev->layer, (int)t->type);
             goto done;
         }
+    if (kv_cache_list(ev->cache, ev->layer, 0)->on_device) {   // a layer on the GPU weighs its values there
+        int on_gpu = 0;
+        rc = critical_value_weights_device(ev, st, job.wo, w, &on_gpu);
+        if (rc != PYKV_OK || on_gpu) goto done;
+    }
+    job.values = calloc((size_t)(st->n_head_kv > 0 ? st->n_head_kv : 1), sizeof(float *));
+    job.per_head = malloc((size_t)hp->n_head * (job.nc_max ? job.nc_max : 1) * sizeof(float));
+    job.scratch = malloc((size_t)nth * ((size_t)hp->n_embd * hp->head_dim + (size_t)job.nc_max * CRITICAL_ROW_BLOCK)
+                         * sizeof(float));
+    if (!job.values || !job.per_head || !job.scratch) {
+        rc = pykv_error(PYKV_ERR_NOMEM, "out of memory weighing the values of layer %d", ev->layer);
+        goto done;
+    }
+    rc = candidate_values(ev, st, job.values);
+    if (rc != PYKV_OK) goto done;
     threadpool_run(ev->pool, weights_task, &job);
     for (int g = 0; g < st->n_head_kv; g++)   // the mean over the KV head's query heads
         for (int32_t j = 0; j < st->n_cand[g]; j++) {
