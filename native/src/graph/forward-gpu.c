@@ -335,9 +335,10 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
 }
 
 // Whether a host_lists policy's hooks for this layer need its lists in host memory
-// (policy_ops.host_lists): at the end of a prefill call and on decode steps, and whenever a
-// list holds merged entries, whose members the device's attention sums do not expand.
-// Earlier chunks take the sums only, computed on the device over the lists in place.
+// (policy_ops.host_lists): at the end of a prefill call (unless the policy does it on the
+// device lists, policy_ops.device_prefill_end) and on decode steps, and whenever a list holds
+// merged entries, whose members the device's attention sums do not expand. Earlier chunks take
+// the sums only, computed on the device over the lists in place.
 // A decode step whose hooks run after the recorded step, with its sums, stays on the device
 // when the policy takes such steps there (policy_ops.after_step).
 static int hooks_on_host_lists(pykv_context *ctx, const struct policy_event *ev, const float *d_q,
