@@ -1,8 +1,8 @@
 // policy-kernels.h - device building blocks of the KV eviction policies, callable from C:
 // gathering, moving and copying rows, the observation-window scores of the SnapKV family, the
 // scores of single entries (Knorm, KeyDiff, LagKV), Expected Attention's scores, CriticalKV's
-// value weights, a decode step's attention probabilities, EMS's redundancy, TAKE's probe
-// average, value norms and top-k selection.
+// value weights, KVzip's reconstruction pass, a decode step's attention probabilities, EMS's
+// redundancy, TAKE's probe average, value norms and top-k selection.
 // Each launcher enqueues its work on stream s and returns at once (launch errors surface at
 // cuda_check or the next synchronising call). Pointers named d_* and every array argument not
 // said to be host memory are device memory. Each kernel has a CPU twin (named below);
@@ -178,6 +178,22 @@ int    cuda_value_weights_supported(const struct cuda_kv_layer *layer, const str
 size_t cuda_value_weights_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_vw_args *a);
 void   cuda_value_weights(cuda_stream s, const struct cuda_kv_layer *layer, const struct cuda_vw_args *a, float *w,
                           void *work);
+
+// ---- KVzip's reconstruction pass (kvzip-pass.cu) ----
+// Twin: pass_row (native/src/kv/policies/kvzip.c). Row t < T of the pass's queries (q: (T,
+// n_head, head_dim), device), query head h, list g = h / (n_head / n_head_kv): one softmax of
+// q . k / sqrt(head_dim) over the list's entries [0, sink[g]), [c0[g], c0[g] + width) and
+// [self0[g], self0[g] + t]; best[h * width + j] = the largest weight chunk entry c0[g] + j
+// gets from any row (0 for none). Float arithmetic in another order than the CPU's.
+struct cuda_kvzip_args {
+    int32_t n_head, T, width;
+    int32_t sink[CUDA_MAX_KV_HEADS], c0[CUDA_MAX_KV_HEADS], self0[CUDA_MAX_KV_HEADS];
+};
+// Nonzero when the kernel takes these arguments (a row's logits fit in 48 KiB of shared memory).
+int    cuda_kvzip_pass_supported(const struct cuda_kv_layer *layer, const struct cuda_kvzip_args *a);
+size_t cuda_kvzip_pass_smem(const struct cuda_kv_layer *layer, const struct cuda_kvzip_args *a);
+void   cuda_kvzip_pass(cuda_stream s, const struct cuda_kv_layer *layer, const float *q, const struct cuda_kvzip_args *a,
+                       float *best);
 
 // ---- a decode step's attention probabilities (attention-probs.cu) ----
 // For each of the n_head query heads h (q + h * head_dim; list g = h / (n_head / n_head_kv)):

@@ -1,10 +1,9 @@
 """The eviction policies with the layers on the GPU, checked against the CPU path.
 
-Every policy runs there (policy_ops.device_lists). Most score on the device (the observation
+Every policy runs there (policy_ops.device_lists) and scores on the device (the observation
 window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms, the keys and values
 of knorm, keydiff and lagkv, expected_attention's query statistics and expected logits,
-criticalkv's value weights), KVzip from the queries and keys that come down, random from
-positions alone; EMS's first prompt merges on the device (each to-be-merged entry's most
+criticalkv's value weights, KVzip's reconstruction passes), random from positions alone; EMS's first prompt merges on the device (each to-be-merged entry's most
 similar centre found there, only the merging rows brought down) and a later one on the host
 with the layer's lists brought down and sent back, its merged entries expanded by the GPU's
 attention; all compact the lists in GPU memory. SnapKV, PyramidKV, Ada-KV, knorm, keydiff,

@@ -48,6 +48,7 @@
 #include "kv/policies/common/policy-make.h"
 #include "kv/policies/common/policy-state.h"
 #include "kv/policies/common/window-scores.h"
+#include "kv/policies/kvzip/kvzip.h"
 
 #include <float.h>
 #include <math.h>
@@ -272,50 +273,73 @@ static void pass_task(void *arg, int ith, int nth) {
     }
 }
 
-static pykv_status score_pass(struct kvzip *p, const struct policy_event *ev, const struct kv_list *lists) {
-    const struct hparams *hp = ev->hp;
-    const int hkv = hp->n_head_kv, group = hp->n_head / hkv;
-    struct pass_job job = { .ev = ev, .lists = lists, .width = p->b - p->a };
+// The entries a pass row of KV head g weighs (sink, c0, self0: n_head_kv each, in `at`) and
+// the chunk's width; tracks the entries' scores.
+static pykv_status pass_layout(struct kvzip *p, const struct policy_event *ev, struct pass_job *job) {
+    const int hkv = ev->hp->n_head_kv;
+    job->ev = ev;
+    job->width = p->b - p->a;
     int32_t *at = malloc((size_t)3 * hkv * sizeof(int32_t));
     if (!at) return pykv_error(PYKV_ERR_NOMEM, "out of memory for KVzip's pass");
-    job.sink = at;
-    job.c0 = at + hkv;
-    job.self0 = at + 2 * hkv;
-    pykv_status st = PYKV_OK;
+    job->sink = at;
+    job->c0 = at + hkv;
+    job->self0 = at + 2 * hkv;
     for (int g = 0; g < hkv; g++) {
         const int32_t i = ev->layer * hkv + g, n_ctx_entries = kv_cache_list(ev->cache, ev->layer, g)->n - ev->T;
-        if ((st = track_entries(p, i, n_ctx_entries)) != PYKV_OK) {
-            free(at);
-            return st;
-        }
-        job.c0[g] = n_ctx_entries - p->n_replay + p->a;
-        job.sink[g] = p->n_sink < job.c0[g] ? p->n_sink : job.c0[g];
-        job.self0[g] = n_ctx_entries;
+        PYKV_TRY(track_entries(p, i, n_ctx_entries));   // the caller frees job->sink
+        job->c0[g] = n_ctx_entries - p->n_replay + p->a;
+        job->sink[g] = p->n_sink < job->c0[g] ? p->n_sink : job->c0[g];
+        job->self0[g] = n_ctx_entries;
     }
-    const int nth = threadpool_size(ev->pool);
-    job.logits_stride = p->n_sink + job.width + ev->T;
-    job.best = malloc((size_t)hp->n_head * job.width * sizeof(float));
-    job.logits = malloc((size_t)nth * job.logits_stride * sizeof(float));
-    if (!job.best || !job.logits) {
-        free(job.best); free(job.logits); free(at);
-        return pykv_error(PYKV_ERR_NOMEM, "out of memory for KVzip's pass");
-    }
-    threadpool_run(ev->pool, pass_task, &job);
-    for (int g = 0; g < hkv; g++) {   // max over the group's query heads
-        float *s = p->scores[ev->layer * hkv + g] + job.c0[g];
-        for (int32_t j = 0; j < job.width; j++) {
+    job->best = malloc((size_t)ev->hp->n_head * (job->width ? job->width : 1) * sizeof(float));
+    return job->best ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "out of memory for KVzip's pass");
+}
+
+// Each chunk entry's score: the max over its KV head's query heads of their best weights.
+static void pass_fold(struct kvzip *p, const struct pass_job *job) {
+    const struct policy_event *ev = job->ev;
+    const int hkv = ev->hp->n_head_kv, group = ev->hp->n_head / hkv;
+    for (int g = 0; g < hkv; g++) {
+        float *s = p->scores[ev->layer * hkv + g] + job->c0[g];
+        for (int32_t j = 0; j < job->width; j++) {
             float m = 0.0f;
             for (int r = 0; r < group; r++) {
-                const float v = job.best[(size_t)(g * group + r) * job.width + j];
+                const float v = job->best[(size_t)(g * group + r) * job->width + j];
                 m = v > m ? v : m;
             }
             s[j] = m;
         }
     }
+}
+
+// The pass over lists in host memory (the layer's, or a host copy of a layer on the GPU).
+static pykv_status score_pass(struct kvzip *p, const struct policy_event *ev, const struct kv_list *lists) {
+    struct pass_job job = { .lists = lists };
+    pykv_status st = pass_layout(p, ev, &job);
+    const int nth = threadpool_size(ev->pool);
+    job.logits_stride = p->n_sink + job.width + ev->T;
+    if (st == PYKV_OK && !(job.logits = malloc((size_t)nth * job.logits_stride * sizeof(float))))
+        st = pykv_error(PYKV_ERR_NOMEM, "out of memory for KVzip's pass");
+    if (st == PYKV_OK) {
+        threadpool_run(ev->pool, pass_task, &job);
+        pass_fold(p, &job);
+    }
     free(job.best);
     free(job.logits);
-    free(at);
-    return PYKV_OK;
+    free(job.sink);
+    return st;
+}
+
+// The pass over a layer on the GPU, by the device's twin of pass_row; *done is 0 when the
+// device cannot take it.
+static pykv_status score_pass_device(struct kvzip *p, const struct policy_event *ev, int *done) {
+    struct pass_job job = { 0 };
+    pykv_status st = pass_layout(p, ev, &job);
+    if (st == PYKV_OK) st = kvzip_pass_device(ev, job.sink, job.c0, job.self0, job.width, job.best, done);
+    if (st == PYKV_OK && *done) pass_fold(p, &job);
+    free(job.best);
+    free(job.sink);
+    return st;
 }
 
 static pykv_status kvzip_after_layer(struct kv_policy *base, const struct policy_event *ev) {
@@ -323,8 +347,10 @@ static pykv_status kvzip_after_layer(struct kv_policy *base, const struct policy
     if (ev->probe.n == 0 || ev->probe.n != ev->T || p->n_replay == 0) return PYKV_OK;   // not a pass
     PYKV_TRY(kvzip_lists(p, ev->hp->n_layer * ev->hp->n_head_kv));
     if (!ev->q_device) return score_pass(p, ev, kv_cache_list(ev->cache, ev->layer, 0));
-    // a layer on the GPU: the pass's queries and the layer's keys come down, and the pass's
-    // restricted softmax runs on the host
+    int done = 0;   // a layer on the GPU: the pass runs there
+    PYKV_TRY(score_pass_device(p, ev, &done));
+    if (done) return PYKV_OK;
+    // else the pass's queries and the layer's keys come down, and it runs on the host
     struct policy_event host;
     float *q = NULL;
     struct kv_list *lists = calloc((size_t)ev->hp->n_head_kv, sizeof(*lists));
