@@ -45,6 +45,9 @@ def add_bench_parser(sub):
     p.add_argument("--policy", default="full", help="policies (default full)")
     p.add_argument("--budget", default="", help="budgets for evicting policies (entries or N%%); "
                    "separate several with commas")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="K=V",
+                   help="a policy-specific option for the evicting policies (repeatable, as generate's); "
+                        "rows show them after the policy's name")
     p.add_argument("--evict-every-chunk", action="store_true",
                    help="evicting policies cut the cache back to the budget after every prefill chunk "
                         "(as generate's flag); rows show the policy as POLICY+chunk")
@@ -97,6 +100,9 @@ def run_bench(args, model_path: str) -> int:
     gpu_layers = _ints(args.n_gpu_layers, "-ngl") or [0]
     policies = [p for p in args.policy.split(",") if p]
     budgets = [b for b in args.budget.split(",") if b] or [None]
+    from .generate import parse_policy_args
+    policy_kwargs = parse_policy_args(args.policy_arg)
+    args_label = ",".join(f"{k}={v}" for k, v in policy_kwargs.items())
     from .main import KV_CACHE_TYPES, UsageError
     def types(flag, text):
         names = [c.lower() for c in text.split(",") if c]
@@ -119,9 +125,11 @@ def run_bench(args, model_path: str) -> int:
                     for depth in depths:
                         n_ctx = depth + max([n for _, n in tests] or [1]) + 16
                         every_chunk = args.evict_every_chunk and policy != "full"
+                        kwargs = policy_kwargs if policy != "full" and policy_kwargs else None
                         with Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
                                    policy=policy, budget=budget, kv_type=kv_type, kv_type_v=kv_type_v,
-                                   evict_every_chunk=every_chunk, n_gpu_layers=ngl, main_gpu=args.main_gpu) as llm:
+                                   evict_every_chunk=every_chunk, n_gpu_layers=ngl, main_gpu=args.main_gpu,
+                                   policy_kwargs=kwargs) as llm:
                             if not args.no_warmup:
                                 llm.eval(_tokens(min(16, n_ctx - 1), llm.n_vocab, 99))
                             for kind, size in tests:
@@ -136,7 +144,9 @@ def run_bench(args, model_path: str) -> int:
                                 rows.append({
                                     "model": llm.model_path.rsplit("/", 1)[-1],
                                     "test": f"{kind}{size}" + (f" @ d{depth}" if depth else ""),
-                                    "policy": policy + ("+chunk" if every_chunk else ""), "budget": budget, "type_k": kv_type, "type_v": kv_type_v,
+                                    "policy": policy + (f"[{args_label}]" if kwargs else "") +
+                                              ("+chunk" if every_chunk else ""),
+                                    "budget": budget, "type_k": kv_type, "type_v": kv_type_v,
                                     "threads": llm.n_threads, "n_gpu_layers": llm.model_info["n_gpu_layers"],
                                     "n_batch": n_batch, "t_s": statistics.mean(speeds),
                                     "t_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,

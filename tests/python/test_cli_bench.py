@@ -53,6 +53,24 @@ def test_bench_evict_every_chunk_bounds_the_peak(tiny_model):
     assert end["snapkv"]["kv_peak_MiB"] >= 0.9 * end["full"]["kv_peak_MiB"]
 
 
+def test_bench_policy_args_reach_the_policy(tiny_model):
+    """--policy-arg passes options to the evicting policies and the rows name them; full, which
+    takes none (an option would be its error), runs without them. An option the policy does
+    not know is the policy's error, a malformed one a usage error."""
+    model = str(tiny_model("llama_q8_0_h8kv2"))
+    args = (model, "-p", "128", "-n", "", "-r", "1", "--policy", "full,snapkv", "--budget", "40", "-o", "json",
+            "--no-warmup")
+    plain, narrow = bench(*args), bench(*args, "--policy-arg", "window=8", "--policy-arg", "kernel=3")
+    assert plain.returncode == 0 and narrow.returncode == 0, plain.stderr + narrow.stderr
+    rows = {r["policy"]: r for r in json.loads(narrow.stdout)}
+    assert set(rows) == {"full", "snapkv[window=8,kernel=3]"}
+    assert rows["snapkv[window=8,kernel=3]"]["evicted"] > 0 and rows["full"]["evicted"] == 0
+    bad = bench(*args, "--policy-arg", "no_such_option=1")
+    assert bad.returncode != 0 and "no_such_option" in bad.stderr
+    malformed = bench(*args, "--policy-arg", "window")
+    assert malformed.returncode != 0 and "K=V" in malformed.stderr
+
+
 def test_bench_cache_types(tiny_model):
     """-ctk and -ctv sweep the keys' and the values' cache types like llama-bench's, every
     pair; --cache-type sweeps the two together. An entry's bytes are its key's and its
