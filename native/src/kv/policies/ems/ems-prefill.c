@@ -71,11 +71,15 @@ pykv_status ems_prefill_merge(struct kv_list *l, const struct ems_opts *o, int32
                               const struct ems_merger *m) {
     const int32_t n = l->n, nc = pt->nc, n_imp = pt->n_imp;
     const int32_t *cent = pt->order;
-    int32_t *assign = malloc((size_t)n * sizeof(int32_t));   // centre row, -1 = none
+    int32_t *assign = malloc((size_t)n * sizeof(int32_t));        // centre index (in cent), -1 = none
+    int32_t *index_of = malloc((size_t)n * sizeof(int32_t));      // a centre row's index in cent
+    int32_t *start = calloc((size_t)n_imp + 1, sizeof(int32_t));  // centre c's sources: src[start[c] ..]
     int32_t *src = malloc((size_t)(pt->n_tbm ? pt->n_tbm : 1) * sizeof(int32_t));
-    pykv_status st = assign && src ? PYKV_OK : pykv_error(PYKV_ERR_NOMEM, "ems: out of memory in the prefill eviction");
+    pykv_status st = assign && index_of && start && src ? PYKV_OK
+                   : pykv_error(PYKV_ERR_NOMEM, "ems: out of memory in the prefill eviction");
     if (st == PYKV_OK) {
         for (int32_t j = 0; j < n; j++) assign[j] = -1;
+        for (int32_t c = 0; c < n_imp; c++) index_of[cent[c]] = c;
         const int64_t cap = (int64_t)o->gamma * B;
         int64_t members = 0;
         for (int32_t c = 0; c < n_imp; c++) members += ems_members(l, cent[c]);
@@ -83,17 +87,23 @@ pykv_status ems_prefill_merge(struct kv_list *l, const struct ems_opts *o, int32
         for (int32_t t = 0; t < pt->n_tbm; t++) {   // in rank order, while the member cap allows
             const int32_t i = pt->order[n_imp + t];
             if (pt->best[t] >= 0 && (double)pt->r[t] >= o->tau && members + ems_members(l, i) <= cap) {
-                assign[i] = pt->best[t];
+                assign[i] = index_of[pt->best[t]];
                 members += ems_members(l, i);
+                start[assign[i] + 1]++;
             }
         }
+        // each centre's sources in ascending order (the order the merge sums them in)
+        for (int32_t c = 0; c < n_imp; c++) start[c + 1] += start[c];
+        for (int32_t j = 0; j < nc; j++)
+            if (assign[j] >= 0) src[start[assign[j]]++] = j;   // start[c] ends at centre c + 1's start
     }
-    for (int32_t c = 0; c < n_imp && st == PYKV_OK; c++) {
-        int32_t k = 0;
-        for (int32_t j = 0; j < nc; j++) if (assign[j] == cent[c]) src[k++] = j;
-        if (k > 0) st = m->merge(m->arg, cent[c], src, k);
+    for (int32_t c = 0, from = 0; c < n_imp && st == PYKV_OK; c++) {
+        if (start[c] > from) st = m->merge(m->arg, cent[c], src + from, start[c] - from);
+        from = start[c];
     }
     free(assign);
+    free(index_of);
+    free(start);
     free(src);
     return st;
 }
