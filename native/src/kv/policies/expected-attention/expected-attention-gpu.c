@@ -8,7 +8,6 @@
 #include "kv/policies/expected-attention/expected-attention.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
-#include "cpu/ops.h"
 #include "model/model.h"
 
 #include <stdlib.h>
@@ -33,14 +32,11 @@ pykv_status ea_add_chunk_device(struct expected_attention *p, const struct polic
         PYKV_TRY(cuda_memset(st->d_stats, 0, stats_bytes(p), s));
     }
     const int n_rot = ev->hp->n_rot;
-    int32_t t0;
-    const int32_t rows = ea_chunk_rows(p, ev, &t0), first_pos = ev->n_past - (ev->T - ev->probe.n);
+    int32_t t0, rows;
+    float *cs;
+    PYKV_TRY(ea_chunk_rows(p, ev, &t0, &rows, &cs));
     if (rows <= 0) return PYKV_OK;
     const size_t cs_b = aligned((size_t)rows * (n_rot ? n_rot : 1) * sizeof(float));
-    float *cs = malloc(cs_b);
-    if (!cs) return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
-    for (int32_t r = 0; r < rows; r++)   // the angles the forward pass rotated by
-        rope_angles(cs + (size_t)r * n_rot, n_rot, first_pos + t0 + r, ev->probe.rope_inv_freq);
     struct cuda_ea_chunk c = { .n_head = p->n_head, .d = p->d, .n_rot = n_rot, .t0 = t0, .rows = rows,
                                .count = st->count };
     char *d = NULL;

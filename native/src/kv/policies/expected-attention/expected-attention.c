@@ -212,29 +212,34 @@ static void stats_task(void *arg, int ith, int nth) {
     for (long hq = h0; hq < h1; hq++) stats_head(job, (int)hq, xt, outer);
 }
 
-int32_t ea_chunk_rows(const struct expected_attention *p, const struct policy_event *ev, int32_t *t0) {
+pykv_status ea_chunk_rows(const struct expected_attention *p, const struct policy_event *ev, int32_t *t0,
+                          int32_t *rows, float **cs) {
+    const int n_rot = ev->hp->n_rot;
     const int32_t T = ev->T - ev->probe.n, first_pos = ev->n_past - T;
     *t0 = first_pos >= p->sink ? 0 : (p->sink - first_pos < T ? p->sink - first_pos : T);
-    return T - *t0;
+    *rows = T - *t0;
+    *cs = NULL;
+    if (*rows <= 0) return PYKV_OK;
+    if (!(*cs = malloc((size_t)*rows * (n_rot ? n_rot : 1) * sizeof(float))))
+        return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
+    for (int32_t r = 0; r < *rows; r++)   // the angles the forward pass rotated by
+        rope_angles(*cs + (size_t)r * n_rot, n_rot, first_pos + *t0 + r, ev->probe.rope_inv_freq);
+    return PYKV_OK;
 }
 
 // Add this chunk's queries (positions >= sink) to the layer's statistics.
 static pykv_status ea_add_chunk(struct expected_attention *p, const struct policy_event *ev) {
     const int layer = ev->layer;
-    const int d = p->d, n_rot = ev->hp->n_rot;
-    int32_t t0;
-    const int32_t rows = ea_chunk_rows(p, ev, &t0), first_pos = ev->n_past - (ev->T - ev->probe.n);
-    struct stats_job job = { .ev = ev, .p = p, .t0 = t0, .rows = rows };
+    const int d = p->d;
+    struct stats_job job = { .ev = ev, .p = p };
+    PYKV_TRY(ea_chunk_rows(p, ev, &job.t0, &job.rows, &job.cs));
     if (job.rows <= 0) return PYKV_OK;
     const int nth = threadpool_size(ev->pool);
-    job.cs = malloc((size_t)job.rows * (n_rot ? n_rot : 1) * sizeof(float));
     job.scratch = malloc((size_t)nth * ((size_t)d * job.rows + (size_t)d * d) * sizeof(float));
-    if (!job.cs || !job.scratch) {
-        free(job.cs); free(job.scratch);
+    if (!job.scratch) {
+        free(job.cs);
         return pykv_error(PYKV_ERR_NOMEM, "out of memory for expected_attention's query statistics");
     }
-    for (int32_t r = 0; r < job.rows; r++)   // the angles the forward pass rotated by
-        rope_angles(job.cs + (size_t)r * n_rot, n_rot, first_pos + t0 + r, ev->probe.rope_inv_freq);
     threadpool_run(ev->pool, stats_task, &job);
     free(job.cs);
     free(job.scratch);

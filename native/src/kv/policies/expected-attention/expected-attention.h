@@ -38,8 +38,10 @@ void    ea_average_rotation(const float *inv_freq, int n_rot, int32_t first, int
 // 1/(2d) into A (d * d floats); dm (d) and dC (d * d) are double scratch.
 void    ea_future_query(const struct expected_attention *p, const struct ea_stats *st, int n_rot, const double *cos_avg,
                         const double *sin_avg, int hq, float *m, float *A, double *dm, double *dC);
-// The rows of the chunk the statistics take: t0 .. t0 + return - 1 (positions >= sink).
-int32_t ea_chunk_rows(const struct expected_attention *p, const struct policy_event *ev, int32_t *t0);
+// The rows of the chunk the statistics take, t0 .. t0 + rows - 1 (positions >= sink), and, when
+// there are some, *cs: each one's RoPE cos and sin (rows * n_rot floats; the caller frees it).
+pykv_status ea_chunk_rows(const struct expected_attention *p, const struct policy_event *ev, int32_t *t0,
+                          int32_t *rows, float **cs);
 // The GPU's statistics (expected-attention-gpu.c): a chunk's queries (ev->q_device) merged
 // into the layer's device statistics (made, or emptied at a call's first chunk, here);
 // brought into the host's mean and m2; given back.
