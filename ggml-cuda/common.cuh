@@ -54,6 +54,26 @@ static __host__ __device__ __forceinline__ float f16_bits_to_float(uint16_t h) {
 
 static inline int cuda_blocks_for(int64_t n, int per_block) { return (int)((n + per_block - 1) / per_block); }
 
+// Per-entry arrays of a layer's lists laid out one after another (list g's n[g] values at
+// off[g], head order; total in all), and the longest list: a kernel argument, copied whole.
+struct cuda_list_layout {
+    int64_t off[CUDA_MAX_KV_HEADS];
+    int64_t total;
+    int32_t n_max;
+};
+static inline struct cuda_list_layout cuda_list_layout_of(const int32_t *n, int n_lists) {
+    struct cuda_list_layout lay;
+    memset(&lay, 0, sizeof(lay));   // every word set: a struct argument is copied whole
+    int64_t total = 0;
+    for (int g = 0; g < n_lists; g++) {
+        lay.off[g] = total;
+        total += n[g];
+        lay.n_max = n[g] > lay.n_max ? n[g] : lay.n_max;
+    }
+    lay.total = total;
+    return lay;
+}
+
 // Entries of list g of a layer (kernels.h: device-resident lengths when n_dev is set).
 static __device__ __forceinline__ int32_t kv_list_len(const struct cuda_kv_layer &layer, int g) {
     return layer.n_dev ? layer.n_dev[g] : layer.n[g];

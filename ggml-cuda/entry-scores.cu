@@ -17,7 +17,7 @@
 #define ENTRY_THREADS 256
 
 struct entry_lists {
-    int64_t off[CUDA_MAX_KV_HEADS];   // list g's scores start at off[g]
+    struct cuda_list_layout lay;         // list g's scores start at lay.off[g]
     int32_t scored[CUDA_MAX_KV_HEADS];   // nonzero: list g is scored (it holds more than the budget)
 };
 
@@ -38,8 +38,8 @@ key_norm_kernel(const struct cuda_kv_layer layer, const struct entry_lists e, fl
     const int64_t j = (int64_t)blockIdx.x * ENTRY_THREADS + threadIdx.x;
     if (!e.scored[g] || j >= layer.n[g]) return;
     const double n = sqrt(key_sq(kv_row(layer.k[g], layer.fmt_k, layer.head_dim, j), layer.fmt_k, layer.head_dim));
-    if (norms) norms[e.off[g] + j] = n;
-    else scores[e.off[g] + j] = (float)-n;
+    if (norms) norms[e.lay.off[g] + j] = n;
+    else scores[e.lay.off[g] + j] = (float)-n;
 }
 
 // KeyDiff's anchor of list blockIdx.x: a[c] = mean_j k_j[c] / max(|k_j|, 1e-12), summed in entry
@@ -54,7 +54,7 @@ static __global__ void keydiff_anchor_kernel(const struct cuda_kv_layer layer, c
         double acc = 0.0;
         for (int32_t j = 0; j < n; j++) {
             const double x = (double)kv_load(kv_row(layer.k[g], layer.fmt_k, d, j), layer.fmt_k, c);
-            acc = __dadd_rn(acc, __ddiv_rn(x, fmax(norms[e.off[g] + j], 1e-12)));
+            acc = __dadd_rn(acc, __ddiv_rn(x, fmax(norms[e.lay.off[g] + j], 1e-12)));
         }
         a[c] = __ddiv_rn(acc, (double)n);
     }
@@ -77,7 +77,7 @@ keydiff_score_kernel(const struct cuda_kv_layer layer, const struct entry_lists 
     const void *row = kv_row(layer.k[g], layer.fmt_k, d, j);
     double dot = 0.0;
     for (int c = 0; c < d; c++) dot = __dadd_rn(dot, __dmul_rn((double)kv_load(row, layer.fmt_k, c), a[c]));
-    scores[e.off[g] + j] = (float)__ddiv_rn(-dot, __dmul_rn(fmax(norms[e.off[g] + j], 1e-8), a[d]));
+    scores[e.lay.off[g] + j] = (float)__ddiv_rn(-dot, __dmul_rn(fmax(norms[e.lay.off[g] + j], 1e-8), a[d]));
 }
 
 // LagKV's layout of a list of n entries (lagkv.c): `sink` entries, whole partitions of `lag`,
@@ -104,7 +104,7 @@ lagkv_fill_kernel(const struct cuda_kv_layer layer, const struct entry_lists e, 
     const int64_t j = (int64_t)blockIdx.x * ENTRY_THREADS + threadIdx.x;
     if (!e.scored[g] || j >= n) return;
     const int short_rule = lag_plan_of(n, a).short_rule;
-    scores[e.off[g] + j] = short_rule && j >= a.sink ? __fdiv_rn((float)(j - a.sink), (float)(n - a.sink)) : 1.0f;
+    scores[e.lay.off[g] + j] = short_rule && j >= a.sink ? __fdiv_rn((float)(j - a.sink), (float)(n - a.sink)) : 1.0f;
 }
 
 // The softmax weights w[0 .. lag) of the partition starting at entry p0 of the rows (keys or
@@ -178,7 +178,7 @@ static __global__ void lagkv_partition_kernel(const struct cuda_kv_layer layer, 
     lag_weights(layer.v[g], layer.fmt_v, d, p0, lag, lo, hi, ex, wv);
     for (int32_t i = threadIdx.x; i < lag; i += blockDim.x) wk[i] = __fdiv_rn(__fadd_rn(wk[i], wv[i]), 2.0f);
     __syncthreads();
-    float *out = scores + e.off[g] + p0;
+    float *out = scores + e.lay.off[g] + p0;
     for (int32_t i = threadIdx.x; i < lag; i += blockDim.x) {
         if (a.cross) {
             out[i] = wk[i];
@@ -195,11 +195,9 @@ static size_t entry_align(size_t b) { return (b + 255) & ~(size_t)255; }
 // The lists scored and their offsets; returns the most entries of a scored list (0: none).
 static int32_t entry_lists_of(const struct cuda_kv_layer *layer, int32_t budget, struct entry_lists *e) {
     memset(e, 0, sizeof(*e));   // every word set: a struct argument is copied whole
-    int64_t total = 0;
+    e->lay = cuda_list_layout_of(layer->n, layer->n_head_kv);
     int32_t most = 0;
     for (int g = 0; g < layer->n_head_kv; g++) {
-        e->off[g] = total;
-        total += layer->n[g];
         e->scored[g] = layer->n[g] > budget;
         if (e->scored[g] && layer->n[g] > most) most = layer->n[g];
     }
@@ -212,8 +210,7 @@ static size_t lagkv_smem_bytes(int32_t lag, int d) {
 
 extern "C" size_t cuda_entry_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_entry_args *a) {
     if (a->rule != CUDA_ENTRY_KEYDIFF) return 0;
-    int64_t total = 0;
-    for (int g = 0; g < layer->n_head_kv; g++) total += layer->n[g];
+    const int64_t total = cuda_list_layout_of(layer->n, layer->n_head_kv).total;
     return entry_align((size_t)total * sizeof(double)) + (size_t)layer->n_head_kv * (layer->head_dim + 1) * sizeof(double);
 }
 
@@ -233,10 +230,8 @@ extern "C" void cuda_entry_scores(cuda_stream s, const struct cuda_kv_layer *lay
     if (a->rule == CUDA_ENTRY_KNORM) {
         key_norm_kernel<<<per_entry, ENTRY_THREADS, 0, s>>>(*layer, e, scores, (double *)NULL);
     } else if (a->rule == CUDA_ENTRY_KEYDIFF) {
-        int64_t total = 0;
-        for (int g = 0; g < layer->n_head_kv; g++) total += layer->n[g];
         double *norms = (double *)work;
-        double *anchor = (double *)((char *)work + entry_align((size_t)total * sizeof(double)));
+        double *anchor = (double *)((char *)work + entry_align((size_t)e.lay.total * sizeof(double)));
         key_norm_kernel<<<per_entry, ENTRY_THREADS, 0, s>>>(*layer, e, (float *)NULL, norms);
         const int threads = layer->head_dim < 128 ? 32 * ((layer->head_dim + 31) / 32) : 128;
         keydiff_anchor_kernel<<<layer->n_head_kv, threads, 0, s>>>(*layer, e, norms, anchor);

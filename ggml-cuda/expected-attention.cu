@@ -20,13 +20,8 @@
 #define EA_THREADS (EA_TILE * EA_PARTS)
 #define EA_SOFTMAX_THREADS 256
 
-struct ea_layout {
-    int64_t off[CUDA_MAX_KV_HEADS];   // list g's scores start at off[g]
-    int32_t n_max;                    // the longest list: the logits' row length
-};
-
 static __global__ void __launch_bounds__(EA_THREADS)
-ea_logits_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a, const struct ea_layout lay,
+ea_logits_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a, const struct cuda_list_layout lay,
                  float *z) {
     const int hq = blockIdx.y, G = a.n_head / layer.n_head_kv, g = hq / G, d = layer.head_dim;
     const int32_t n = layer.n[g], j0 = a.first[g] + (int32_t)blockIdx.x * EA_TILE;
@@ -74,7 +69,7 @@ static __device__ double block_sum(double x, double *smem) {
 }
 
 static __global__ void __launch_bounds__(EA_SOFTMAX_THREADS)
-ea_softmax_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a, const struct ea_layout lay, float *z) {
+ea_softmax_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a, const struct cuda_list_layout lay, float *z) {
     const int hq = blockIdx.x, g = hq / (a.n_head / layer.n_head_kv);
     const int32_t n = layer.n[g], first = a.first[g];
     if (first >= n) return;
@@ -101,7 +96,7 @@ ea_softmax_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a,
 }
 
 static __global__ void __launch_bounds__(EA_SOFTMAX_THREADS)
-ea_combine_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a, const struct ea_layout lay,
+ea_combine_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a, const struct cuda_list_layout lay,
                   const float *prob, float *scores) {
     const int g = blockIdx.y, G = a.n_head / layer.n_head_kv, d = layer.head_dim;
     const int32_t j = (int32_t)blockIdx.x * EA_SOFTMAX_THREADS + threadIdx.x;
@@ -126,20 +121,8 @@ ea_combine_kernel(const struct cuda_kv_layer layer, const struct cuda_ea_args a,
     *out = s;
 }
 
-static int32_t ea_layout_of(const struct cuda_kv_layer *layer, struct ea_layout *lay) {
-    memset(lay, 0, sizeof(*lay));   // every word set: a struct argument is copied whole
-    int64_t total = 0;
-    for (int g = 0; g < layer->n_head_kv; g++) {
-        lay->off[g] = total;
-        total += layer->n[g];
-        lay->n_max = layer->n[g] > lay->n_max ? layer->n[g] : lay->n_max;
-    }
-    return lay->n_max;
-}
-
 extern "C" size_t cuda_ea_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_ea_args *a) {
-    struct ea_layout lay;
-    return (size_t)a->n_head * (size_t)ea_layout_of(layer, &lay) * sizeof(float);
+    return (size_t)a->n_head * (size_t)cuda_list_layout_of(layer->n, layer->n_head_kv).n_max * sizeof(float);
 }
 
 extern "C" int cuda_ea_supported(const struct cuda_kv_layer *layer, const struct cuda_ea_args *a) {
@@ -150,8 +133,8 @@ extern "C" int cuda_ea_supported(const struct cuda_kv_layer *layer, const struct
 extern "C" void cuda_ea_scores(cuda_stream s, const struct cuda_kv_layer *layer, const struct cuda_ea_args *a,
                                float *scores, void *work) {
     if (!cuda_ea_supported(layer, a)) return;
-    struct ea_layout lay;
-    const int32_t n_max = ea_layout_of(layer, &lay);
+    const struct cuda_list_layout lay = cuda_list_layout_of(layer->n, layer->n_head_kv);   // z's rows: n_max long
+    const int32_t n_max = lay.n_max;
     if (n_max == 0) return;
     float *z = (float *)work;
     int32_t most = 0;   // the most entries past the sinks of a list

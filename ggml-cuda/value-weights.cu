@@ -16,13 +16,8 @@
 #define VW_THREADS 256
 #define VW_GROUPS (VW_THREADS / VW_CANDS)   // row groups: each thread VW_ROWS / VW_GROUPS rows a stage
 
-struct vw_layout {
-    int64_t off[CUDA_MAX_KV_HEADS];   // list g's candidates' weights start at off[g]
-    int32_t nc_max;
-};
-
 static __global__ void __launch_bounds__(VW_THREADS)
-value_weights_kernel(const struct cuda_kv_layer layer, const struct cuda_vw_args a, const struct vw_layout lay,
+value_weights_kernel(const struct cuda_kv_layer layer, const struct cuda_vw_args a, const struct cuda_list_layout lay,
                      float *per_head) {
     const int hq = blockIdx.y, G = a.n_head / layer.n_head_kv, g = hq / G, d = layer.head_dim;
     const int32_t nc = a.n_cand[g], j0 = (int32_t)blockIdx.x * VW_CANDS;
@@ -56,29 +51,19 @@ value_weights_kernel(const struct cuda_kv_layer layer, const struct cuda_vw_args
     if (grp == 0 && c < cands) {
         float t = 0.0f;
         for (int k = 0; k < VW_GROUPS; k++) t += part[k][c];
-        per_head[(size_t)hq * lay.nc_max + j0 + c] = t;
+        per_head[(size_t)hq * lay.n_max + j0 + c] = t;
     }
 }
 
 // w[off[g] + j] = the mean of list g's query heads' weights, in head order.
 static __global__ void value_weights_mean_kernel(const struct cuda_kv_layer layer, const struct cuda_vw_args a,
-                                                 const struct vw_layout lay, const float *per_head, float *w) {
+                                                 const struct cuda_list_layout lay, const float *per_head, float *w) {
     const int g = blockIdx.y, G = a.n_head / layer.n_head_kv;
     const int32_t j = (int32_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= a.n_cand[g]) return;
     float s = 0.0f;
-    for (int r = 0; r < G; r++) s = __fadd_rn(s, per_head[(size_t)(g * G + r) * lay.nc_max + j]);
+    for (int r = 0; r < G; r++) s = __fadd_rn(s, per_head[(size_t)(g * G + r) * lay.n_max + j]);
     w[lay.off[g] + j] = __fdiv_rn(s, (float)G);
-}
-
-static void vw_layout_of(const struct cuda_kv_layer *layer, const struct cuda_vw_args *a, struct vw_layout *lay) {
-    memset(lay, 0, sizeof(*lay));   // every word set: a struct argument is copied whole
-    int64_t total = 0;
-    for (int g = 0; g < layer->n_head_kv; g++) {
-        lay->off[g] = total;
-        total += a->n_cand[g];
-        lay->nc_max = a->n_cand[g] > lay->nc_max ? a->n_cand[g] : lay->nc_max;
-    }
 }
 
 extern "C" int cuda_value_weights_supported(const struct cuda_kv_layer *layer, const struct cuda_vw_args *a) {
@@ -87,21 +72,18 @@ extern "C" int cuda_value_weights_supported(const struct cuda_kv_layer *layer, c
 }
 
 extern "C" size_t cuda_value_weights_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_vw_args *a) {
-    struct vw_layout lay;
-    vw_layout_of(layer, a, &lay);
-    return (size_t)a->n_head * lay.nc_max * sizeof(float);
+    return (size_t)a->n_head * cuda_list_layout_of(a->n_cand, layer->n_head_kv).n_max * sizeof(float);
 }
 
 extern "C" void cuda_value_weights(cuda_stream s, const struct cuda_kv_layer *layer, const struct cuda_vw_args *a,
                                    float *w, void *work) {
     if (!cuda_value_weights_supported(layer, a)) return;
-    struct vw_layout lay;
-    vw_layout_of(layer, a, &lay);
-    if (lay.nc_max == 0) return;
+    const struct cuda_list_layout lay = cuda_list_layout_of(a->n_cand, layer->n_head_kv);   // the candidates'
+    if (lay.n_max == 0) return;
     float *per_head = (float *)work;
     const size_t smem = (size_t)(VW_CANDS + VW_ROWS) * layer->head_dim * sizeof(float);
-    const dim3 grid((unsigned)cuda_blocks_for(lay.nc_max, VW_CANDS), (unsigned)a->n_head);
+    const dim3 grid((unsigned)cuda_blocks_for(lay.n_max, VW_CANDS), (unsigned)a->n_head);
     value_weights_kernel<<<grid, VW_THREADS, smem, s>>>(*layer, *a, lay, per_head);
-    const dim3 mean_grid((unsigned)cuda_blocks_for(lay.nc_max, 256), (unsigned)layer->n_head_kv);
+    const dim3 mean_grid((unsigned)cuda_blocks_for(lay.n_max, 256), (unsigned)layer->n_head_kv);
     value_weights_mean_kernel<<<mean_grid, 256, 0, s>>>(*layer, *a, lay, per_head, w);
 }
