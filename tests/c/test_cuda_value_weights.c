@@ -1,7 +1,8 @@
 // ctest-label: cuda
 // test_cuda_value_weights.c - CriticalKV's value weights of a layer in GPU memory
-// (critical_value_weights_device: ggml-cuda/value-weights.cu) against the same function on a
-// copy of the layer in host memory (the CPU's products), one line per case: values f32, f16
+// (critical_value_weights_device: the device's copy of W_o read by cuda_get_rows,
+// ggml-cuda/value-weights.cu) against the same function on a copy of the layer in host memory
+// (the host's W_o dequantized, the CPU's products), one line per case: values f32, f16
 // and q8_0, head_dim 64 and 128, GQA groups 1, 2 and 4, 1 to 8 lists of up to 3000
 // candidates (a list with none), n_embd not a multiple of the kernel's row stage, an F32
 // and an F16 output projection; NMSE <= 1e-10 (float sums in another order).
@@ -15,6 +16,7 @@
 #include "kv/kv-cache.h"
 #include "kv/policies/criticalkv/critical.h"
 #include "model/model.h"
+#include "model/offload.h"
 
 #define CUDA_CHECK_SEED 0x6A09E667F3BCC908ull
 #include "cuda-check.h"
@@ -51,11 +53,14 @@ static void test_case(int fmt, int d, int n_kv, int group, int32_t n_max, int n_
         fp32_to_fp16_row(wo, wo_data, (int64_t)(n_embd * row));
     }
     const struct tensor t = { .data = wo_data, .type = wo_type, .ne = { (int64_t)row, n_embd } };
+    const size_t wo_bytes = (size_t)n_embd * row * (wo_type == PYKV_TYPE_F16 ? sizeof(uint16_t) : sizeof(float));
+    const struct gpu_tensor t_dev = { .data = dev_upload(wo_data, wo_bytes), .type = wo_type,
+                                      .ne = { (int64_t)row, n_embd } };   // the layer's copy on the GPU
     struct hparams hp = { .n_layer = 1, .n_embd = n_embd, .n_head = n_head, .n_head_kv = n_kv, .head_dim = d, .n_rot = d };
     struct ws_stats st = { .n_head_kv = n_kv, .group = group, .n_cand = n_cand, .offset_kv = offset, .total = total };
     float *want = malloc((size_t)(total + 1) * sizeof(float)), *got = malloc((size_t)(total + 1) * sizeof(float));
     struct policy_event eh = { .cache = &host, .hp = &hp, .pool = pool, .layer = 0, .wo = &t };
-    struct policy_event ed = { .cache = &dev, .hp = &hp, .pool = pool, .layer = 0, .wo = &t };
+    struct policy_event ed = { .cache = &dev, .hp = &hp, .pool = pool, .layer = 0, .wo = &t, .wo_device = &t_dev };
     const int ran = ok(critical_value_weights(&eh, &st, want), "the host's weights") &&
                     ok(critical_value_weights(&ed, &st, got), "the device's weights");
     const double e = ran ? nmse(got, want, (size_t)total) : 1.0;
@@ -64,6 +69,7 @@ static void test_case(int fmt, int d, int n_kv, int group, int32_t n_max, int n_
            (long long)total, e);
     CHECK(ran);
     CHECK(e <= 1e-10);
+    cuda_free(t_dev.data);
     if (wo_data != wo) free(wo_data);
     free(wo); free(k); free(v); free(want); free(got);
     kv_cache_free(&host);

@@ -367,6 +367,7 @@ static pykv_status layer_hook(pykv_context *ctx, int layer, int T, int n_probe, 
     ev.probe.q = NULL;   // the last n_probe rows of q_device
     ev.probe.rope_inv_freq = ctx->buf.rope_inv_freq;
     ev.wo = &ctx->model->layers[layer].wo;
+    ev.wo_device = &model_gpu_layer(ctx->model, layer)->wo;
     ev.attn_colsum = NULL;
     ev.window_sums = NULL;
     if (ops->host_lists && hooks_on_host_lists(ctx, &ev, d_q, sums)) return host_layer_hook(ctx, &ev, n_probe, d_q);

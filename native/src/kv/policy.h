@@ -51,6 +51,7 @@ struct policy_config {
 
 struct hparams;
 struct tensor;
+struct gpu_tensor;
 struct threadpool;
 
 // The task probe of a prefill chunk (policies with probe_len, e.g. TAKE): the last n of the
@@ -100,6 +101,9 @@ struct policy_event {
     // n_embd), possibly quantized), for policies that weigh a value by what it adds to the
     // layer's output (criticalkv).
     const struct tensor  *wo;
+    // A layer on the GPU: the same projection in device memory (model/offload.h); NULL
+    // otherwise.
+    const struct gpu_tensor *wo_device;
 };
 
 struct kv_policy;

@@ -4,8 +4,8 @@
 // across the pool), then each query head's columns are copied out and multiplied with its
 // KV head's candidate values in blocks of rows (gemm_rows_f32), summing absolute values;
 // query heads are split across threads. The cost is one output projection of the prompt
-// per query head's share, as kvpress's. A layer on the GPU sends the dequantized projection up
-// and weighs its values there (critical-gpu.c).
+// per query head's share, as kvpress's. A layer on the GPU weighs its values there, with the
+// projection it holds (critical-gpu.c).
 #include "kv/policies/criticalkv/critical.h"
 #include "core/error.h"
 #include "core/threadpool.h"
@@ -88,6 +88,11 @@ pykv_status critical_value_weights(const struct policy_event *ev, const struct w
     if (!t || t->ne[0] != (int64_t)hp->n_head * hp->head_dim || t->ne[1] != hp->n_embd)
         return pykv_error(PYKV_ERR_INTERNAL, "layer %d: no output projection of the expected shape for the value "
                           "weights", ev->layer);
+    if (ev->wo_device) {   // a layer on the GPU weighs its values there, with its own copy of W_o
+        int on_gpu = 0;
+        PYKV_TRY(critical_value_weights_device(ev, st, w, &on_gpu));
+        if (on_gpu) return PYKV_OK;
+    }
     const int nth = threadpool_size(ev->pool);
     struct weights_job job = { .ev = ev, .st = st };
     for (int g = 0; g < st->n_head_kv; g++) if (st->n_cand[g] > job.nc_max) job.nc_max = st->n_cand[g];
@@ -105,11 +110,6 @@ pykv_status critical_value_weights(const struct policy_event *ev, const struct w
                             ev->layer, (int)t->type);
             goto done;
         }
-    if (kv_cache_list(ev->cache, ev->layer, 0)->on_device) {   // a layer on the GPU weighs its values there
-        int on_gpu = 0;
-        rc = critical_value_weights_device(ev, st, job.wo, w, &on_gpu);
-        if (rc != PYKV_OK || on_gpu) goto done;
-    }
     job.values = calloc((size_t)(st->n_head_kv > 0 ? st->n_head_kv : 1), sizeof(float *));
     job.per_head = malloc((size_t)hp->n_head * (job.nc_max ? job.nc_max : 1) * sizeof(float));
     job.scratch = malloc((size_t)nth * ((size_t)hp->n_embd * hp->head_dim + (size_t)job.nc_max * CRITICAL_ROW_BLOCK)

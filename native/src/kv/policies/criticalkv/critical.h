@@ -21,11 +21,11 @@ struct critical_opts {
 // The value weights of every candidate of the layer (st's layout: KV head g's n_cand[g]
 // candidates at st->offset_kv[g]), from ev->wo (dequantized as needed), into w.
 pykv_status critical_value_weights(const struct policy_event *ev, const struct ws_stats *st, float *w);
-// The same for a layer on the GPU (critical-gpu.c), from the projection dequantized to floats
-// (wo, host memory): the values are read where they are, only the weights come back. *done
-// is 0 when the device cannot (the caller weighs them on the host).
-pykv_status critical_value_weights_device(const struct policy_event *ev, const struct ws_stats *st, const float *wo,
-                                          float *w, int *done);
+// The same for a layer on the GPU (critical-gpu.c), from its device copy of the projection
+// (ev->wo_device) and its values where they are stored; only the weights come back. *done is
+// 0 when the device cannot (the caller weighs them on the host).
+pykv_status critical_value_weights_device(const struct policy_event *ev, const struct ws_stats *st, float *w,
+                                          int *done);
 
 // Keep b candidates of list g (scores s, weights w, n_cand of them) plus its `window` last
 // entries, by the two stages above.
