@@ -28,8 +28,7 @@ decode_probs_kernel(const struct cuda_kv_layer layer, const float *__restrict__ 
     const int32_t n = layer.n_dev ? layer.n_dev[g] : layer.n[g];
     const float *qh = q + (size_t)h * d;
     float *row = out + (size_t)h * stride;
-    const int32_t *members = layer.members[g], *member_at = members + layer.members_cap[g];
-    const float *member_pool = (const float *)(member_at + layer.members_cap[g]);
+    const struct win_members mb = win_members_of(layer, g);
 
     float m = -INFINITY;   // the same in every lane of a warp: warp_sum gives each lane the sum
     for (int32_t j = warp; j < n; j += PROBS_WARPS) {
@@ -37,13 +36,7 @@ decode_probs_kernel(const struct cuda_kv_layer layer, const float *__restrict__ 
         win_lane_key(kv_row(layer.k[g], fmt, d, j), fmt, d, lane, kreg);
         const float x = __fmul_rn(warp_sum(win_lane_dot(qh, kreg, d, lane)), scale);
         if (lane == 0) row[j] = x;
-        const int32_t cnt = members ? members[j] : 1;
-        if (cnt > 1) {   // norms ascend: the largest member logit is at either end
-            const float *norm = member_pool + member_at[j];
-            m = fmaxf(m, fmaxf(__fmul_rn(x, norm[0]), __fmul_rn(x, norm[cnt - 1])));
-        } else {
-            m = fmaxf(m, x);
-        }
+        m = fmaxf(m, win_entry_max(mb, j, x));
     }
     if (lane == 0) part[warp] = m;
     __syncthreads();   // the logits and the warps' maxima are written
@@ -56,14 +49,7 @@ decode_probs_kernel(const struct cuda_kv_layer layer, const float *__restrict__ 
     const float M = shared_m;
     float s = 0.0f;
     for (int32_t j = threadIdx.x; j < n; j += PROBS_THREADS) {
-        const int32_t cnt = members ? members[j] : 1;
-        float e = 0.0f;
-        if (cnt > 1) {
-            const float *norm = member_pool + member_at[j];
-            for (int32_t i = 0; i < cnt; i++) e += expf(__fmul_rn(norm[i], row[j]) - M);
-        } else {
-            e = expf(row[j] - M);
-        }
+        const float e = win_entry_exp(mb, j, row[j], M);
         row[j] = e;
         s += e;
     }

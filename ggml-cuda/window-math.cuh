@@ -80,6 +80,41 @@ static __host__ __device__ __forceinline__ float win_prob(float x, float M, floa
     return expf(x - M) * inv_l;
 }
 
+// Merged entries (EMS; cuda_kv_layer.members): entry j of a list stands for count[j] members
+// whose key norms, ascending, are pool[at[j] ..]; member m's logit is norm_m * x, x the
+// entry's logit (its stored key is the members' unit direction), as attention.c expands
+// them. count NULL: the list holds no merged entries.
+struct win_members {
+    const int32_t *count, *at;
+    const float   *pool;
+};
+static __host__ __device__ __forceinline__ struct win_members win_members_of(const struct cuda_kv_layer &layer,
+                                                                             int g) {
+    struct win_members mb = { layer.members[g], NULL, NULL };
+    if (mb.count) {
+        mb.at = mb.count + layer.members_cap[g];
+        mb.pool = (const float *)(mb.at + layer.members_cap[g]);
+    }
+    return mb;
+}
+// The largest logit among entry j's members (norms ascend: it is at either end).
+static __host__ __device__ __forceinline__ float win_entry_max(const struct win_members &mb, int64_t j, float x) {
+    const int32_t cnt = mb.count ? mb.count[j] : 1;
+    if (cnt <= 1) return x;
+    const float *norm = mb.pool + mb.at[j];
+    return fmaxf(kv_mul_rn(x, norm[0]), kv_mul_rn(x, norm[cnt - 1]));
+}
+// exp(x - M), or for a merged entry the sum over its members of exp(norm_m * x - M) in member order.
+static __host__ __device__ __forceinline__ float win_entry_exp(const struct win_members &mb, int64_t j, float x,
+                                                               float M) {
+    const int32_t cnt = mb.count ? mb.count[j] : 1;
+    if (cnt <= 1) return expf(x - M);
+    const float *norm = mb.pool + mb.at[j];
+    float e = 0.0f;
+    for (int32_t i = 0; i < cnt; i++) e += expf(kv_mul_rn(norm[i], x) - M);
+    return e;
+}
+
 // Welford's update with the k-th value (k >= 1) of a column, in double (ws_stats_compute).
 static __host__ __device__ __forceinline__ void win_welford(double *mean, double *m2, float p, int k) {
     const double x = (double)p;

@@ -5,7 +5,8 @@
 //  1. partial_kernel, grid (tile of WIN_TJ entries, query head): the logits of the tile's
 //     entries for the window rows (WIN_RC rows at a time, staged in shared memory; a warp per
 //     entry, lanes over head_dim), and per row the tile's max and sum of exp over the entries
-//     the row sees -> part (n_head, rows, n_tiles).
+//     the row sees -> part (n_head, rows, n_tiles). A merged entry (EMS) counts as its
+//     members (window-math.cuh), so its probability is their total, as attention.c has it.
 //  2. combine_kernel, a thread per (query head, row): the row's max M and 1 / sum over its
 //     tiles in tile order -> ml (n_head, rows).
 //  3. stats_kernel, grid (tile of WIN_TJ candidates, query head): the same logits again, the
@@ -71,6 +72,7 @@ static __global__ void __launch_bounds__(WIN_THREADS) partial_kernel(const struc
     if (p.n_cand[g] <= 0 || j0 >= n) return;
     const int kt = min(WIN_TJ, n - j0);
     const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP;
+    const struct win_members mb = win_members_of(p.layer, g);
     for (int r0 = 0; r0 < p.rows; r0 += WIN_RC) {
         const int rc = min(WIN_RC, p.rows - r0);
         tile_logits(p, h, p.layer.k[g], j0, kt, r0, rc, P);
@@ -79,11 +81,11 @@ static __global__ void __launch_bounds__(WIN_THREADS) partial_kernel(const struc
             const int r = r0 + rr;
             const int vis = min(kt, row_visible(p, g, r) - j0);   // entries of the tile row r sees
             float m = -INFINITY;
-            for (int jl = lane; jl < vis; jl += CUDA_WARP) m = fmaxf(m, P[rr][jl]);
+            for (int jl = lane; jl < vis; jl += CUDA_WARP) m = fmaxf(m, win_entry_max(mb, j0 + jl, P[rr][jl]));
             m = warp_max(m);
             float s = 0.0f;
             if (m != -INFINITY)
-                for (int jl = lane; jl < vis; jl += CUDA_WARP) s += expf(P[rr][jl] - m);
+                for (int jl = lane; jl < vis; jl += CUDA_WARP) s += win_entry_exp(mb, j0 + jl, P[rr][jl], m);
             s = warp_sum(s);
             if (lane == 0) p.part[((size_t)h * p.rows + r) * p.n_tiles + tile] = make_float2(m, s);
         }
@@ -112,6 +114,7 @@ static __global__ void __launch_bounds__(WIN_THREADS) stats_kernel(const struct 
     const int kt = min(WIN_TJ, nc - j0);
     const int jl = threadIdx.x;
     const float2 *ml = p.ml + (size_t)h * p.rows;
+    const struct win_members mb = win_members_of(p.layer, g);
     double mu = 0.0, m2 = 0.0, ent = 0.0, weighted = 0.0;
     for (int r0 = 0; r0 < p.rows; r0 += WIN_RC) {
         const int rc = min(WIN_RC, p.rows - r0);
@@ -121,7 +124,7 @@ static __global__ void __launch_bounds__(WIN_THREADS) stats_kernel(const struct 
             for (int rr = 0; rr < rc; rr++) {
                 const float2 f = ml[r0 + rr];
                 const int seen = !p.vis || j0 + jl < row_visible(p, g, r0 + rr);
-                const float prob = seen ? win_prob(P[rr][jl], f.x, f.y) : 0.0f;
+                const float prob = seen ? win_entry_exp(mb, j0 + jl, P[rr][jl], f.x) * f.y : 0.0f;
                 win_welford(&mu, &m2, prob, r0 + rr + 1);
                 if (p.weight_seen) weighted += (double)row_visible(p, g, r0 + rr) * (double)prob;
                 if (p.ent) ent += (double)prob * log((double)prob + 1e-10);

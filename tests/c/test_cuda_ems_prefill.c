@@ -8,7 +8,11 @@
 //  * ems_gpu_prefill_layer vs ems_prefill_list on the same lists (twin-lists.h): several
 //    lists, budgets, tau (merging, evict-only) and gamma (with and without TBM entries); the
 //    same kept positions, member counts and norms, rows byte for byte (the merges read the
-//    same rows on both sides), and the same scores.
+//    same rows on both sides), and the same scores; then a second prompt over what each kept
+//    (merged entries included) and a new chunk, the same again;
+//  * before that second prompt, ws_attention_sums_device over the lists with merged entries
+//    (the window kernel expanding each into its members) against a direct computation in
+//    double: within 2e-5 of the largest sum.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +20,7 @@
 
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-cache.h"
+#include "kv/policies/common/window-scores.h"
 #include "kv/policies/ems/ems.h"
 #include "model/model.h"
 
@@ -100,13 +105,13 @@ struct prefill_case {
     struct ems_opts o;
 };
 
-// Per-list scores as a prompt leaves them: s_Glo accumulated, s_Loc of the window.
-static void random_scores(struct ems_list *s, int32_t n, float *loc) {
-    CHECK(ems_list_track(s, n) == PYKV_OK);
-    for (int32_t j = 0; j < n; j++) {
-        s->glo[j] = uniform(0.0f, 4.0f);
-        loc[j] = uniform(0.0f, 1.0f);
-    }
+// Scores as a prompt leaves them: s_Glo of the entries from m0 on accumulated (the same on
+// both sides; earlier entries keep theirs), s_Loc of every entry over the window.
+static void random_scores(struct ems_list *sh, struct ems_list *sd, int32_t m0, int32_t n, float *loc) {
+    CHECK(ems_list_track(sh, n) == PYKV_OK);
+    CHECK(ems_list_track(sd, n) == PYKV_OK);
+    for (int32_t j = m0; j < n; j++) sh->glo[j] = sd->glo[j] = uniform(0.0f, 4.0f);
+    for (int32_t j = 0; j < n; j++) loc[j] = uniform(0.0f, 1.0f);
 }
 
 static int same_scores(const struct ems_list *a, const struct ems_list *b) {
@@ -116,6 +121,61 @@ static int same_scores(const struct ems_list *a, const struct ems_list *b) {
            !memcmp(a->wsum, b->wsum, bytes) && !memcmp(a->kmag, b->kmag, bytes);
 }
 
+// The attention sums over the device lists (ws_attention_sums_device: the window kernel,
+// merged entries expanded) against a direct computation in double over the same lists in
+// host memory: T random query rows per query head (G per list), the last `rows` of them
+// summed, row r seeing the first n - (rows - 1 - r) entries; member m of a merged entry j
+// has logit norm_m * q . k_j / sqrt(d). Returns the worst error relative to the largest sum.
+static double attention_sums_error(struct kv_cache *host, struct kv_cache *dev, int G, int32_t T, int32_t rows) {
+    const int hkv = host->n_head_kv, d = host->head_dim, n_head = hkv * G;
+    int32_t n_max = 1;
+    for (int g = 0; g < hkv; g++) n_max = kv_cache_list(host, 0, g)->n > n_max ? kv_cache_list(host, 0, g)->n : n_max;
+    float *q = malloc((size_t)T * n_head * d * sizeof(float));
+    fill(q, (size_t)T * n_head * d, -0.4f, 0.4f);
+    float *d_q = dev_upload(q, (size_t)T * n_head * d * sizeof(float));
+    float *got = calloc((size_t)n_head * n_max, sizeof(float));
+    double *want = calloc((size_t)n_head * n_max, sizeof(double)), *w = malloc((size_t)n_max * sizeof(double));
+    struct hparams hp = { .n_layer = 1, .n_head = n_head, .n_head_kv = hkv, .head_dim = d };
+    struct policy_event ev = { .cache = dev, .hp = &hp, .layer = 0, .T = T, .q_device = d_q };
+    const int ran = ok(ws_attention_sums_device(&ev, rows, got, (size_t)n_max), "ws_attention_sums_device");
+    double worst = 0.0, top = 0.0;
+    float tk[PYKV_MAX_HEAD_DIM];
+    for (int h = 0; h < n_head && ran; h++) {
+        const struct kv_list *l = kv_cache_list(host, 0, h / G);
+        for (int32_t r = 0; r < rows; r++) {
+            const float *qr = q + ((size_t)(T - rows + r) * n_head + h) * d;
+            const int32_t seen = l->n - (rows - 1 - r);
+            double mx = -INFINITY, z = 0.0;
+            for (int32_t j = 0; j < seen; j++) {
+                const float *k = kv_key_f32(l, j, d, tk);
+                double x = 0.0;
+                for (int c = 0; c < d; c++) x += (double)qr[c] * k[c];
+                w[j] = x / sqrt((double)d);
+                const float *norm = kv_member_norms(l, j);
+                const int32_t cnt = ems_members(l, j);
+                for (int32_t m = 0; m < cnt; m++) mx = fmax(mx, (norm ? norm[m] : 1.0) * w[j]);
+            }
+            for (int32_t j = 0; j < seen; j++) {
+                const float *norm = kv_member_norms(l, j);
+                double e = 0.0;
+                for (int32_t m = 0; m < ems_members(l, j); m++) e += exp((norm ? norm[m] : 1.0) * w[j] - mx);
+                w[j] = e;
+                z += e;
+            }
+            for (int32_t j = 0; j < seen; j++) want[(size_t)h * n_max + j] += w[j] / z;
+        }
+        for (int32_t j = 0; j < l->n; j++) top = fmax(top, want[(size_t)h * n_max + j]);
+    }
+    for (int h = 0; h < n_head && ran; h++)
+        for (int32_t j = 0; j < kv_cache_list(host, 0, h / G)->n; j++)
+            worst = fmax(worst, fabs((double)got[(size_t)h * n_max + j] - want[(size_t)h * n_max + j]));
+    cuda_free(d_q);
+    free(q); free(got); free(want); free(w);
+    return ran && top > 0.0 ? worst / top : INFINITY;
+}
+
+// Two prompt ends on the same lists, on both sides: the first over single tokens, the second
+// over what the first kept (its merged entries among them) and a new chunk.
 static void test_prefill(const struct prefill_case *pc) {
     const int d = pc->d, hkv = pc->n_kv;
     struct kv_cache host, dev;
@@ -126,33 +186,44 @@ static void test_prefill(const struct prefill_case *pc) {
     float *loc[8];
     memset(sh, 0, sizeof(sh));
     memset(sd, 0, sizeof(sd));
+    memset(loc, 0, sizeof(loc));
     float *k = malloc((size_t)pc->n_max * d * sizeof(float)), *v = malloc((size_t)pc->n_max * d * sizeof(float));
-    for (int g = 0; g < hkv; g++) {
-        const int32_t n = g == 0 ? pc->n_max : g == 1 ? 1 + next_int(pc->budget) : 1 + next_int(pc->n_max);
-        clustered_rows(n, d, k, v);
-        twin_list_fill(&host, &dev, g, n, k, v);
-        loc[g] = malloc((size_t)n * sizeof(float));
-        random_scores(&sh[g], n, loc[g]);
-        CHECK(ems_list_track(&sd[g], n) == PYKV_OK);
-        memcpy(sd[g].glo, sh[g].glo, (size_t)n * sizeof(float));
-    }
     struct hparams hp = { .n_layer = 1, .n_head = hkv, .n_head_kv = hkv, .head_dim = d };
     struct policy_event eh = { .cache = &host, .hp = &hp, .layer = 0 }, ed = { .cache = &dev, .hp = &hp, .layer = 0 };
-    int ran = 1;
-    for (int g = 0; g < hkv; g++) ran &= ok(ems_prefill_list(&eh, &pc->o, pc->budget, g, &sh[g], loc[g]), "ems_prefill_list");
-    ran &= ok(ems_gpu_prefill_layer(&ed, &pc->o, pc->budget, sd, loc), "ems_gpu_prefill_layer");
-    int same = ran;
-    int64_t kept = 0, merged = 0;
-    for (int g = 0; g < hkv && ran; g++) {
-        same &= twin_list_same(&host, &dev, g, &kept) && same_scores(&sh[g], &sd[g]);
-        const struct kv_list *l = kv_cache_list(&host, 0, g);
-        for (int32_t j = 0; l->n_members && j < l->n; j++) merged += l->n_members[j] > 1;
+    for (int round = 0; round < 2; round++) {
+        for (int g = 0; g < hkv; g++) {
+            const int32_t had = kv_cache_list(&host, 0, g)->n;
+            const int32_t n = round ? pc->n_max / 2 : g == 0 ? pc->n_max : g == 1 ? 1 + next_int(pc->budget)
+                                                    : 1 + next_int(pc->n_max);
+            clustered_rows(n, d, k, v);
+            if (round) twin_list_append(&host, &dev, g, n, k, v, 3 * pc->n_max + 1);
+            else twin_list_fill(&host, &dev, g, n, k, v);
+            free(loc[g]);
+            loc[g] = malloc((size_t)(had + n) * sizeof(float));
+            random_scores(&sh[g], &sd[g], had, had + n, loc[g]);
+        }
+        double sums_err = 0.0;
+        if (round) sums_err = attention_sums_error(&host, &dev, 2, pc->n_max / 2, pc->o.window);
+        int ran = 1;
+        for (int g = 0; g < hkv; g++)
+            ran &= ok(ems_prefill_list(&eh, &pc->o, pc->budget, g, &sh[g], loc[g]), "ems_prefill_list");
+        ran &= ok(ems_gpu_prefill_layer(&ed, &pc->o, pc->budget, sd, loc), "ems_gpu_prefill_layer");
+        int same = ran;
+        int64_t kept = 0, merged = 0;
+        for (int g = 0; g < hkv && ran; g++) {
+            same &= twin_list_same(&host, &dev, g, &kept) && same_scores(&sh[g], &sd[g]);
+            const struct kv_list *l = kv_cache_list(&host, 0, g);
+            for (int32_t j = 0; l->n_members && j < l->n; j++) merged += l->n_members[j] > 1;
+        }
+        printf("ems prefill %s %s d=%d lists=%d n<=%d B=%d tau=%.2f gamma=%d: %lld kept, %lld merged: %s",
+               round ? "second" : "first", kv_format_name(pc->fmt), d, hkv, pc->n_max, pc->budget, pc->o.tau,
+               pc->o.gamma, (long long)kept, (long long)merged, same ? "equal" : "DIFFERENT");
+        if (round) printf("; attention sums before it: max error %.2e of the largest", sums_err);
+        printf("\n");
+        CHECK(same);
+        CHECK(pc->o.tau >= 1.0 || pc->o.gamma == 1 || merged > 0);
+        CHECK(sums_err <= 2e-5);
     }
-    printf("ems prefill %s d=%d lists=%d n<=%d B=%d tau=%.2f gamma=%d: %lld kept, %lld merged: %s\n",
-           kv_format_name(pc->fmt), d, hkv, pc->n_max, pc->budget, pc->o.tau, pc->o.gamma, (long long)kept,
-           (long long)merged, same ? "equal" : "DIFFERENT");
-    CHECK(same);
-    CHECK(pc->o.tau >= 1.0 || pc->o.gamma == 1 || merged > 0);
     for (int g = 0; g < hkv; g++) {
         ems_list_free(&sh[g]);
         ems_list_free(&sd[g]);

@@ -22,6 +22,23 @@ static inline void twin_list_fill(struct kv_cache *host, struct kv_cache *dev, i
     l->n = n;
 }
 
+// m more rows k and v appended to list g of layer 0 of both caches, at positions pos0 + 3 t
+// (a later prompt over what the lists kept).
+static inline void twin_list_append(struct kv_cache *host, struct kv_cache *dev, int g, int32_t m, const float *k,
+                                    const float *v, int32_t pos0) {
+    struct kv_list *h = kv_cache_list(host, 0, g), *l = kv_cache_list(dev, 0, g);
+    const int d = host->head_dim;
+    const int32_t n = l->n;
+    CHECK(kv_list_reserve(host, h, m) == PYKV_OK);
+    for (int32_t t = 0; t < m; t++) kv_list_push(host, h, k + (size_t)t * d, v + (size_t)t * d, pos0 + 3 * t);
+    CHECK(kv_list_reserve(dev, l, m) == PYKV_OK);
+    kv_list_push_positions(l, pos0, m);   // the rows as the forward pass appends a chunk's
+    memcpy(l->pos + n, h->pos + n, (size_t)m * sizeof(int32_t));
+    CHECK(kv_list_write_rows(dev, l, 0, n + m, h->k) == PYKV_OK);
+    CHECK(kv_list_write_rows(dev, l, 1, n + m, h->v) == PYKV_OK);
+    CHECK(kv_list_sync_members(dev, l) == PYKV_OK);
+}
+
 // Whether list g of layer 0 is the same in both caches: its positions, its rows byte for byte,
 // and its merged entries' member counts and norms. *kept += its entries.
 static inline int twin_list_same(const struct kv_cache *host, const struct kv_cache *dev, int g, int64_t *kept) {

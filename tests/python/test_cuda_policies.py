@@ -3,13 +3,13 @@
 Every policy runs there (policy_ops.device_lists) and scores on the device (the observation
 window, TAKE's and FINCH's probes, the attention sums, LAVa's value norms, the keys and values
 of knorm, keydiff and lagkv, expected_attention's query statistics and expected logits,
-criticalkv's value weights, KVzip's reconstruction passes), random from positions alone; EMS's first prompt merges on the device (each to-be-merged entry's most
-similar centre found there, only the merging rows brought down) and a later one on the host
-with the layer's lists brought down and sent back, its merged entries expanded by the GPU's
-attention; all compact the lists in GPU memory. SnapKV, PyramidKV, Ada-KV, knorm, keydiff,
-lagkv and expected_attention select on the device too, the decode steps of h2o, tova, cake and
-ems take their attention sums from the recorded decode step, and EMS's decode steps merge on
-the device.
+criticalkv's value weights, KVzip's reconstruction passes), random from positions alone; EMS
+merges at a prompt's end on the device (each to-be-merged entry's most similar centre found
+there, only the merging rows brought down), a later prompt's merged entries expanded by the
+GPU's attention and attention sums; all compact the lists in GPU memory. SnapKV, PyramidKV,
+Ada-KV, knorm, keydiff, lagkv and expected_attention select on the device too, the decode steps
+of h2o, tova, cake and ems take their attention sums from the recorded decode step, and EMS's
+decode steps merge on the device.
 Each is run on the same prompt by a context with every layer on the GPU and by one on the
 CPU's exact path, and compared: the positions every (layer, KV head) list keeps, the byte
 counts of kv_stats, the budget, and the logits.
@@ -217,9 +217,9 @@ def test_decode_sums_come_from_the_recorded_step(model_path, policy):
 
 @needs_gpu
 def test_ems_second_prompt_over_merged_entries(model_path):
-    """EMS's chunks before a prompt's last take the attention sums from the device, unless a
-    list holds merged entries (a second prompt after the first was compressed), whose members
-    only the host's sums expand: both prompts in several chunks keep what the CPU keeps."""
+    """A second prompt after the first was compressed: its chunks' attention sums, computed
+    on the device, expand the merged entries into their members, and its end merges on the
+    device lists again: both prompts in several chunks keep what the CPU keeps."""
     path = model_path("llama_q8_0_h8kv2")
     cpu, gpu = _pair(path, "ems", budget=48, n_batch=64)
     with cpu, gpu:

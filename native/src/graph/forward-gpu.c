@@ -270,14 +270,6 @@ static pykv_status run_hooks(pykv_context *ctx, const struct policy_event *ev) {
     return PYKV_OK;
 }
 
-// Whether a list of the layer holds merged entries, whose members the device's attention
-// sums of a prefill chunk do not expand.
-static int layer_has_merged(pykv_context *ctx, int layer) {
-    for (int h = 0; h < ctx->model->hp.n_head_kv; h++)
-        if (kv_cache_list(&ctx->cache, layer, h)->n_members) return 1;
-    return 0;
-}
-
 // The sums of a prompt's last chunk's window of queries (the policy's last_chunk_min rows),
 // computed on the device, into *window (freed by the caller) and ev->window_sums.
 static pykv_status window_sums_device(pykv_context *ctx, struct policy_event *ev, float **window) {
@@ -301,16 +293,15 @@ static pykv_status window_sums_device(pykv_context *ctx, struct policy_event *ev
 
 // A policy with host_lists (EMS) sees the layer as the CPU's hooks do: its lists, the chunk's
 // queries (in ctx->buf.q) and the attention sums in host memory, the lists going back after.
-// A prefill chunk's sums come from the device while no list holds merged entries (a prompt's
-// last chunk over a long list is the costly part of them), otherwise from the CPU over the
-// staged lists.
+// A prefill chunk's sums come from the device (merged entries expanded), a decode step's from
+// the CPU over the staged lists.
 static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, int n_probe, const float *d_q) {
     const struct policy_ops *ops = ctx->policy->ops;
     const struct hparams *hp = &ctx->model->hp;
     const int T = ev->T;
     struct kv_staged saved[CUDA_MAX_KV_HEADS];
     if (!d_q) return pykv_error(PYKV_ERR_INTERNAL, "the '%s' policy's hooks need the layer's queries", ops->name);
-    const int sums = hooks_take_sums(ops, T), sums_on_device = sums && T > 1 && !layer_has_merged(ctx, ev->layer);
+    const int sums = hooks_take_sums(ops, T), sums_on_device = sums && T > 1;
     if (sums_on_device) PYKV_TRY(ws_attention_sums_device(ev, T, ctx->buf.attn_colsum, ctx->buf.colsum_stride));
     float *window = NULL;   // the window's own sums (policy_event.window_sums)
     if (sums_on_device && ev->is_last_chunk) PYKV_TRY(window_sums_device(ctx, ev, &window));
@@ -336,15 +327,14 @@ static pykv_status host_layer_hook(pykv_context *ctx, struct policy_event *ev, i
 
 // Whether a host_lists policy's hooks for this layer need its lists in host memory
 // (policy_ops.host_lists): at the end of a prefill call (unless the policy does it on the
-// device lists, policy_ops.device_prefill_end) and on decode steps, and whenever a list holds
-// merged entries, whose members the device's attention sums do not expand. Earlier chunks take
-// the sums only, computed on the device over the lists in place.
+// device lists, policy_ops.device_prefill_end) and on decode steps. Earlier chunks take the
+// sums only, computed on the device over the lists in place (merged entries expanded).
 // A decode step whose hooks run after the recorded step, with its sums, stays on the device
 // when the policy takes such steps there (policy_ops.after_step).
 static int hooks_on_host_lists(pykv_context *ctx, const struct policy_event *ev, const float *d_q,
                                const float *sums) {
     if (!d_q) return !(sums && ctx->policy->ops->after_step);
-    if (ev->T == 1 || layer_has_merged(ctx, ev->layer)) return 1;
+    if (ev->T == 1) return 1;
     return ev->is_last_chunk && !ctx->policy->ops->device_prefill_end;
 }
 

@@ -89,10 +89,10 @@ struct policy_event {
     // attn_colsum_stride) holds one value per entry of KV head h / (n_head / n_head_kv).
     const float          *attn_colsum;
     int32_t               attn_colsum_stride;
-    // after_layer of a host_lists policy at a prompt's last chunk on a GPU layer whose lists
-    // hold no merged entries: the same sums from the chunk's last window_rows queries only
-    // (window_rows = min(last_chunk_min, T)), computed on the device (before the lists came
-    // down, or with device_prefill_end in their place); NULL otherwise.
+    // after_layer of a host_lists policy at a prompt's last chunk on a GPU layer: the same
+    // sums from the chunk's last window_rows queries only (window_rows = min(last_chunk_min,
+    // T)), computed on the device (before the lists came down, or with device_prefill_end in
+    // their place); NULL otherwise.
     const float          *window_sums;
     int32_t               window_rows;
     // after_layer only: the probe tokens (policies with probe_len, e.g. TAKE).
@@ -215,13 +215,13 @@ struct policy_ops {
     // those hooks of a GPU layer the context brings its lists, the chunk's queries and the
     // attention sums to host memory (kv_layer_stage) and sends the lists back, with their
     // merged entries, which the GPU's attention expands. The hooks of earlier chunks take
-    // only the attention sums, computed on the device (the last chunk's too; in host memory
-    // while a list of the layer holds merged entries). A policy with after_step takes decode steps on the
-    // device lists instead, once the recorded step is done (its sums expand merged entries).
+    // only the attention sums, computed on the device (the last chunk's too), merged entries
+    // expanded. A policy with after_step takes decode steps on the device lists instead, once
+    // the recorded step is done.
     int           host_lists;
-    // Nonzero (with host_lists): the hooks of a prompt's last chunk on a GPU layer whose lists
-    // hold no merged entries work on the device lists instead, as earlier chunks' do, with the
-    // attention sums and the window's sums (policy_event.window_sums) computed on the device.
+    // Nonzero (with host_lists): the hooks of a prompt's last chunk on a GPU layer work on the
+    // device lists instead, as earlier chunks' do, with the attention sums and the window's
+    // sums (policy_event.window_sums) computed on the device.
     int           device_prefill_end;
 };
 

@@ -1,6 +1,8 @@
 // ems-gpu-prefill.c - EMS at the end of a prefill call on the lists of a layer offloaded to a
-// GPU (docs/policies.md#ems), while they hold no merged entries (a first prompt): the rule of
-// ems-prefill.c with the rows left in device memory. Per layer, three waits:
+// GPU (docs/policies.md#ems): the rule of ems-prefill.c with the rows left in device memory.
+// Merged entries left by an earlier prompt take part as on the CPU: their stored rows (the
+// unit direction and mean value) in R, their member norms and weights (host memory) in the
+// merges and the member cap. Per layer, three waits:
 //  1. each list's partition on the host (ems_partition: the scores are host arrays), then
 //     one launch for every TBM entry of every list: its most similar centre and R
 //     (cuda_ems_most_similar, against the centres' original rows), brought back;

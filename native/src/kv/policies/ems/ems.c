@@ -17,9 +17,9 @@
 //    direction attention.c can expand (no per-member re-rotation). No protected centres (the
 //    paper's PPL setting). One-shot weighted average, w = s_Loc. R with a negative key or value
 //    cosine never merges. tau = 1 is evict-only; gamma = 1 has no TBM tokens.
-//  * On a GPU, a prompt's end on lists that hold no merged entries yet (ems-gpu-prefill.c):
-//    the same partition and merges, every TBM entry's most similar centre found on the
-//    device and only the rows that may merge brought down.
+//  * On a GPU, a prompt's end on the device lists (ems-gpu-prefill.c): the same partition
+//    and merges, every TBM entry's most similar centre found on the device and only the rows
+//    that may merge brought down.
 //  * Decode (ems-decode.c; each list as soon as it has attended, through decode_list,
 //    overlapped with the attention of the layer's other lists; on a GPU, every list once the
 //    step is done, ems-gpu.c): fixed budget B per list,
@@ -198,8 +198,8 @@ static void accumulate(struct ems_list *s, const struct policy_event *ev, int32_
     }
 }
 
-// s_Loc from the sums a GPU layer computed over the window's queries (policy_event.window_sums;
-// its lists hold no merged entries): the GQA mean of each KV head's rows, in head order.
+// s_Loc from the sums a GPU layer computed over the window's queries (policy_event.window_sums,
+// merged entries expanded): the GQA mean of each KV head's rows, in head order.
 static pykv_status window_local_scores(const struct policy_event *ev, float **out) {
     const int32_t hkv = ev->hp->n_head_kv, G = ev->hp->n_head / hkv;
     for (int32_t g = 0; g < hkv; g++) {

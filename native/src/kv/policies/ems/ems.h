@@ -5,7 +5,7 @@
 //   ems-prefill.c end of prefill: global-local score, centre / TBM / evict partition, merges
 //   ems-decode.c  every decode step: window -> centre, weakest centre merged or evicted
 //   ems-step.c    the decode step's scans of a list (scores and sums, weakest centre, most similar)
-//   ems-gpu-prefill.c  end of prefill on lists in GPU memory, before they hold merged entries
+//   ems-gpu-prefill.c  end of prefill on lists in GPU memory
 //   ems-gpu.c     the decode step of lists in GPU memory, every list's done together
 // Every choice is documented in ems.c's header comment.
 #pragma once
@@ -131,10 +131,10 @@ pykv_status ems_prefill_merge(struct kv_list *l, const struct ems_opts *o, int32
                               const struct ems_merger *m);
 pykv_status ems_prefill_keep(struct kv_cache *cache, struct kv_list *l, struct ems_list *s,
                              const struct ems_partition *pt);
-// The prefill end of every list of a layer in GPU memory whose lists hold no merged entries
-// (ems-gpu-prefill.c): the partitions on the host, every TBM entry's most similar centre in
-// one launch, the merging lists' rows brought down and the merged rows sent up in batches,
-// the lists compacted on the device. loc[g]: list g's s_Loc.
+// The prefill end of every list of a layer in GPU memory (ems-gpu-prefill.c): the partitions
+// on the host, every TBM entry's most similar centre in one launch, the merging lists' rows
+// brought down and the merged rows sent up in batches, the lists compacted on the device.
+// loc[g]: list g's s_Loc.
 pykv_status ems_gpu_prefill_layer(const struct policy_event *ev, const struct ems_opts *o, int32_t B,
                                   struct ems_list *lists, float *const *loc);
 // A decode step of list g (after it has attended): the step's attention into the scores
