@@ -3,9 +3,9 @@
 # any CUDA machine with Python, numpy, pytest and CMake will do):
 #   1. build libpykv with the CUDA backend for this card (or take a build made elsewhere);
 #   2. the kernel tests (tests/c/test_cuda_*: every kernel against its CPU twin) under
-#      compute-sanitizer's memcheck;
-#   3. the model tests (tests/python/test_cuda.py: tiny random models and a SmolLM2-shaped one,
-#      GPU against CPU; test_cuda_policies.py: the eviction policies' kept positions);
+#      compute-sanitizer's memcheck, BG_JOBS (4) at a time beside test_cuda_policies.py (the
+#      eviction policies' kept positions);
+#   3. test_cuda.py (tiny random models and a SmolLM2-shaped one, GPU against CPU), alone;
 #   4. the GPU benchmark: `pykv bench -ngl 99` on random-weight files of SmolLM2-135M's and
 #      Llama-3.1-8B's shapes (bench/gpu_models.py): pp512, pp2048, tg128 and tg32 at depth
 #      8192, llama-bench's tests for the same shapes and types; then the policies: decode at depth 32768 with 256
@@ -26,12 +26,19 @@ cd "$(dirname "$0")/../.."
 LOG_NAME=gpu.log
 source tests/gpu/setup.sh
 
+# The checks that measure the GPU's free memory run alone (test_cuda_device, test_cuda.py's
+# create/close cycles); the others share the GPU, BG_JOBS at a time.
+# the model tests skip without a GPU: here that is a failure
+check "pykv sees the GPU" 60 "$PYTHON" -c "import sys, pykv; sys.exit('CUDA = 1' not in pykv.system_info())"
+MEMCHECK=(compute-sanitizer --tool memcheck --error-exitcode 99)
+check "test_cuda_device (memcheck)" 240 "${MEMCHECK[@]}" "$BUILD/tests/c/test_cuda_device"
+check_bg "test_cuda_policies.py" 400 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda_policies.py
 for t in "$BUILD"/tests/c/test_cuda_*; do
-    [ -x "$t" ] || continue
-    check "$(basename "$t") (memcheck)" 240 compute-sanitizer --tool memcheck --error-exitcode 99 "$t"
+    [ -x "$t" ] && [ "$(basename "$t")" != test_cuda_device ] || continue
+    check_bg "$(basename "$t") (memcheck)" 300 "${MEMCHECK[@]}" "$t"
 done
+check_wait
 check "test_cuda.py" 300 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py
-check "test_cuda_policies.py" 300 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda_policies.py
 
 if [ -z "${SKIP_BENCH:-}" ]; then
     MODELS=/tmp/pykv-gpu-models

@@ -28,6 +28,34 @@ check() {   # check NAME TIMEOUT_S COMMAND...: run it, record PASS/FAIL
     results+=("$line")
 }
 
+# check_bg NAME TIMEOUT_S COMMAND...: check in the background, at most BG_JOBS at a time, its
+# output kept in $OUTDIR/checks/ until check_wait prints it (whole, in the order started)
+# and records its line. For checks that may share the GPU: none that measures its free memory.
+BG_JOBS=${BG_JOBS:-4}
+bg_names=()
+bg_pids=()
+check_bg() {
+    while [ "$(jobs -rp | wc -l)" -ge "$BG_JOBS" ]; do wait -n; done
+    mkdir -p "$OUTDIR/checks"
+    local i=${#bg_names[@]}
+    bg_names+=("$1")
+    (check "$@") > "$OUTDIR/checks/$i.log" 2>&1 &
+    bg_pids+=($!)
+}
+check_wait() {
+    local i line
+    for i in "${!bg_pids[@]}"; do
+        wait "${bg_pids[$i]}"
+        cat "$OUTDIR/checks/$i.log"
+        line=$(grep -E "^(PASS|FAIL) " "$OUTDIR/checks/$i.log" | tail -1)
+        [ -n "$line" ] || line="FAIL ${bg_names[$i]} (no result)"
+        case $line in FAIL*) failures=$((failures + 1)) ;; esac
+        results+=("$line")
+    done
+    bg_names=()
+    bg_pids=()
+}
+
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pykv-site .whl/*.whl
     export PYTHONPATH=/tmp/pykv-site:$ROOT
@@ -43,7 +71,7 @@ if [ -z "${PREBUILT:-}" ]; then
         -DCMAKE_CUDA_ARCHITECTURES=${arch:-90} -DCMAKE_CUDA_COMPILER=\$(bash tests/cuda-toolchain.sh) >/dev/null \
         && cmake --build $BUILD -j $JOBS"
 fi
-export PYKV_LIBRARY=$ROOT/$BUILD/libpykv.so
+case $BUILD in /*) export PYKV_LIBRARY=$BUILD/libpykv.so ;; *) export PYKV_LIBRARY=$ROOT/$BUILD/libpykv.so ;; esac
 head=$(git rev-parse HEAD 2>/dev/null || true)
 if [ -f "$BUILD/commit" ] && [ -n "$head" ] && [ "$(cat "$BUILD/commit")" != "$head" ]; then
     echo "warning: $BUILD was built from commit $(cat "$BUILD/commit"), not from this checkout's HEAD ($head)"
