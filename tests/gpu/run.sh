@@ -30,12 +30,23 @@ source tests/gpu/setup.sh
 # create/close cycles); the others share the GPU, BG_JOBS at a time.
 # the model tests skip without a GPU: here that is a failure
 check "pykv sees the GPU" 60 "$PYTHON" -c "import sys, pykv; sys.exit('CUDA = 1' not in pykv.system_info())"
-MEMCHECK=(compute-sanitizer --tool memcheck --error-exitcode 99)
+# compute-sanitizer refuses some machines' GPUs (seen on gVisor: "Device not supported"): when
+# it fails on the first test program but the program passes alone, the kernel tests run
+# without it, and the summary says so
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+MEMCHECK=("$SANITIZER" --tool memcheck --error-exitcode 99)
 check "test_cuda_device (memcheck)" 240 "${MEMCHECK[@]}" "$BUILD/tests/c/test_cuda_device"
+if [[ ${results[-1]} == FAIL* && ${results[-1]} != *"exit 99"* ]] && timeout 240 "$BUILD/tests/c/test_cuda_device" >/dev/null 2>&1; then
+    echo "compute-sanitizer does not run here: the kernel tests run without it"
+    unset 'results[-1]'
+    failures=$((failures - 1))
+    MEMCHECK=()
+    check "test_cuda_device (no memcheck: compute-sanitizer does not run here)" 240 "$BUILD/tests/c/test_cuda_device"
+fi
 check_bg "test_cuda_policies.py" 400 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda_policies.py
 for t in "$BUILD"/tests/c/test_cuda_*; do
     [ -x "$t" ] && [ "$(basename "$t")" != test_cuda_device ] || continue
-    check_bg "$(basename "$t") (memcheck)" 300 "${MEMCHECK[@]}" "$t"
+    check_bg "$(basename "$t")${MEMCHECK:+ (memcheck)}" 300 ${MEMCHECK[@]+"${MEMCHECK[@]}"} "$t"
 done
 check_wait
 check "test_cuda.py" 300 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py
