@@ -80,7 +80,7 @@ fi
 
 
 summary() {   # the benchmark rows, then one line per check; exits 1 when one failed
-    [ -f "$OUTDIR/bench-gpu.jsonl" ] && "$PYTHON" tests/gpu/bench-summary.py "$OUTDIR/bench-gpu.jsonl"
+    [ -f "$OUTDIR/bench-gpu.jsonl" ] && "$PYTHON" tests/gpu/bench-summary.py --markdown "$OUTDIR/bench-gpu.jsonl"
     echo
     echo "==> summary"
     printf '%s\n' "${results[@]}"
