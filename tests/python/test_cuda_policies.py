@@ -393,6 +393,31 @@ def test_smollm2_shape_with_a_policy(model_path, policy):
 
 
 @needs_gpu
+@pytest.mark.parametrize("layers,warmup_layers", [(-1, 0), (-1, 1), (-1, 3), (1, None)])
+def test_take_evicts_without_waiting_for_the_gpu(model_path, layers, warmup_layers):
+    """TAKE's GPU layers that decide for no layer below them queue their selection and
+    compaction and learn the kept positions at the chunk's end; the key layer waits for its
+    own, which the layers below it take. Every layer scored (warmup_layers 0), the key layer
+    first or last, or on the CPU with one GPU layer after it: the kept positions are the CPU's
+    (near-ties aside), the byte counts, their peak and the evictions equal, the logits within
+    tolerance. With layers on the CPU the reference takes the same fast path for them as the
+    GPU context does (exact_matmul would move its every layer to the CPU)."""
+    path = model_path("llama_q8_0_h8kv2")
+    kw = dict(policy="take", n_ctx=512, n_batch=64, budget=40)
+    if warmup_layers is not None:
+        kw["policy_kwargs"] = {"warmup_layers": warmup_layers}
+    with _open(path, exact_matmul=layers == -1, **kw) as cpu, _open(path, layers, **kw) as gpu:
+        prompt = random_tokens(330, seed=37)
+        cpu.eval(prompt)
+        gpu.eval(prompt)
+        diff = _check_same_cache(cpu, gpu, "take", exact=False)
+        a, b = cpu.kv_stats(), gpu.kv_stats()
+        assert (a["bytes"], a["peak_bytes"], a["evicted"]) == (b["bytes"], b["peak_bytes"], b["evicted"])
+        if diff == 0:
+            assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
+
+
+@needs_gpu
 def test_take_reads_a_prompt_longer_than_the_cache(model_path):
     """TAKE evicts after every chunk, its probe scored on the GPU: a prompt three times n_ctx
     goes through, the device memory stays within the cache, and the kept positions are the

@@ -541,7 +541,12 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
             return cuda_stream_sync(g->stream);
         }
     }
-    PYKV_TRY(run_layers(ctx, T, n_probe));
+    pykv_status st = run_layers(ctx, T, n_probe);
+    if (ops->after_gpu_layers) {   // before anything reads the lists' positions again (a failed chunk's rollback too)
+        const pykv_status after = ops->after_gpu_layers(ctx->policy, &ctx->cache);
+        if (st == PYKV_OK) st = after;
+    }
+    PYKV_TRY(st);
     if (want_logits && mg->output) {
         enqueue_logits(g, ctx->model, T);
         PYKV_TRY(cuda_download_async(ctx->logits, g->logits, (size_t)hp->n_vocab * sizeof(float), g->stream));

@@ -614,17 +614,22 @@ void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t 
 // A device list's keys and values follow keep on the GPU: in place, run by run, when the list
 // keeps its room (a decode step), else gathered into buffers of the smaller size, which gives
 // the memory back in the same pass. The host compacts the positions.
+// A device list's rows were gathered into new buffers of cap rows: its length, room and counts follow.
+static pykv_status gathered(struct kv_cache *c, struct kv_list *l, int32_t n_keep, int32_t cap) {
+    c->device_moves++;   // the kernels of a recorded decode step hold the old buffers
+    c->device_bytes += (int64_t)(cap - l->cap) * (int64_t)(kv_cache_key_bytes(c) + kv_cache_value_bytes(c));
+    c->evicted += l->n - n_keep;
+    l->n = n_keep;
+    return host_resize(c, l, cap);   // the positions' room follows
+}
+
 static pykv_status device_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
     const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
     const int32_t cap = cap_after_drop(l, n_keep);
     if (cap < l->cap) {
-        c->device_moves++;   // the kernels of a recorded decode step hold the old buffers
         PYKV_TRY(kv_device_gather(c->device, c->device_stream, &l->k, kb, &l->v, vb, keep, n_keep, cap));
-        c->device_bytes += (int64_t)(cap - l->cap) * (int64_t)(kb + vb);
         kv_compact_rows(l->pos, sizeof(int32_t), keep, n_keep);
-        c->evicted += l->n - n_keep;
-        l->n = n_keep;
-        return host_resize(c, l, cap);   // the positions' room follows
+        return gathered(c, l, n_keep, cap);
     }
     struct kv_row_move moves[KV_DECODE_DROP + 1];
     int n_moves = 0;
@@ -670,6 +675,20 @@ pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t 
     }
     // a compaction (end of a prefill) gives the pool's gaps and spare room back too
     return l->member_pool && l->pool_cap > l->pool_live ? pool_rebuild(c, l, l->pool_live) : PYKV_OK;
+}
+
+int kv_list_retain_gathers(const struct kv_list *l, int32_t n_keep) {
+    return l->on_device && !l->n_members && n_keep >= 0 && n_keep < l->n && cap_after_drop(l, n_keep) < l->cap;
+}
+
+pykv_status kv_list_retain_device_indices(struct kv_cache *c, struct kv_list *l, const int32_t *d_keep,
+                                          int32_t n_keep) {
+    if (!kv_list_retain_gathers(l, n_keep))
+        return pykv_error(PYKV_ERR_INTERNAL, "kv_list_retain_device_indices: a list that does not compact");
+    const int32_t cap = cap_after_drop(l, n_keep);
+    PYKV_TRY(kv_device_gather_indices(c->device, c->device_stream, &l->k, kv_cache_key_bytes(c), &l->v,
+                                      kv_cache_value_bytes(c), d_keep, n_keep, cap));
+    return gathered(c, l, n_keep, cap);
 }
 
 // A dropped entry's merged-entry bookkeeping follows the rows (host arrays, any list).

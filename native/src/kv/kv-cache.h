@@ -205,6 +205,17 @@ pykv_status kv_list_write_rows(const struct kv_cache *c, struct kv_list *l, int 
 // and values are moved by kernels queued on the cache's stream; its merged-entry block is
 // then stale, for kv_list_sync_members to send whole.
 pykv_status kv_list_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep);
+// Whether kv_list_retain of n_keep entries of a device list without merged entries compacts
+// it into smaller buffers (a prompt's eviction, not a decode step's drop): then the kept
+// indices may come from device memory, kv_list_retain_device_indices.
+int         kv_list_retain_gathers(const struct kv_list *l, int32_t n_keep);
+// kv_list_retain with the kept indices in device memory (d_keep, ascending; freed by the
+// caller on the stream), where kv_list_retain_gathers: the rows are gathered by a kernel
+// queued on the stream, the list's length, room, byte counts and evictions change at once,
+// and nothing waits. The positions of entries [0, n_keep) are the caller's to write once it
+// has the indices (until then they are stale; positions past the new room are gone).
+pykv_status kv_list_retain_device_indices(struct kv_cache *c, struct kv_list *l, const int32_t *d_keep,
+                                          int32_t n_keep);
 
 // Drop entry j alone (a decode step's eviction). The last `tail` entries (a window) stay
 // last and in order; the entry just before them fills slot j, so a step moves tail + 1

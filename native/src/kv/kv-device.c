@@ -63,19 +63,28 @@ pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v,
                              int32_t n_keep, int32_t rows) {
     const cuda_stream st = (cuda_stream)s;
     PYKV_TRY(cuda_set_device(device));
-    void *d_keep = NULL, *nk = NULL, *nv = NULL;
+    void *d_keep = NULL;
     pykv_status err = cuda_alloc_async(&d_keep, (size_t)(n_keep > 0 ? n_keep : 1) * sizeof(int32_t), st, "the KV cache");
     // staged through pinned memory: the caller may free keep at once, and the stream's queue
     // is not drained for it
     if (err == PYKV_OK && n_keep > 0) err = cuda_upload_staged(d_keep, keep, (size_t)n_keep * sizeof(int32_t), st);
-    if (err == PYKV_OK) err = cuda_alloc_async(&nk, (size_t)rows * kb, st, "the KV cache");
+    if (err == PYKV_OK) err = kv_device_gather_indices(device, s, k, kb, v, vb, (const int32_t *)d_keep, n_keep, rows);
+    cuda_free_async(d_keep, st);
+    return err;
+}
+
+pykv_status kv_device_gather_indices(int device, void *s, void **k, size_t kb, void **v, size_t vb,
+                                     const int32_t *d_keep, int32_t n_keep, int32_t rows) {
+    const cuda_stream st = (cuda_stream)s;
+    PYKV_TRY(cuda_set_device(device));
+    void *nk = NULL, *nv = NULL;
+    pykv_status err = cuda_alloc_async(&nk, (size_t)rows * kb, st, "the KV cache");
     if (err == PYKV_OK) err = cuda_alloc_async(&nv, (size_t)rows * vb, st, "the KV cache");
     if (err == PYKV_OK) {
-        cuda_gather_rows(st, nk, *k, kb, (const int32_t *)d_keep, n_keep);
-        cuda_gather_rows(st, nv, *v, vb, (const int32_t *)d_keep, n_keep);
+        cuda_gather_rows(st, nk, *k, kb, d_keep, n_keep);
+        cuda_gather_rows(st, nv, *v, vb, d_keep, n_keep);
         err = cuda_check("compacting KV entries on the GPU");
     }
-    cuda_free_async(d_keep, st);
     if (err != PYKV_OK) {
         cuda_free_async(nk, st);
         cuda_free_async(nv, st);
@@ -132,6 +141,11 @@ pykv_status kv_device_move_rows(void *s, void *d_base, size_t row_bytes, const s
 pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v, size_t vb, const int32_t *keep,
                              int32_t n_keep, int32_t rows) {
     (void)device; (void)s; (void)k; (void)kb; (void)v; (void)vb; (void)keep; (void)n_keep; (void)rows;
+    return no_cuda();
+}
+pykv_status kv_device_gather_indices(int device, void *s, void **k, size_t kb, void **v, size_t vb,
+                                     const int32_t *d_keep, int32_t n_keep, int32_t rows) {
+    (void)device; (void)s; (void)k; (void)kb; (void)v; (void)vb; (void)d_keep; (void)n_keep; (void)rows;
     return no_cuda();
 }
 

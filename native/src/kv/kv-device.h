@@ -24,6 +24,10 @@ pykv_status kv_device_move_rows(void *s, void *d_base, size_t row_bytes, const s
 // that gives memory back. On failure *k and *v are unchanged.
 pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v, size_t vb, const int32_t *keep,
                              int32_t n_keep, int32_t rows);
+// The same with keep in device memory (read by the stream's kernels: the caller frees it on
+// the stream after).
+pykv_status kv_device_gather_indices(int device, void *s, void **k, size_t kb, void **v, size_t vb,
+                                     const int32_t *d_keep, int32_t n_keep, int32_t rows);
 pykv_status kv_device_write(void *s, void *d_dst, const void *src, size_t bytes);
 
 #ifdef PYKV_CUDA

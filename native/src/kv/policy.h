@@ -168,6 +168,10 @@ struct policy_ops {
     // called when every GPU layer's have run, with discard set when one of them failed (work
     // they queued is then forgotten). NULL if the policy queues nothing.
     pykv_status (*after_step)(struct kv_policy *p, struct kv_cache *cache, int discard);
+    // After the GPU layers of a multi-token call's chunk (device_lists), also when one of them
+    // failed, before after_chunk: what their hooks left to finish once the stream's work is
+    // done (TAKE: the positions of the entries the device chose). NULL if they leave nothing.
+    pykv_status (*after_gpu_layers)(struct kv_policy *p, struct kv_cache *cache);
     // The cache was cleared (pykv_reset): forget per-entry state. NULL if there is none.
     void        (*reset)(struct kv_policy *p);
     // Saved states (pykv_state_save / load) of a policy that keeps state of its own between

@@ -33,6 +33,10 @@
 //    and after pykv_reset; the EMA is updated on every chunk, also when nothing is evicted.
 //  * Scores: mean over the probe rows, GQA mean ([ours]), avg pooling with
 //    kernel 7 ([decide]); top-k ties go to the lower position.
+//  * On a GPU, a scored layer that decides for no layer below it evicts without waiting for
+//    the device (take-evict-gpu.h: the selection and compaction queued there, the kept
+//    positions written at the chunk's end, after_gpu_layers); the key layer waits for its
+//    selection, which the layers below it take as positions.
 //  * Decode steps (one token) never evict: the cache grows by one entry per list per step
 //    ([ours]). A later multi-token call is a new TAKE prefill and evicts again.
 //  * Defaults alpha = 0.2 (the LongBench value), probe_len = 32 ([decide]).
@@ -41,6 +45,7 @@
 //    anything else is an error.
 #include "kv/policies/common/policy-make.h"
 #include "kv/kv-device.h"
+#include "kv/policies/take/take-evict-gpu.h"
 #include "kv/policies/take/take-score.h"
 #include "kv/policies/common/window-scores.h"
 #include "core/error.h"
@@ -64,6 +69,7 @@ struct take {
     // state of the current multi-token call
     int32_t          n_layer;
     struct take_ema *ema;             // (n_layer), allocated at the first chunk
+    struct take_deferred *deferred;   // GPU layers' evictions whose positions wait for the chunk's end
 };
 
 static const struct policy_opt take_opts[] = {
@@ -101,6 +107,7 @@ static void take_free(struct kv_policy *base) {
     if (p->ema)
         for (int32_t l = 0; l < p->n_layer; l++) take_ema_free(&p->ema[l]);
     free(p->ema);
+    take_deferred_free(p->deferred);
     free(p);
 }
 
@@ -261,10 +268,19 @@ static pykv_status take_after_layer(struct kv_policy *base, const struct policy_
         any |= kv_cache_list(ev->cache, ev->layer, g)->n - ev->probe.n > k;
         for (int32_t low = 0; ev->layer == key && low < key; low++) any |= kv_cache_list(ev->cache, low, g)->n > k;
     }
-    if (st == PYKV_OK && any) st = evict_layer(p, ev, qa, ev->q_device != NULL, rows, pos0, k, key);
+    // a GPU layer that decides for no layer below it evicts without waiting for the device
+    int queued = 0;
+    if (st == PYKV_OK && any && ev->q_device && !(ev->layer == key && key > 0))
+        st = take_deferred_evict(&p->deferred, ev, qa, rows, pos0, p->kernel, k, &queued);
+    if (st == PYKV_OK && any && !queued) st = evict_layer(p, ev, qa, ev->q_device != NULL, rows, pos0, k, key);
     if (ev->q_device) kv_device_resize(ev->cache->device, ev->cache->device_stream, (void **)&qa, 0, 0);
     else free(qa);
     return st;
+}
+
+// The end of a chunk's layers on the GPU: the positions of what the queued evictions kept.
+static pykv_status take_after_gpu_layers(struct kv_policy *base, struct kv_cache *cache) {
+    return take_deferred_finish(((struct take *)base)->deferred, cache);
 }
 
 static int32_t take_probe_len(const struct kv_policy *base, int32_t n_tokens) {
@@ -281,6 +297,7 @@ const struct policy_ops policy_take = {
     .init = take_init,
     .free = take_free,
     .after_layer = take_after_layer,
+    .after_gpu_layers = take_after_gpu_layers,
     .last_chunk_min = take_last_chunk_min,
     .probe_len = take_probe_len,
     .reset = take_reset,
