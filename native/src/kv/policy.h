@@ -11,6 +11,8 @@
 //                   the attention of the layer's other lists)
 //   scoring_pass  - extra passes after a compressing prefill chunk, whose K/V are dropped
 //                   (KVzip's reconstruction of the context)
+//   after_step, after_gpu_layers - the GPU's decode step, or a chunk's GPU layers, are done:
+//                   the work their hooks queued is finished (EMS's merges, TAKE's positions)
 // A NULL hook is never called. Policies see the cache and the context's configuration.
 #pragma once
 #include <stdint.h>
