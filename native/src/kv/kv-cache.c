@@ -611,9 +611,6 @@ void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t 
     }
 }
 
-// A device list's keys and values follow keep on the GPU: in place, run by run, when the list
-// keeps its room (a decode step), else gathered into buffers of the smaller size, which gives
-// the memory back in the same pass. The host compacts the positions.
 // A device list's rows were gathered into new buffers of cap rows: its length, room and counts follow.
 static pykv_status gathered(struct kv_cache *c, struct kv_list *l, int32_t n_keep, int32_t cap) {
     c->device_moves++;   // the kernels of a recorded decode step hold the old buffers
@@ -623,6 +620,9 @@ static pykv_status gathered(struct kv_cache *c, struct kv_list *l, int32_t n_kee
     return host_resize(c, l, cap);   // the positions' room follows
 }
 
+// A device list's keys and values follow keep on the GPU: in place, run by run, when the list
+// keeps its room (a decode step), else gathered into buffers of the smaller size, which gives
+// the memory back in the same pass. The host compacts the positions.
 static pykv_status device_retain(struct kv_cache *c, struct kv_list *l, const int32_t *keep, int32_t n_keep) {
     const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
     const int32_t cap = cap_after_drop(l, n_keep);

@@ -144,11 +144,8 @@ void ws_device_scores_free(struct ws_device_scores *ds) {
     memset(ds, 0, sizeof(*ds));
 }
 
-// The top k[i] of each of m lists of the scores (list i: scores off[i] .. off[i] + n[i]; host
-// arrays, k[i] within [0, n[i]]) chosen by the device's radix select: list i's ascending
-// indices come back to idx + off[i] (host memory).
-static pykv_status device_select(const struct ws_device_scores *ds, int m, const int64_t *off, const int32_t *n,
-                                 const int32_t *k, int32_t *idx) {
+pykv_status ws_device_queue_select(const struct ws_device_scores *ds, int m, const int64_t *off, const int32_t *n,
+                                   const int32_t *k) {
     const cuda_stream s = (cuda_stream)ds->ev->cache->device_stream;
     int64_t *d_off = ds->d_lists;
     int32_t *d_n = (int32_t *)(d_off + ds->n_head_kv), *d_k = d_n + ds->n_head_kv;
@@ -157,8 +154,17 @@ static pykv_status device_select(const struct ws_device_scores *ds, int m, const
     if (err == PYKV_OK) err = cuda_upload_staged(d_k, k, (size_t)m * sizeof(int32_t), s);
     if (err == PYKV_OK) {
         cuda_select_top(s, ds->d_scores, d_off, d_n, d_k, m, ds->d_idx, NULL);
-        err = cuda_check("selecting the window's top entries on the GPU");
+        err = cuda_check("selecting the top entries on the GPU");
     }
+    return err;
+}
+
+// ws_device_queue_select, then list i's ascending indices brought back to idx + off[i]
+// (host memory).
+static pykv_status device_select(const struct ws_device_scores *ds, int m, const int64_t *off, const int32_t *n,
+                                 const int32_t *k, int32_t *idx) {
+    const cuda_stream s = (cuda_stream)ds->ev->cache->device_stream;
+    pykv_status err = ws_device_queue_select(ds, m, off, n, k);
     for (int i = 0; i < m && err == PYKV_OK; i++)
         if (k[i] > 0)
             err = cuda_download_async(idx + off[i], (const int32_t *)ds->d_idx + off[i], (size_t)k[i] * sizeof(int32_t), s);

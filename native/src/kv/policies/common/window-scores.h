@@ -151,6 +151,11 @@ pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws
 pykv_status ws_device_scores_alloc(const struct policy_event *ev, int32_t protect, size_t work,
                                    struct ws_device_scores *ds);
 void        ws_device_scores_free(struct ws_device_scores *ds);
+// The top k[i] of each of m lists of the scores (list i: d_scores off[i] .. off[i] + n[i]; host
+// arrays, m <= n_head_kv, k[i] within [0, n[i]]) chosen by the device's radix select, queued:
+// list i's ascending indices land at ds->d_idx + off[i] (device memory).
+pykv_status ws_device_queue_select(const struct ws_device_scores *ds, int m, const int64_t *off, const int32_t *n,
+                                   const int32_t *k);
 // c[g] = how many of the layer's joint top K (all heads' scores ranked as one list, ties ->
 // lower head, then lower position) belong to head g: Ada-KV's cross-head count.
 pykv_status ws_device_joint_counts(const struct ws_device_scores *ds, int64_t K, int64_t *c);

@@ -1,7 +1,7 @@
 // take-evict-gpu.c - TAKE's eviction of a layer on the GPU, queued without waiting
 // (take-evict-gpu.h). On the stream: the window kernel with each probe row's causal limit
-// (the scores stay in device memory), the radix select of each list's top k (cuda_select_top:
-// ws_select_top's sets), the kept indices followed by the probe's gathered into new buffers
+// (the scores stay in device memory, ws_device_scores), the radix select of each list's top k
+// (ws_device_queue_select: ws_select_top's sets), the kept indices followed by the probe's gathered into new buffers
 // (kv_list_retain_device_indices), and the indices copied into pinned memory. The host knows
 // each list's new length at once; the kept entries' positions follow at the chunk's end.
 #include "kv/policies/take/take-evict-gpu.h"
@@ -17,6 +17,7 @@
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-device.h"
 #include "kv/policies/common/window-scores.h"
+#include "kv/policies/take/take-score.h"
 
 struct pending {            // one list evicted this chunk
     struct kv_list *l;
@@ -32,8 +33,6 @@ struct take_deferred {
     struct pending *p;
     int             n, cap;
 };
-
-static size_t aligned(size_t b) { return (b + 255) / 256 * 256; }
 
 // Room for `more` indices in h_idx: a bigger buffer once the copies into the old one are done.
 static pykv_status index_room(struct take_deferred *d, int64_t more, cuda_stream s) {
@@ -60,59 +59,37 @@ static pykv_status pending_room(struct take_deferred *d, int more) {
     return PYKV_OK;
 }
 
-// The scores of every candidate of the layer and each list's top k into d_idx (list g's at
-// off[g]), queued.
+// The probe's scores of every candidate of the layer (each list's but the probe's own last
+// entries) into ds, and each list's top k[g] into ds->d_idx at ds->offset_kv[g], queued.
 static pykv_status queue_selection(const struct policy_event *ev, const float *d_qa, int32_t rows, int32_t pos0,
-                                   int32_t kernel, const int32_t *n_cand, const int64_t *off, const int32_t *k,
-                                   int64_t total, char **block, int32_t **d_idx) {
+                                   int32_t kernel, const int32_t *k, struct ws_device_scores *ds) {
     struct kv_cache *c = ev->cache;
     const cuda_stream s = (cuda_stream)c->device_stream;
     const int hkv = c->n_head_kv;
+    memset(ds, 0, sizeof(*ds));
     struct cuda_kv_layer kl;
     kv_device_layer(c, ev->layer, NULL, &kl);
-    int32_t *vis = malloc((size_t)rows * hkv * sizeof(int32_t));
+    for (int g = 0; g < hkv; g++) kl.n[g] -= ev->probe.n;   // the appended probe's own keys are not scored
+    const size_t vis_b = (size_t)rows * hkv * sizeof(int32_t);
+    int32_t *vis = malloc(vis_b);
     if (!vis) return pykv_error(PYKV_ERR_NOMEM, "out of memory scoring the TAKE probe");
-    for (int g = 0; g < hkv; g++) {
-        const struct kv_list *l = kv_cache_list(c, ev->layer, g);
-        kl.n[g] = n_cand[g];   // the appended probe's own keys are not scored
-        int32_t v = n_cand[g];
-        for (int32_t r = rows - 1; r >= 0; r--) {   // causal by position, as take_layer_scores
-            while (v > 0 && l->pos[v - 1] > pos0 + r) v--;
-            vis[(size_t)r * hkv + g] = v;
-        }
-    }
+    take_probe_visible(ev, rows, pos0, kl.n, vis);
     struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = rows, .rows = rows, .protect = 0,
                                   .pool = WS_POOL_AVG, .kernel = kernel, .gqa = WS_GQA_MEAN };
     a.vis = vis;
-    const size_t work = aligned(cuda_window_work_bytes(&kl, &a)), vis_b = aligned((size_t)rows * hkv * sizeof(int32_t));
-    const size_t scores_b = aligned((size_t)total * sizeof(float)), idx_b = aligned((size_t)total * sizeof(int32_t));
-    const size_t lists_b = (size_t)hkv * (sizeof(int64_t) + 2 * sizeof(int32_t));
-    pykv_status err = work ? PYKV_OK
+    const size_t work = cuda_window_work_bytes(&kl, &a), vis_at = (work + 255) / 256 * 256;
+    pykv_status err = work ? ws_device_scores_alloc(ev, ev->probe.n, vis_at + vis_b, ds)   // the probe as the window
                     : pykv_error(PYKV_ERR_INTERNAL, "the GPU's window kernel cannot take TAKE's %d probe rows", rows);
-    char *d = NULL;
-    if (err == PYKV_OK) err = cuda_alloc_async((void **)&d, work + vis_b + scores_b + idx_b + lists_b, s, "TAKE's eviction");
     if (err == PYKV_OK) {
-        float *d_scores = (float *)(d + work + vis_b);
-        *d_idx = (int32_t *)(d + work + vis_b + scores_b);
-        int64_t *d_off = (int64_t *)(d + work + vis_b + scores_b + idx_b);
-        int32_t *d_n = (int32_t *)(d_off + hkv), *d_k = d_n + hkv;
-        err = cuda_upload_staged(d + work, vis, (size_t)rows * hkv * sizeof(int32_t), s);
-        a.vis = (const int32_t *)(d + work);
-        if (err == PYKV_OK) err = cuda_upload_staged(d_off, off, (size_t)hkv * sizeof(int64_t), s);
-        if (err == PYKV_OK) err = cuda_upload_staged(d_n, n_cand, (size_t)hkv * sizeof(int32_t), s);
-        if (err == PYKV_OK) err = cuda_upload_staged(d_k, k, (size_t)hkv * sizeof(int32_t), s);
-        if (err == PYKV_OK) {
-            cuda_window_scores(s, &kl, d_qa, &a, d_scores, NULL, NULL, d);
-            cuda_select_top(s, d_scores, d_off, d_n, d_k, hkv, *d_idx, NULL);
-            err = cuda_check("TAKE's scores and selection on the GPU");
-        }
+        a.vis = (const int32_t *)((char *)ds->d + vis_at);
+        err = cuda_upload_staged((void *)a.vis, vis, vis_b, s);
     }
+    if (err == PYKV_OK) {
+        cuda_window_scores(s, &kl, d_qa, &a, ds->d_scores, NULL, NULL, ds->d);
+        err = cuda_check("TAKE's scores on the GPU");
+    }
+    if (err == PYKV_OK) err = ws_device_queue_select(ds, hkv, ds->offset_kv, ds->n_cand, k);
     free(vis);
-    if (err != PYKV_OK && d) {
-        cuda_free_async(d, s);
-        d = NULL;
-    }
-    *block = d;
     return err;
 }
 
@@ -122,15 +99,13 @@ pykv_status take_deferred_evict(struct take_deferred **dp, const struct policy_e
     const cuda_stream s = (cuda_stream)c->device_stream;
     const int hkv = c->n_head_kv, probe = ev->probe.n;
     int32_t n_cand[CUDA_MAX_KV_HEADS], kk[CUDA_MAX_KV_HEADS];
-    int64_t off[CUDA_MAX_KV_HEADS], total = 0, kept = 0;
+    int64_t kept = 0;
     *done = 0;
     if (hkv > CUDA_MAX_KV_HEADS) return PYKV_OK;
     for (int g = 0; g < hkv; g++) {
         const struct kv_list *l = kv_cache_list(c, ev->layer, g);
         n_cand[g] = l->n - probe;
         kk[g] = n_cand[g] > k ? k : n_cand[g];
-        off[g] = total;
-        total += n_cand[g];
         if (n_cand[g] > k && !kv_list_retain_gathers(l, k + probe)) return PYKV_OK;
         if (n_cand[g] > k) kept += k + probe;
     }
@@ -141,9 +116,10 @@ pykv_status take_deferred_evict(struct take_deferred **dp, const struct policy_e
     PYKV_TRY(cuda_set_device(c->device));
     PYKV_TRY(pending_room(d, hkv));
     PYKV_TRY(index_room(d, kept, s));
-    char *block = NULL, *keep_block = NULL;
-    int32_t *d_idx = NULL;
-    pykv_status err = queue_selection(ev, d_qa, rows, pos0, kernel, n_cand, off, kk, total, &block, &d_idx);
+    struct ws_device_scores ds;
+    char *keep_block = NULL;
+    pykv_status err = queue_selection(ev, d_qa, rows, pos0, kernel, kk, &ds);
+    const int32_t *d_idx = ds.d_idx;
     if (err == PYKV_OK) err = cuda_alloc_async((void **)&keep_block, (size_t)kept * sizeof(int32_t), s, "TAKE's eviction");
     int32_t *tail = malloc((size_t)(probe ? probe : 1) * 2 * sizeof(int32_t));   // the probe's indices, then positions
     if (err == PYKV_OK && !tail) err = pykv_error(PYKV_ERR_NOMEM, "out of memory for TAKE's eviction");
@@ -163,9 +139,10 @@ pykv_status take_deferred_evict(struct take_deferred **dp, const struct policy_e
             tail[probe + i] = l->pos[n_cand[g] + i];
         }
         // the kept candidates, then the probe's entries (which the forward pass drops)
-        err = cuda_copy_d2d(d_keep, d_idx + off[g], (size_t)k * sizeof(int32_t), s);
+        err = cuda_copy_d2d(d_keep, d_idx + ds.offset_kv[g], (size_t)k * sizeof(int32_t), s);
         if (err == PYKV_OK && probe) err = cuda_upload_staged(d_keep + k, tail, (size_t)probe * sizeof(int32_t), s);
-        if (err == PYKV_OK) err = cuda_download_async(d->h_idx + d->h_used, d_idx + off[g], (size_t)k * sizeof(int32_t), s);
+        if (err == PYKV_OK)
+            err = cuda_download_async(d->h_idx + d->h_used, d_idx + ds.offset_kv[g], (size_t)k * sizeof(int32_t), s);
         if (err == PYKV_OK) err = kv_list_retain_device_indices(c, l, d_keep, k + probe);
         if (err != PYKV_OK) {
             free(pd->old_pos);
@@ -178,7 +155,7 @@ pykv_status take_deferred_evict(struct take_deferred **dp, const struct policy_e
     }
     free(tail);
     cuda_free_async(keep_block, s);
-    cuda_free_async(block, s);
+    ws_device_scores_free(&ds);   // on the stream, after the copies that read it
     return err;
 }
 

@@ -88,15 +88,8 @@ pykv_status take_layer_scores_device(const struct policy_event *ev, const float 
     kv_device_layer(ev->cache, ev->layer, NULL, &kl);
     int32_t *vis = malloc((size_t)rows * hkv * sizeof(int32_t));
     if (!vis) return pykv_error(PYKV_ERR_NOMEM, "out of memory scoring the TAKE probe");
-    for (int g = 0; g < hkv; g++) {
-        const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
-        kl.n[g] = n_cols[g];   // the appended probe's own keys are not scored
-        int32_t v = n_cols[g];
-        for (int32_t r = rows - 1; r >= 0; r--) {   // causal by position, as score_head
-            while (v > 0 && l->pos[v - 1] > pos0 + r) v--;
-            vis[(size_t)r * hkv + g] = v;
-        }
-    }
+    for (int g = 0; g < hkv; g++) kl.n[g] = n_cols[g];   // the appended probe's own keys are not scored
+    take_probe_visible(ev, rows, pos0, n_cols, vis);
     struct cuda_window_args a = { .n_head = hp->n_head, .T = rows, .rows = rows, .protect = 0, .pool = WS_POOL_AVG,
                                   .kernel = kernel, .gqa = WS_GQA_MEAN, .weight_seen = weight == TAKE_ROWS_BY_SEEN };
     a.vis = vis;

@@ -18,6 +18,19 @@ void take_rope_angles(float *cs, int32_t n_rot, int32_t pos, int sign, const flo
         for (int32_t i = 1; i < n_rot; i += 2) cs[i] = -cs[i];   // sin(-theta): the inverse rotation
 }
 
+void take_probe_visible(const struct policy_event *ev, int32_t rows, int32_t pos0, const int32_t *n_cols,
+                        int32_t *vis) {
+    const int32_t hkv = ev->hp->n_head_kv;
+    for (int32_t g = 0; g < hkv; g++) {
+        const struct kv_list *l = kv_cache_list(ev->cache, ev->layer, g);
+        int32_t v = n_cols[g];
+        for (int32_t r = rows - 1; r >= 0; r--) {   // causal by position, as score_head
+            while (v > 0 && l->pos[v - 1] > pos0 + r) v--;
+            vis[(size_t)r * hkv + g] = v;
+        }
+    }
+}
+
 void take_rotate(float *q, int32_t rows, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos0,
                  int sign, const float *inv_freq) {
     float cs[PYKV_MAX_HEAD_DIM];

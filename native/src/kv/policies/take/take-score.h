@@ -69,6 +69,12 @@ pykv_status take_layer_scores(const struct policy_event *ev, const float *qa, in
                               int32_t pos0, const int32_t *n_cols, const int64_t *offset, int32_t kernel,
                               enum take_row_weight weight, float *scores);
 
+// The probe's causal limits on a layer's lists, as the window kernel takes them
+// (cuda_window_args.vis): vis[r * n_head_kv + g] = how many of the first n_cols[g] entries of
+// list g probe row r, at position pos0 + r, sees (those at positions up to its own).
+void take_probe_visible(const struct policy_event *ev, int32_t rows, int32_t pos0, const int32_t *n_cols,
+                        int32_t *vis);
+
 // A layer on the GPU (ev->q_device set; take-score-gpu.c): take_layer_scores' scores computed
 // there.
 pykv_status take_layer_scores_device(const struct policy_event *ev, const float *qa, int qa_on_device, int32_t rows,
