@@ -29,8 +29,6 @@ cd "$(dirname "$0")/../.."
 LOG_NAME=gpu.log
 source tests/gpu/setup.sh
 
-# The checks that measure the GPU's free memory run alone (test_cuda_device, test_cuda.py's
-# create/close cycles); the others share the GPU, BG_JOBS at a time.
 # the model tests skip without a GPU: here that is a failure
 check "pykv sees the GPU" 60 "$PYTHON" -c "import sys, pykv; sys.exit('CUDA = 1' not in pykv.system_info())"
 # compute-sanitizer refuses some machines' GPUs (seen on gVisor: "Device not supported"): when
@@ -46,6 +44,8 @@ if [[ ${results[-1]} == FAIL* && ${results[-1]} != *"exit 99"* ]] && timeout 60 
     MEMCHECK=()
     check "test_cuda_device (no memcheck: compute-sanitizer does not run here)" 240 "$BUILD/tests/c/test_cuda_device"
 fi
+# The checks that measure the GPU's free memory run alone (test_cuda_device, test_cuda.py's
+# create/close cycles); the others share the GPU, BG_JOBS at a time.
 check_bg "test_cuda_policies.py" 400 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda_policies.py
 for t in "$BUILD"/tests/c/test_cuda_*; do
     [ -x "$t" ] && [ "$(basename "$t")" != test_cuda_device ] || continue

@@ -96,7 +96,7 @@ fi
 "$PYTHON" -c "import pykv; print(pykv.system_info())"
 
 
-summary() {   # the benchmark rows, then one line per check; exits 1 when one failed
+summary() {   # the benchmark rows, then one line per check; exits 1 when one failed or was not run
     [ -f "$OUTDIR/bench-gpu.jsonl" ] && "$PYTHON" tests/gpu/bench-summary.py --markdown "$OUTDIR/bench-gpu.jsonl"
     echo
     echo "==> summary"
