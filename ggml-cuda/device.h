@@ -23,6 +23,10 @@ const char *cuda_unavailable_reason(void);
 pykv_status cuda_set_device(int dev);
 pykv_status cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
+// bytes rounded up to 256: where a section of one device allocation may start (the sections
+// of a work block, the buffers laid out one after another).
+static inline size_t cuda_align(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 pykv_status cuda_alloc(void **d_ptr, size_t bytes, const char *what);   // what: for the out-of-memory message
 void        cuda_free(void *d_ptr);                                      // NULL is fine
 // Stream-ordered allocation from the device's memory pool (no device-wide wait, so a KV list

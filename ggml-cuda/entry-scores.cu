@@ -190,8 +190,6 @@ static __global__ void lagkv_partition_kernel(const struct cuda_kv_layer layer, 
     }
 }
 
-static size_t entry_align(size_t b) { return (b + 255) & ~(size_t)255; }
-
 // The lists scored and their offsets; returns the most entries of a scored list (0: none).
 static int32_t entry_lists_of(const struct cuda_kv_layer *layer, int32_t budget, struct entry_lists *e) {
     memset(e, 0, sizeof(*e));   // every word set: a struct argument is copied whole
@@ -211,7 +209,7 @@ static size_t lagkv_smem_bytes(int32_t lag, int d) {
 extern "C" size_t cuda_entry_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_entry_args *a) {
     if (a->rule != CUDA_ENTRY_KEYDIFF) return 0;
     const int64_t total = cuda_list_layout_of(layer->n, layer->n_head_kv).total;
-    return entry_align((size_t)total * sizeof(double)) + (size_t)layer->n_head_kv * (layer->head_dim + 1) * sizeof(double);
+    return cuda_align((size_t)total * sizeof(double)) + (size_t)layer->n_head_kv * (layer->head_dim + 1) * sizeof(double);
 }
 
 extern "C" int cuda_entry_supported(const struct cuda_kv_layer *layer, const struct cuda_entry_args *a) {
@@ -231,7 +229,7 @@ extern "C" void cuda_entry_scores(cuda_stream s, const struct cuda_kv_layer *lay
         key_norm_kernel<<<per_entry, ENTRY_THREADS, 0, s>>>(*layer, e, scores, (double *)NULL);
     } else if (a->rule == CUDA_ENTRY_KEYDIFF) {
         double *norms = (double *)work;
-        double *anchor = (double *)((char *)work + entry_align((size_t)e.lay.total * sizeof(double)));
+        double *anchor = (double *)((char *)work + cuda_align((size_t)e.lay.total * sizeof(double)));
         key_norm_kernel<<<per_entry, ENTRY_THREADS, 0, s>>>(*layer, e, (float *)NULL, norms);
         const int threads = layer->head_dim < 128 ? 32 * ((layer->head_dim + 31) / 32) : 128;
         keydiff_anchor_kernel<<<layer->n_head_kv, threads, 0, s>>>(*layer, e, norms, anchor);

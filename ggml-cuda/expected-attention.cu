@@ -225,15 +225,15 @@ static __global__ void ea_mean_kernel(const struct cuda_ea_chunk c, const double
 }
 
 extern "C" size_t cuda_ea_chunk_work_bytes(const struct cuda_ea_chunk *c) {
-    const size_t cm = (size_t)c->n_head * c->d * sizeof(double);
-    return (cm + 255) / 256 * 256 + (size_t)c->n_head * c->d * (size_t)c->rows * sizeof(float);
+    const size_t centred = (size_t)c->n_head * c->d * (size_t)c->rows * sizeof(float);
+    return cuda_align((size_t)c->n_head * c->d * sizeof(double)) + centred;
 }
 
 extern "C" void cuda_ea_stats_chunk(cuda_stream s, const float *q, const struct cuda_ea_chunk *c, double *mean,
                                     double *m2, void *work) {
     if (c->rows <= 0 || c->d < 1 || c->d > CUDA_EA_MAX_D || c->n_rot > c->d) return;
     double *cm = (double *)work;
-    float *x = (float *)((char *)work + ((size_t)c->n_head * c->d * sizeof(double) + 255) / 256 * 256);
+    float *x = (float *)((char *)work + cuda_align((size_t)c->n_head * c->d * sizeof(double)));
     const int threads = c->d < 128 ? 32 * ((c->d + 31) / 32) : 128;
     ea_center_kernel<<<c->n_head, threads, 0, s>>>(q, *c, cm, x);
     const int tiles = (c->d + EA_OUTER - 1) / EA_OUTER;

@@ -175,8 +175,6 @@ struct win_plan {
     size_t  part_at, ml_at, mean_at, reduced_at, bytes;
 };
 
-static size_t win_align(size_t b) { return (b + 255) & ~(size_t)255; }
-
 static int win_valid(const struct cuda_kv_layer *layer, const struct cuda_window_args *a) {
     const int d = layer->head_dim, n_kv = layer->n_head_kv;
     if (n_kv <= 0 || n_kv > CUDA_MAX_KV_HEADS || a->n_head <= 0 || a->n_head % n_kv != 0) return 0;
@@ -200,10 +198,10 @@ static void win_make_plan(const struct cuda_kv_layer *layer, const struct cuda_w
     const size_t group = (size_t)(a->n_head / layer->n_head_kv);
     const size_t head_rows = (size_t)a->n_head * (size_t)a->rows;
     pl->part_at = 0;
-    pl->ml_at = win_align(head_rows * (size_t)pl->n_tiles * sizeof(float2));
-    pl->mean_at = pl->ml_at + win_align(head_rows * sizeof(float2));
-    pl->reduced_at = pl->mean_at + win_align((size_t)pl->total * group * sizeof(float));
-    pl->bytes = pl->reduced_at + win_align((size_t)pl->total * sizeof(float));
+    pl->ml_at = cuda_align(head_rows * (size_t)pl->n_tiles * sizeof(float2));
+    pl->mean_at = pl->ml_at + cuda_align(head_rows * sizeof(float2));
+    pl->reduced_at = pl->mean_at + cuda_align((size_t)pl->total * group * sizeof(float));
+    pl->bytes = pl->reduced_at + cuda_align((size_t)pl->total * sizeof(float));
 }
 
 extern "C" size_t cuda_window_work_bytes(const struct cuda_kv_layer *layer, const struct cuda_window_args *a) {

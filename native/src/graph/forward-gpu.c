@@ -119,7 +119,7 @@ static size_t place_buffers(struct gpu_run *g, const pykv_context *ctx, char *ba
     size_t used = 0;
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         if (base) *bufs[i].at = base + used;
-        used += (bufs[i].bytes + 255) / 256 * 256;
+        used += cuda_align(bufs[i].bytes);
     }
     return used;
 }

@@ -19,22 +19,20 @@
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-device.h"
 
-static size_t aligned(size_t b) { return (b + 255) / 256 * 256; }
-
 pykv_status ws_window_run(const struct kv_cache *c, const struct cuda_kv_layer *kl, struct cuda_window_args a,
                           const struct ws_device_run *r) {
     const cuda_stream s = (cuda_stream)c->device_stream;
     const int64_t total = cuda_window_layout(kl, a.protect, NULL, NULL);
     if (total == 0) return PYKV_OK;
     const size_t n_out = (size_t)total * (size_t)(a.n_head / kl->n_head_kv);
-    const size_t work = aligned(cuda_window_work_bytes(kl, &a));   // a host vis is as good as a device one here
+    const size_t work = cuda_align(cuda_window_work_bytes(kl, &a));   // a host vis is as good as a device one here
     if (work == 0)
         return pykv_error(PYKV_ERR_INTERNAL, "the GPU's window kernel cannot take %d rows of a %d-token chunk", a.rows,
                           a.T);
-    const size_t vis_b = a.vis ? aligned((size_t)a.rows * kl->n_head_kv * sizeof(int32_t)) : 0;
-    const size_t q_bytes = (size_t)a.rows * a.n_head * kl->head_dim * sizeof(float), q_b = r->q ? aligned(q_bytes) : 0;
-    const size_t scores_b = r->scores ? aligned((size_t)total * sizeof(float)) : 0;
-    const size_t mean_b = r->mean ? aligned(n_out * sizeof(float)) : 0, var_b = r->var ? aligned(n_out * sizeof(float)) : 0;
+    const size_t vis_b = a.vis ? cuda_align((size_t)a.rows * kl->n_head_kv * sizeof(int32_t)) : 0;
+    const size_t q_bytes = (size_t)a.rows * a.n_head * kl->head_dim * sizeof(float), q_b = r->q ? cuda_align(q_bytes) : 0;
+    const size_t scores_b = r->scores ? cuda_align((size_t)total * sizeof(float)) : 0;
+    const size_t mean_b = r->mean ? cuda_align(n_out * sizeof(float)) : 0, var_b = r->var ? cuda_align(n_out * sizeof(float)) : 0;
     const size_t ent_b = r->ent ? n_out * sizeof(double) : 0;
     PYKV_TRY(cuda_set_device(c->device));
     char *d = NULL;
@@ -100,8 +98,8 @@ pykv_status ws_device_scores_alloc(const struct policy_event *ev, int32_t protec
         return pykv_error(PYKV_ERR_UNSUPPORTED, "layer %d has more candidates than the GPU's selection takes", ev->layer);
     }
     // one block: the kernel's work, the scores, the chosen indices and the selection's lists
-    work = aligned(work);
-    const size_t list_b = aligned(ds->total * sizeof(float));
+    work = cuda_align(work);
+    const size_t list_b = cuda_align(ds->total * sizeof(float));
     const size_t lists = (size_t)hkv * (sizeof(int64_t) + 2 * sizeof(int32_t));
     const cuda_stream s = (cuda_stream)c->device_stream;
     pykv_status err = cuda_set_device(c->device);

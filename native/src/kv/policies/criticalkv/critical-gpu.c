@@ -14,8 +14,6 @@
 #include "kv/kv-device.h"
 #include "model/offload.h"
 
-static size_t aligned(size_t b) { return (b + 255) / 256 * 256; }
-
 pykv_status critical_value_weights_device(const struct policy_event *ev, const struct ws_stats *st, float *w,
                                           int *done) {
     const struct hparams *hp = ev->hp;
@@ -31,9 +29,9 @@ pykv_status critical_value_weights_device(const struct policy_event *ev, const s
     *done = 1;
     if (st->total == 0) return PYKV_OK;
     const cuda_stream s = (cuda_stream)ev->cache->device_stream;
-    const size_t wo_b = aligned((size_t)wo->ne[0] * (size_t)wo->ne[1] * sizeof(float));
-    const size_t ids_b = aligned((size_t)hp->n_embd * sizeof(int32_t));
-    const size_t work_b = aligned(cuda_value_weights_work_bytes(&kl, &a)), w_b = (size_t)st->total * sizeof(float);
+    const size_t wo_b = cuda_align((size_t)wo->ne[0] * (size_t)wo->ne[1] * sizeof(float));
+    const size_t ids_b = cuda_align((size_t)hp->n_embd * sizeof(int32_t));
+    const size_t work_b = cuda_align(cuda_value_weights_work_bytes(&kl, &a)), w_b = (size_t)st->total * sizeof(float);
     int32_t *ids = malloc((size_t)hp->n_embd * sizeof(int32_t));
     if (!ids) return pykv_error(PYKV_ERR_NOMEM, "out of memory weighing the values of layer %d", ev->layer);
     for (int32_t r = 0; r < hp->n_embd; r++) ids[r] = r;

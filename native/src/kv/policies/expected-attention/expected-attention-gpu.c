@@ -17,8 +17,6 @@
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-device.h"
 
-static size_t aligned(size_t b) { return (b + 255) / 256 * 256; }
-
 static size_t stats_bytes(const struct expected_attention *p) {
     return (size_t)p->n_head * p->d * (p->d + 1) * sizeof(double);   // mean, then m2
 }
@@ -36,7 +34,7 @@ pykv_status ea_add_chunk_device(struct expected_attention *p, const struct polic
     float *cs;
     PYKV_TRY(ea_chunk_rows(p, ev, &t0, &rows, &cs));
     if (rows <= 0) return PYKV_OK;
-    const size_t cs_b = aligned((size_t)rows * (n_rot ? n_rot : 1) * sizeof(float));
+    const size_t cs_b = cuda_align((size_t)rows * (n_rot ? n_rot : 1) * sizeof(float));
     struct cuda_ea_chunk c = { .n_head = p->n_head, .d = p->d, .n_rot = n_rot, .t0 = t0, .rows = rows,
                                .count = st->count };
     char *d = NULL;
@@ -94,7 +92,7 @@ pykv_status ea_compress_layer_device(struct expected_attention *p, const struct 
         ea_future_query(p, &p->stats[ev->layer], hp->n_rot, cos_avg, sin_avg, hq, host + (size_t)hq * d,
                         p->use_cov ? host + m_n + (size_t)hq * d * d : NULL, dm, dm + d);
     free(dm);
-    const size_t z_b = aligned(cuda_ea_work_bytes(&kl, &a)), up_b = (m_n + a_n) * sizeof(float);
+    const size_t z_b = cuda_align(cuda_ea_work_bytes(&kl, &a)), up_b = (m_n + a_n) * sizeof(float);
     struct ws_device_scores ds;
     pykv_status st = ws_device_scores_alloc(ev, 0, z_b + up_b, &ds);   // every entry a candidate
     if (st != PYKV_OK) {

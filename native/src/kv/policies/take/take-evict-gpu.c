@@ -77,7 +77,7 @@ static pykv_status queue_selection(const struct policy_event *ev, const float *d
     struct cuda_window_args a = { .n_head = ev->hp->n_head, .T = rows, .rows = rows, .protect = 0,
                                   .pool = WS_POOL_AVG, .kernel = kernel, .gqa = WS_GQA_MEAN };
     a.vis = vis;
-    const size_t work = cuda_window_work_bytes(&kl, &a), vis_at = (work + 255) / 256 * 256;
+    const size_t work = cuda_window_work_bytes(&kl, &a), vis_at = cuda_align(work);
     pykv_status err = work ? ws_device_scores_alloc(ev, ev->probe.n, vis_at + vis_b, ds)   // the probe as the window
                     : pykv_error(PYKV_ERR_INTERNAL, "the GPU's window kernel cannot take TAKE's %d probe rows", rows);
     if (err == PYKV_OK) {
