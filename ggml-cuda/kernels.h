@@ -17,18 +17,26 @@ extern "C" {
 // values in GGUF type `type`, each row type_row_bytes(type, cols) bytes, back to back (the
 // file's layout, uploaded as is). cuda_matmul picks the path: T <= CUDA_MATVEC_MAX_T takes
 // the 8-bit activation path (x quantised to Q8_1 blocks in work, integer dot products with
-// dp4a per weight type); larger T the tensor-core path (tiles of W dequantised to f16, f16
-// mma with f32 accumulation). work: cuda_matmul_work_bytes(cols, T) bytes.
+// dp4a per weight type); larger T the tensor-core path (x converted to f16 rows in work, tiles
+// of W dequantised to f16, f16 mma with f32 accumulation). work: cuda_matmul_work_bytes(cols, T)
+// bytes.
 #define CUDA_MATVEC_MAX_T 8
 int    cuda_matmul_supported(int32_t type);   // 1: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
 size_t cuda_matmul_work_bytes(int64_t cols, int T);
 void   cuda_matmul(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
                    const float *x, int T, void *work);
-// The two paths on their own (tests; cuda_matmul chooses between them).
+// cuda_matmul in two steps, for several products of the same x (q, k and v; gate and up):
+// cuda_matmul_stage puts x in work as the path for T reads it (Q8_1 blocks or f16 rows), once;
+// then cuda_matmul_staged is each product, the same as cuda_matmul's (x, still needed by the
+// float weight types' few-row path, must not have changed).
+void   cuda_matmul_stage(cuda_stream s, void *work, const float *x, int64_t cols, int T);
+void   cuda_matmul_staged(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
+                          const float *x, int T, const void *work);
+// The two paths on their own, for any T (tests; cuda_matmul chooses between them).
 void   cuda_matvec_q8(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
                       const float *x, int T, void *work);
 void   cuda_matmul_mma(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
-                       const float *x, int T);
+                       const float *x, int T, void *work);
 // The 8-bit activation path in steps, for decode (T <= CUDA_MATVEC_MAX_T rows): one
 // quantisation serves every product with the same input, and the RMSNorm or SwiGLU before it
 // is fused into it. xq holds each row's Q8_1 blocks of 32 (cuda_q8_1_bytes; cols a multiple

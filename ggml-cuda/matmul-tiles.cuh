@@ -95,10 +95,34 @@ static __host__ __device__ __forceinline__ void mm_load_w_tile_f(half *ws, const
     mm_load_tile_f<F, MM_TN>(ws, w, cols, rows, r0, k0, tid);
 }
 
-// xs[m][k] = x[t0 + m][k0 + k] in f16, zero outside T x cols.
-static __host__ __device__ __forceinline__ void mm_load_x_tile(half *xs, const float *x, int64_t cols, int T,
-                                                               int64_t t0, int64_t k0, int tid) {
-    mm_load_tile_f<ft_f32, MM_TM>(xs, (const uint8_t *)x, cols, T, t0, k0, tid);
+// The activations as the tensor-core path reads them: each row of x in f16, mm_ld(cols) values
+// apart, zeros past cols, so that a step of MM_TK columns never crosses a row's end. They are
+// made once per product (matmul.cu's f16 rows kernel: values 2j and 2j + 1 of each row per
+// thread, mm_f16_pair), not once per tile of weight rows.
+static __host__ __device__ __forceinline__ int64_t mm_ld(int64_t cols) { return (cols + MM_TK - 1) / MM_TK * MM_TK; }
+
+static __host__ __device__ __forceinline__ void mm_f16_pair(half2 *row_h, const float *row, int64_t cols, int64_t j) {
+    const int64_t c = 2 * j;
+    row_h[j] = __floats2half2_rn(c < cols ? row[c] : 0.0f, c + 1 < cols ? row[c + 1] : 0.0f);
+}
+
+// xs[m][k] = xh[t0 + m][k0 + k] (rows of ld halves, as above), zero for rows past T: 16 bytes a
+// copy, MM_TK / 8 copies a row.
+static __host__ __device__ __forceinline__ void mm_load_x_tile(half *xs, const half *xh, int64_t ld, int T, int64_t t0,
+                                                               int64_t k0, int tid) {
+    for (int i = 0; i < MM_TM * MM_TK / 8 / MM_THREADS; i++) {
+        const int e = i * MM_THREADS + tid, m = e / (MM_TK / 8), part = e % (MM_TK / 8);
+        const half *src = xh + (t0 + m) * ld + k0 + 8 * part;
+        half *dst = xs + m * MM_LDH + 8 * part;
+        uint4 v = { 0u, 0u, 0u, 0u };
+#ifdef __CUDA_ARCH__
+        if (t0 + m < T) v = *(const uint4 *)src;
+        *(uint4 *)dst = v;
+#else   // the host twin (tests/c/test_cuda_blocks.cu), without the aliasing
+        if (t0 + m < T) memcpy(&v, src, sizeof(v));
+        memcpy(dst, &v, sizeof(v));
+#endif
+    }
 }
 
 // out[t0 + m][r0 + n] = cs[m][n] for the part of the tile inside T x rows (out: T rows of

@@ -443,21 +443,26 @@ static void emulate_matvec(const uint8_t *w, int64_t cols, int64_t rows, const f
     free(a);
 }
 
-// matmul_mma_kernel: each tile's loads by its 128 threads (into tiles first filled with NaN,
-// so a value no thread writes shows), the 64 x 64 x 64 products in float, the stores.
+// f16_rows_kernel then matmul_mma_kernel: x's f16 rows by every thread of the first (into
+// rows first filled with NaN), each tile's loads by its 128 threads (into tiles filled with
+// NaN too, so a value no thread writes shows), the 64 x 64 x 64 products in float, the stores.
 template <class Q, int FLOAT_W>
 static void emulate_mma(const uint8_t *w, int64_t cols, int64_t rows, const float *x, int T, float *out) {
-    static half xs[MM_TM * MM_LDH], ws[MM_TN * MM_LDH];
+    alignas(16) static half xs[MM_TM * MM_LDH], ws[MM_TN * MM_LDH];
     static float cs[MM_TM * MM_LDC], acc[MM_TM * MM_TN];
-    const int64_t row_bytes = qtype_row_bytes(Q::TYPE, cols);
+    const int64_t row_bytes = qtype_row_bytes(Q::TYPE, cols), ld = mm_ld(cols);
     const half nan_h = __float2half_rn(NAN);
+    half *xh = (half *)aligned_alloc(16, (size_t)(T * ld) * sizeof(half) + 16);
+    for (int64_t i = 0; i < T * ld; i++) xh[i] = nan_h;
+    for (int t = 0; t < T; t++)
+        for (int64_t j = 0; j < ld / 2; j++) mm_f16_pair((half2 *)(xh + t * ld), x + t * cols, cols, j);
     for (int64_t t0 = 0; t0 < T; t0 += MM_TM)
         for (int64_t r0 = 0; r0 < rows; r0 += MM_TN) {
             for (int i = 0; i < MM_TM * MM_TN; i++) acc[i] = 0.0f;
             for (int64_t k0 = 0; k0 < cols; k0 += MM_TK) {
                 for (int i = 0; i < MM_TM * MM_LDH; i++) xs[i] = ws[i] = nan_h;
                 for (int tid = 0; tid < MM_THREADS; tid++) {
-                    mm_load_x_tile(xs, x, cols, T, t0, k0, tid);
+                    mm_load_x_tile(xs, xh, ld, T, t0, k0, tid);
                     if constexpr (FLOAT_W) mm_load_w_tile_f<Q>(ws, w, cols, rows, r0, k0, tid);
                     else                   mm_load_w_tile<Q>(ws, w, row_bytes, cols, rows, r0, k0, tid);
                 }
@@ -472,6 +477,7 @@ static void emulate_mma(const uint8_t *w, int64_t cols, int64_t rows, const floa
                 for (int n = 0; n < MM_TN; n++) cs[m * MM_LDC + n] = acc[m * MM_TN + n];
             for (int tid = 0; tid < MM_THREADS; tid++) mm_store_tile(out, cs, rows, T, t0, r0, tid);
         }
+    free(xh);
 }
 
 template <class Q, int FLOAT_W>

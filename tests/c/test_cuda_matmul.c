@@ -139,13 +139,30 @@ static void test_case(int32_t type, const struct shape *sh) {
         CHECK(e <= NMSE_TWIN);
     }
     ok(cuda_memset(d_out, 0xFF, out_bytes, NULL), "memset");
-    cuda_matmul_mma(NULL, d_out, d_w, type, cols, rows, d_x, T);
+    cuda_matmul_mma(NULL, d_out, d_w, type, cols, rows, d_x, T, d_work);
     run_path("matmul_mma", type, sh, d_out, out, ref, NMSE_MMA);
 
     ok(cuda_memset(d_out, 0xFF, out_bytes, NULL), "memset");
     cuda_matmul(NULL, d_out, d_w, type, cols, rows, d_x, T, d_work);
-    run_path("matmul", type, sh, d_out, out, ref,
-             T > CUDA_MATVEC_MAX_T ? NMSE_MMA : is_float_type(type) ? NMSE_FLOAT : q8_thr);
+    const double thr = T > CUDA_MATVEC_MAX_T ? NMSE_MMA : is_float_type(type) ? NMSE_FLOAT : q8_thr;
+    run_path("matmul", type, sh, d_out, out, ref, thr);
+
+    // In two steps, the work buffer staged once and read twice (the forward pass's q, k, v):
+    // both products are cuda_matmul's, bit for bit.
+    float *one = malloc((size_t)(T * rows) * sizeof(float));
+    memcpy(one, out, (size_t)(T * rows) * sizeof(float));
+    int64_t differ = 0;
+    ok(cuda_memset(d_work, 0xFF, cuda_matmul_work_bytes(cols, T), NULL), "memset");
+    cuda_matmul_stage(NULL, d_work, d_x, cols, T);
+    for (int k = 0; k < 2; k++) {
+        ok(cuda_memset(d_out, 0xFF, out_bytes, NULL), "memset");
+        cuda_matmul_staged(NULL, d_out, d_w, type, cols, rows, d_x, T, d_work);
+        run_path(k ? "staged (again)" : "staged", type, sh, d_out, out, ref, thr);
+        for (int64_t i = 0; i < (int64_t)T * rows; i++) differ += memcmp(&out[i], &one[i], sizeof(float)) != 0;
+    }
+    if (differ) printf("      staged products: %lld outputs differ from cuda_matmul's  FAIL\n", (long long)differ);
+    CHECK(differ == 0);
+    free(one);
 
 done:
     cuda_free(d_w);
@@ -217,7 +234,7 @@ static void report_speed(int32_t type, int64_t cols, int64_t rows) {
     if (ok(cuda_alloc(&d_w, (size_t)(row_bytes * rows), "W"), "alloc") &&
         ok(cuda_alloc((void **)&d_x, (size_t)(cols * T_big) * sizeof(float), "x"), "alloc") &&
         ok(cuda_alloc((void **)&d_out, (size_t)(rows * T_big) * sizeof(float), "out"), "alloc") &&
-        ok(cuda_alloc(&d_work, cuda_matmul_work_bytes(cols, CUDA_MATVEC_MAX_T), "work"), "alloc") &&
+        ok(cuda_alloc(&d_work, cuda_matmul_work_bytes(cols, T_big), "work"), "alloc") &&
         ok(cuda_memset(d_w, 0x11, (size_t)(row_bytes * rows), NULL), "memset") &&
         ok(cuda_memset(d_x, 0, (size_t)(cols * T_big) * sizeof(float), NULL), "memset")) {
         const int Ts[] = { 1, CUDA_MATVEC_MAX_T, T_big };

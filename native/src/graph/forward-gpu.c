@@ -179,6 +179,15 @@ static void matmul_gpu(struct gpu_run *g, float *out, const struct gpu_tensor *w
     cuda_matmul(g->stream, out, w->data, w->type, w->ne[0], w->ne[1], x, T, g->matmul_work);
 }
 
+// The products of one input x (cols values a row): x made ready for them once (cuda_matmul_stage),
+// then each weight's product (matmul_staged).
+static void matmul_stage(struct gpu_run *g, const float *x, int64_t cols, int T) {
+    cuda_matmul_stage(g->stream, g->matmul_work, x, cols, T);
+}
+static void matmul_staged(struct gpu_run *g, float *out, const struct gpu_tensor *w, const float *x, int T) {
+    cuda_matmul_staged(g->stream, out, w->data, w->type, w->ne[0], w->ne[1], x, T, g->matmul_work);
+}
+
 // A decode step's layer when its products can share quantised activations (decode_fused):
 // the same steps as enqueue_layer in fewer kernels. The norms and SwiGLU write Q8_1
 // activations directly, q|k|v and gate|up are one product each (their weights stored back to
@@ -227,9 +236,10 @@ static void enqueue_layer(struct gpu_run *g, const pykv_model *m, int layer, int
 
     // attention
     cuda_rmsnorm(s, g->xb, g->x, w->attn_norm, dim, T, hp->rms_eps);
-    matmul_gpu(g, g->q, &w->wq, g->xb, T);
-    matmul_gpu(g, g->k, &w->wk, g->xb, T);
-    matmul_gpu(g, g->v, &w->wv, g->xb, T);
+    matmul_stage(g, g->xb, dim, T);
+    matmul_staged(g, g->q, &w->wq, g->xb, T);
+    matmul_staged(g, g->k, &w->wk, g->xb, T);
+    matmul_staged(g, g->v, &w->wv, g->xb, T);
     cuda_rope(s, g->q, T, hp->n_head, hd, hp->n_rot, g->rope_cs);
     cuda_rope(s, g->k, T, hp->n_head_kv, hd, hp->n_rot, g->rope_cs);
     cuda_kv_append(s, before, g->k, g->v, T);
@@ -240,8 +250,9 @@ static void enqueue_layer(struct gpu_run *g, const pykv_model *m, int layer, int
 
     // feed-forward
     cuda_rmsnorm(s, g->xb, g->x, w->ffn_norm, dim, T, hp->rms_eps);
-    matmul_gpu(g, g->gate, &w->w_gate, g->xb, T);
-    matmul_gpu(g, g->up, &w->w_up, g->xb, T);
+    matmul_stage(g, g->xb, dim, T);
+    matmul_staged(g, g->gate, &w->w_gate, g->xb, T);
+    matmul_staged(g, g->up, &w->w_up, g->xb, T);
     cuda_swiglu(s, g->gate, g->gate, g->up, (int64_t)T * hp->n_ff);
     matmul_gpu(g, g->xb, &w->w_down, g->gate, T);
     cuda_add(s, g->x, g->xb, (int64_t)T * dim);
