@@ -48,9 +48,48 @@ struct attn_args {
 
 // Shared memory of a block of `rows` query rows: the queries, one tile of keys or values
 // (row stride head_dim + 1, so the lanes' reads of different entries hit different banks),
-// the tile's scores and each row's m, l and rescale factor.
+// the tile's scores and each row's m, l and rescale factor. With head_dim a multiple of 4,
+// the queries' rows and the scores' rows start 16 bytes apart (read as float4).
 static inline size_t attn_smem_bytes(int rows, int d) {
-    return sizeof(float) * ((size_t)rows * d + (size_t)ATTN_KEYS * (d + 1) + (size_t)rows * ATTN_KEYS + 3 * (size_t)rows);
+    const size_t floats = (size_t)rows * d + (size_t)ATTN_KEYS * (d + 1) + (size_t)rows * ATTN_KEYS + 3 * (size_t)rows;
+    return (floats * sizeof(float) + 15) / 16 * 16;
+}
+
+// Rows per pass of a warp in the scores step: each key value read from shared memory serves
+// that many query rows.
+#define ATTN_SCORE_ROWS 4
+
+// dot[i] = q(row rb + i * NW) . kr for i < ATTN_SCORE_ROWS, each summed in column order (rows
+// past R repeat row R - 1; their sums are not used). With d a multiple of 4, a row's queries
+// are read 4 at a time, one 16-byte broadcast for the warp's lanes.
+template <int NW>
+static __device__ __forceinline__ void attn_dots(float dot[ATTN_SCORE_ROWS], const float *Qs, const float *kr, int d,
+                                                 int rb, int R) {
+    int q[ATTN_SCORE_ROWS];   // where each row starts in Qs
+#pragma unroll
+    for (int i = 0; i < ATTN_SCORE_ROWS; i++) {
+        q[i] = min(rb + i * NW, R - 1) * d;
+        dot[i] = 0.0f;
+    }
+    if (d % 4 == 0) {
+        for (int c = 0; c < d; c += 4) {
+            const float k0 = kr[c], k1 = kr[c + 1], k2 = kr[c + 2], k3 = kr[c + 3];
+#pragma unroll
+            for (int i = 0; i < ATTN_SCORE_ROWS; i++) {
+                const float4 qv = *(const float4 *)(Qs + q[i] + c);
+                dot[i] = fmaf(qv.x, k0, dot[i]);
+                dot[i] = fmaf(qv.y, k1, dot[i]);
+                dot[i] = fmaf(qv.z, k2, dot[i]);
+                dot[i] = fmaf(qv.w, k3, dot[i]);
+            }
+        }
+    } else {
+        for (int c = 0; c < d; c++) {
+            const float kc = kr[c];
+#pragma unroll
+            for (int i = 0; i < ATTN_SCORE_ROWS; i++) dot[i] = fmaf(Qs[q[i] + c], kc, dot[i]);
+        }
+    }
 }
 
 // Tile j0 of kt entries of list rows `base` (format fmt) into KV as floats.
@@ -63,12 +102,67 @@ static __device__ __forceinline__ void attn_stage(float *KV, const void *base, i
     }
 }
 
+// acc[k] = acc[k] * C[r] + sum_j S[r][j] V[j][c] for the thread's outputs idx = tid + k * NT
+// < R * d, (r, c) = (idx / d, idx % d), j < kt in order. When d divides NT, a thread's outputs
+// share one column c: each value read serves all of them, and each row's probabilities are
+// read 4 at a time (16-byte broadcasts) when d is a multiple of 4.
+template <int NT, int EPT>
+static __device__ __forceinline__ void attn_accumulate(float acc[EPT], const float *S, const float *C, const float *KV,
+                                                       int d, int R, int kt) {
+    const int dp = d + 1;
+    if (NT % d != 0) {
+#pragma unroll
+        for (int k = 0; k < EPT; k++) {
+            const int idx = threadIdx.x + k * NT;
+            if (idx < R * d) {
+                const int r = idx / d, c = idx - r * d;
+                const float *pr = S + (size_t)r * ATTN_KEYS;
+                float o = acc[k] * C[r];
+                for (int j = 0; j < kt; j++) o = fmaf(pr[j], KV[j * dp + c], o);
+                acc[k] = o;
+            }
+        }
+        return;
+    }
+    const int c = threadIdx.x % d, r0 = threadIdx.x / d, rstep = NT / d;
+#pragma unroll
+    for (int k = 0; k < EPT; k++)
+        if (r0 + k * rstep < R) acc[k] *= C[r0 + k * rstep];
+    int j = 0;
+    if (d % 4 == 0) {
+        for (; j + 4 <= kt; j += 4) {
+            const float v0 = KV[j * dp + c], v1 = KV[(j + 1) * dp + c], v2 = KV[(j + 2) * dp + c],
+                        v3 = KV[(j + 3) * dp + c];
+#pragma unroll
+            for (int k = 0; k < EPT; k++) {
+                const int r = r0 + k * rstep;
+                if (r < R) {
+                    const float4 p = *(const float4 *)(S + (size_t)r * ATTN_KEYS + j);
+                    float o = acc[k];
+                    o = fmaf(p.x, v0, o);
+                    o = fmaf(p.y, v1, o);
+                    o = fmaf(p.z, v2, o);
+                    acc[k] = fmaf(p.w, v3, o);
+                }
+            }
+        }
+    }
+    for (; j < kt; j++) {
+        const float v = KV[j * dp + c];
+#pragma unroll
+        for (int k = 0; k < EPT; k++) {
+            const int r = r0 + k * rstep;
+            if (r < R) acc[k] = fmaf(S[(size_t)r * ATTN_KEYS + j], v, acc[k]);
+        }
+    }
+}
+
 // grid.x: KV head g * n_hgroups + head group; grid.y: decode segment, or prefill token tile
 // (the latest tokens, which see the most entries, first). NT threads, EPT output values each:
 // heads_per_block * tokens_per_block * head_dim <= NT * EPT (the launchers see to it).
 template <int NT, int EPT, bool DECODE>
 static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_args a) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     const int d = a.layer.head_dim, dp = d + 1;
     const int g = blockIdx.x / a.n_hgroups, i0 = (blockIdx.x % a.n_hgroups) * a.heads_per_block;
     const int nh = min(a.heads_per_block, a.n_rep - i0);
@@ -107,6 +201,7 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
     for (int k = 0; k < EPT; k++) acc[k] = 0.0f;
     __syncthreads();
 
+    constexpr int NW = NT / CUDA_WARP;
     const int warp = threadIdx.x / CUDA_WARP, lane = threadIdx.x % CUDA_WARP;
     const int fk = a.layer.fmt_k, fv = a.layer.fmt_v;
     const int32_t *members = a.layer.members[g], *member_at = members + a.layer.members_cap[g];
@@ -115,19 +210,18 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
         const int kt = min(ATTN_KEYS, j_end - j0);
         attn_stage<NT>(KV, a.layer.k[g], fk, d, j0, kt);
         __syncthreads();
-        // scores: pair p is (row p / ATTN_KEYS, entry p % ATTN_KEYS), so a warp's lanes share
-        // one query row (broadcast) and read 32 different key rows
-        for (int p = threadIdx.x; p < R * ATTN_KEYS; p += NT) {
-            const int r = p / ATTN_KEYS, j = p % ATTN_KEYS;
-            const int vis = n_before + t0 + r / nh + 1;   // entries row r sees
-            float s = -INFINITY;
-            if (j < kt && j0 + j < vis) {
-                const float *qr = Qs + (size_t)r * d, *kr = KV + (size_t)j * dp;
-                float dot = 0.0f;
-                for (int c = 0; c < d; c++) dot += qr[c] * kr[c];
-                s = dot * a.scale;
+        // scores: lane j takes entry j of the tile (the lanes read 32 different key rows), warp
+        // w the rows w, w + NW, ... ATTN_SCORE_ROWS at a time (their queries broadcast)
+        for (int rb = warp; rb < R; rb += NW * ATTN_SCORE_ROWS) {
+            float dot[ATTN_SCORE_ROWS];
+            attn_dots<NW>(dot, Qs, KV + (size_t)lane * dp, d, rb, R);
+#pragma unroll
+            for (int i = 0; i < ATTN_SCORE_ROWS; i++) {
+                const int r = rb + i * NW;
+                if (r >= R) break;
+                const int vis = n_before + t0 + r / nh + 1;   // entries row r sees
+                S[r * ATTN_KEYS + lane] = lane < kt && j0 + lane < vis ? dot[i] * a.scale : -INFINITY;
             }
-            S[p] = s;
         }
         __syncthreads();
         attn_stage<NT>(KV, a.layer.v[g], fv, d, j0, kt);   // the keys are done with
@@ -158,17 +252,7 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
             }
         }
         __syncthreads();
-#pragma unroll
-        for (int k = 0; k < EPT; k++) {
-            const int idx = threadIdx.x + k * NT;
-            if (idx < R * d) {
-                const int r = idx / d, c = idx - r * d;
-                const float *pr = S + (size_t)r * ATTN_KEYS;
-                float o = acc[k] * C[r];
-                for (int j = 0; j < kt; j++) o += pr[j] * KV[j * dp + c];
-                acc[k] = o;
-            }
-        }
+        attn_accumulate<NT, EPT>(acc, S, C, KV, d, R, kt);
         __syncthreads();   // before the next tile overwrites KV and S
     }
 

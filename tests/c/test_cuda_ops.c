@@ -381,6 +381,13 @@ int main(void) {
             test_prefill(96, KV_F32, KV_F16, 6, Ts[a], nbs[b]);
         }
     test_prefill(128, KV_F16, KV_F16, 16, 70, 40);   // head groups: 16 heads of 128 > one block's rows
+    // head sizes the tiles read a value at a time (34: not a multiple of 4, nor a divisor of
+    // the block's threads) and a block of many rows (16)
+    const int reps_small[] = { 1, 6 }, ns_small[] = { 5, 300 };
+    test_decode(34, KV_F32, KV_F16, reps_small, 2, ns_small, 2);
+    test_decode(16, KV_F16, KV_F16, reps_small, 2, ns_small, 2);
+    test_prefill(34, KV_F16, KV_F32, 3, 70, 5);
+    test_prefill(16, KV_F16, KV_F16, 6, 130, 40);
     for (int fmt = 0; fmt < KV_N_FORMATS; fmt++) {
         test_merged(64, fmt, 4, 300, 9);
         test_merged(128, fmt, 1, 2000, 40);
