@@ -9,7 +9,8 @@
 #   4. the GPU benchmark: `pykv bench -ngl 99` on random-weight files of SmolLM2-135M's and
 #      Llama-3.1-8B's shapes (bench/gpu_models.py): pp512, pp2048, tg128 and tg32 at depth
 #      8192, llama-bench's tests for the same shapes and types; then the policies: decode at depth 32768 with 256
-#      entries a list, and pp4096 against full (tests/gpu/bench-long.sh has the long-context figures).
+#      entries a list, and pp4096 against full (tests/gpu/bench-long.sh has the long-context figures);
+#   5. where the GPU's time goes: PYKV_CUDA_TIMINGS' tables by stage, in the log.
 # Prints one line per check ("PASS name" / "FAIL name (why)") and a summary; everything goes
 # to $OUT/gpu.log (or build-gpu/gpu.log), the benchmark rows to bench-gpu.jsonl beside it.
 #
@@ -66,5 +67,14 @@ if [ -z "${SKIP_BENCH:-}" ]; then
         --policy $POLICIES --budget 256
     check "bench smollm2 policies pp4096" 200 bash tests/gpu/bench.sh -r 3 "$MODELS/smollm2-shape-q4_1.gguf" -p 4096 -n 0 \
         --policy $POLICIES --budget 1024
+    # where the GPU's time goes: a table by stage per context in the log (PYKV_CUDA_TIMINGS),
+    # decode steps by kernel (so without CUDA graphs: not figures for BENCHMARKS.md)
+    TIMINGS=(env PYKV_CUDA_TIMINGS=1 PYKV_CUDA_GRAPHS=0 "$PYTHON" -m pykv bench -ngl 99 -r 1)
+    for m in smollm2-shape-q4_1 llama8b-shape-q4_0; do
+        check "stage timings ${m%%-*} pp2048" 90 "${TIMINGS[@]}" "$MODELS/$m.gguf" -p 2048 -n 0
+        check "stage timings ${m%%-*} tg32" 90 "${TIMINGS[@]}" "$MODELS/$m.gguf" -p 0 -n 32
+    done
+    check "stage timings smollm2 policies pp4096" 120 "${TIMINGS[@]}" "$MODELS/smollm2-shape-q4_1.gguf" -p 4096 -n 0 \
+        --policy full,snapkv,cake,take --budget 1024
 fi
 summary

@@ -207,6 +207,75 @@ def test_decode_graph_replays_the_plain_steps_exactly(model_path, monkeypatch, l
                 plain.eval([token])
 
 
+# Run in a child process: PYKV_CUDA_TIMINGS is read once per process. Prints the wall time
+# from before the first call to after the context is freed, which bounds the GPU's.
+_TIMINGS_CHILD = r"""
+import json, sys, time
+from pykv import Llama
+path, prompt, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+llm = Llama(path, n_gpu_layers=-1, n_ctx=256, n_batch=16, n_threads=2)
+t0 = time.perf_counter()
+llm.eval(prompt)
+for _ in range(steps):
+    llm.eval([int(llm.logits().argmax())])
+llm.close()
+print(json.dumps({"wall_ms": (time.perf_counter() - t0) * 1e3}))
+"""
+
+
+def _stage_table(stderr: str) -> tuple:
+    """(title, {stage: (calls, total_ms, ms_per_call, share)}, all_ms) from the table."""
+    lines = stderr.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("pykv: GPU time by stage, "))
+    title = lines[at][len("pykv: GPU time by stage, "):]
+    assert lines[at + 1].split() == ["stage", "calls", "total", "ms", "ms/call", "share"]
+    rows, all_ms = {}, None
+    for line in lines[at + 2:]:
+        parts = line.split()
+        if parts[0] == "all":
+            all_ms = float(parts[1])
+            break
+        name = line[:37].strip()   # names have spaces; the numbers are the last four fields
+        rows[name] = (int(parts[-4]), float(parts[-3]), float(parts[-2]), float(parts[-1].rstrip("%")))
+    return title, rows, all_ms
+
+
+@needs_gpu
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_stage_timings_account_for_every_layer_and_step(model_path, graphs):
+    """PYKV_CUDA_TIMINGS=1: when the context closes, a table on stderr gives the GPU's time by
+    stage. Every layer of each prefill chunk counts once in its stages; a decode step is one
+    replayed graph, or (PYKV_CUDA_GRAPHS=0) its layers stage by stage. The times add up to
+    the total, which the wall time bounds."""
+    import json
+    import os
+    import subprocess
+    import sys
+    path = model_path("llama_q8_0_h8kv2")   # 3 layers
+    n_layer, prompt, steps = 3, random_tokens(40, seed=8), 5   # chunks of 16: 16, 16, 8
+    env = dict(os.environ, PYKV_CUDA_TIMINGS="1", PYKV_CUDA_GRAPHS=graphs)
+    done = subprocess.run([sys.executable, "-c", _TIMINGS_CHILD, path, json.dumps(prompt), str(steps)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    wall_ms = json.loads(done.stdout.splitlines()[-1])["wall_ms"]
+    title, rows, all_ms = _stage_table(done.stderr)
+    assert title == f"policy full, layers 0 to {n_layer - 1} of {n_layer}"
+    chunks = 3 + (0 if graphs == "1" else steps)
+    for stage in ("q|k|v product", "rope", "kv append", "attention", "gate|up product", "swiglu"):
+        assert rows[stage][0] == n_layer * chunks, (stage, rows[stage])
+    assert rows["norm"][0] == 2 * n_layer * chunks
+    if graphs == "1":
+        assert rows["decode step (CUDA graph)"][0] == steps
+    else:
+        assert "decode step (CUDA graph)" not in rows
+    assert rows["classifier"][0] >= 1 + (0 if graphs == "1" else steps)
+    for name, (calls, total, per_call, share) in rows.items():
+        assert total >= 0 and abs(per_call - total / calls) <= 1e-3 + 1e-3 * total, name
+        assert abs(share - 100 * total / all_ms) <= 0.1, name
+    assert abs(sum(r[1] for r in rows.values()) - all_ms) <= 1e-3 * len(rows) + 1e-6 * all_ms
+    assert 0 < all_ms <= wall_ms + 1.0
+
+
 @needs_gpu
 @pytest.mark.parametrize("layers", ["one", "half", "all_but_output", "all"])
 def test_partial_offload_gives_the_same_tokens(model_path, layers):

@@ -6,6 +6,8 @@
 // keeps the lists' bookkeeping (lengths and positions) and waits once per chunk. A decode
 // step, whose dozens of small kernels per layer cost more to launch than to run on a small
 // model, is recorded once as a CUDA graph and replayed (PYKV_CUDA_GRAPHS=0 turns that off).
+// Each step is named on the stream (cuda_timing_mark) for PYKV_CUDA_TIMINGS' table of where
+// the GPU's time goes (ggml-cuda/timing.h).
 #include "graph/forward-gpu.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -14,6 +16,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-device.h"
 #include "kv/policies/common/window-scores.h"
 #include "graph/attention-schedule.h"
@@ -29,6 +32,7 @@
 struct gpu_run {
     cuda_stream stream;
     int         first_layer;
+    const char *policy_name;   // the policy's (static) name, for the table of PYKV_CUDA_TIMINGS
     void       *arena;     // one allocation holds every buffer below
     size_t      bytes;
     float      *x, *xb;    // (n_ubatch, n_embd)
@@ -137,6 +141,7 @@ pykv_status gpu_run_init(pykv_context *ctx) {
     if (!g) return pykv_error(PYKV_ERR_NOMEM, "out of memory");
     const struct hparams *hp = &ctx->model->hp;
     g->first_layer = mg->first_layer;
+    g->policy_name = ctx->policy->ops->name;
     const char *graphs = getenv("PYKV_CUDA_GRAPHS");
     g->graphs = !(graphs && graphs[0] == '0');
     g->bytes = place_buffers(g, ctx, NULL);
@@ -166,6 +171,12 @@ void gpu_run_free(pykv_context *ctx) {
     cuda_stream_sync(g->stream);   // the lists' memory, freed on the stream, is back in the pool
     cuda_pool_trim();              // and goes back to the device
     cuda_graph_free(g->graph);
+    if (cuda_timings_on()) {
+        char title[96];
+        snprintf(title, sizeof(title), "policy %s, layers %d to %d of %d", g->policy_name, g->first_layer,
+                 ctx->model->hp.n_layer - 1, ctx->model->hp.n_layer);
+        cuda_timing_report(g->stream, title);
+    }
     cuda_stream_destroy(g->stream);
     cuda_host_free(g->h_x);
     cuda_host_free(g->h_sums);
@@ -206,18 +217,28 @@ static void decode_layer(struct gpu_run *g, const pykv_model *m, int layer, cons
     float *q = g->q, *k = q + q_dim, *v = k + kv_dim, *gate = g->gate, *up = gate + hp->n_ff;
 
     // attention
+    cuda_timing_mark(s, "norm");
     cuda_rmsnorm_q8_1(s, g->xq, g->x, w->attn_norm, dim, 1, hp->rms_eps);
+    cuda_timing_mark(s, "q|k|v product");
     cuda_matvec_q8_pre(s, q, w->wqkv.data, w->wqkv.type, dim, w->wqkv.ne[1], g->xq, 1, 0);
+    cuda_timing_mark(s, "rope");
     cuda_rope(s, q, 1, hp->n_head + hp->n_head_kv, hd, hp->n_rot, g->rope_cs);
+    cuda_timing_mark(s, "kv append");
     cuda_kv_append(s, before, k, v, 1);
+    cuda_timing_mark(s, "attention");
     cuda_attention_decode(s, after, q, hp->n_head, g->att, g->attn_work);
     cuda_quantize_q8_1(s, g->xq, g->att, q_dim, 1);
+    cuda_timing_mark(s, "output product");
     cuda_matvec_q8_pre(s, g->x, w->wo.data, w->wo.type, q_dim, dim, g->xq, 1, 1);
 
     // feed-forward
+    cuda_timing_mark(s, "norm");
     cuda_rmsnorm_q8_1(s, g->xq, g->x, w->ffn_norm, dim, 1, hp->rms_eps);
+    cuda_timing_mark(s, "gate|up product");
     cuda_matvec_q8_pre(s, gate, w->w_gate_up.data, w->w_gate_up.type, dim, w->w_gate_up.ne[1], g->xq, 1, 0);
+    cuda_timing_mark(s, "swiglu");
     cuda_swiglu_q8_1(s, g->xq, gate, up, hp->n_ff, 1);
+    cuda_timing_mark(s, "down product");
     cuda_matvec_q8_pre(s, g->x, w->w_down.data, w->w_down.type, hp->n_ff, dim, g->xq, 1, 1);
 }
 
@@ -235,26 +256,38 @@ static void enqueue_layer(struct gpu_run *g, const pykv_model *m, int layer, int
     }
 
     // attention
+    cuda_timing_mark(s, "norm");
     cuda_rmsnorm(s, g->xb, g->x, w->attn_norm, dim, T, hp->rms_eps);
+    cuda_timing_mark(s, "q|k|v product");
     matmul_stage(g, g->xb, dim, T);
     matmul_staged(g, g->q, &w->wq, g->xb, T);
     matmul_staged(g, g->k, &w->wk, g->xb, T);
     matmul_staged(g, g->v, &w->wv, g->xb, T);
+    cuda_timing_mark(s, "rope");
     cuda_rope(s, g->q, T, hp->n_head, hd, hp->n_rot, g->rope_cs);
     cuda_rope(s, g->k, T, hp->n_head_kv, hd, hp->n_rot, g->rope_cs);
+    cuda_timing_mark(s, "kv append");
     cuda_kv_append(s, before, g->k, g->v, T);
+    cuda_timing_mark(s, "attention");
     if (T == 1) cuda_attention_decode(s, after, g->q, hp->n_head, g->att, g->attn_work);
     else cuda_attention_prefill(s, after, g->q, hp->n_head, T, g->att);
+    cuda_timing_mark(s, "output product");
     matmul_gpu(g, g->xb, &w->wo, g->att, T);
+    cuda_timing_mark(s, "residual");
     cuda_add(s, g->x, g->xb, (int64_t)T * dim);
 
     // feed-forward
+    cuda_timing_mark(s, "norm");
     cuda_rmsnorm(s, g->xb, g->x, w->ffn_norm, dim, T, hp->rms_eps);
+    cuda_timing_mark(s, "gate|up product");
     matmul_stage(g, g->xb, dim, T);
     matmul_staged(g, g->gate, &w->w_gate, g->xb, T);
     matmul_staged(g, g->up, &w->w_up, g->xb, T);
+    cuda_timing_mark(s, "swiglu");
     cuda_swiglu(s, g->gate, g->gate, g->up, (int64_t)T * hp->n_ff);
+    cuda_timing_mark(s, "down product");
     matmul_gpu(g, g->xb, &w->w_down, g->gate, T);
+    cuda_timing_mark(s, "residual");
     cuda_add(s, g->x, g->xb, (int64_t)T * dim);
 }
 
@@ -262,6 +295,7 @@ static void enqueue_layer(struct gpu_run *g, const pykv_model *m, int layer, int
 static void enqueue_logits(struct gpu_run *g, const pykv_model *m, int T) {
     const struct model_gpu *mg = m->gpu;
     const int dim = m->hp.n_embd;
+    cuda_timing_mark(g->stream, "classifier");
     cuda_rmsnorm(g->stream, g->xb, g->x + (size_t)(T - 1) * dim, mg->output_norm, dim, 1, m->hp.rms_eps);
     matmul_gpu(g, g->logits, &mg->out, g->xb, 1);
 }
@@ -395,6 +429,7 @@ static pykv_status run_layers(pykv_context *ctx, int T, int n_probe) {
     const struct hparams *hp = &ctx->model->hp;
     // a chunk stops between layers only while no hook may have changed a list (forward.c)
     const int hooks = ctx->policy->ops->after_layer || ctx->policy->ops->decode_list;
+    cuda_timing_mark(g->stream, "upload");
     PYKV_TRY(cuda_upload_async(g->x, ctx->buf.x, (size_t)T * hp->n_embd * sizeof(float), g->stream));
     PYKV_TRY(cuda_upload_async(g->rope_cs, ctx->buf.rope_cs, (size_t)T * hp->n_rot * sizeof(float), g->stream));
     for (int layer = g->first_layer; layer < hp->n_layer; layer++) {
@@ -410,7 +445,10 @@ static pykv_status run_layers(pykv_context *ctx, int T, int n_probe) {
         before = after;
         for (int h = 0; h < hp->n_head_kv; h++) before.n[h] -= T;
         enqueue_layer(g, ctx->model, layer, T, &before, &after);
-        if (hooks) PYKV_TRY(layer_hook(ctx, layer, T, n_probe, g->q, NULL));
+        if (hooks) {
+            cuda_timing_mark(g->stream, "policy hooks");
+            PYKV_TRY(layer_hook(ctx, layer, T, n_probe, g->q, NULL));
+        }
         for (int h = 0; n_probe && h < hp->n_head_kv; h++) {   // the probe's K/V are never kept
             struct kv_list *l = kv_cache_list(&ctx->cache, layer, h);
             kv_list_truncate(&ctx->cache, l, l->n - n_probe);
@@ -512,7 +550,9 @@ static pykv_status run_decode_graph(pykv_context *ctx, int *done) {
             g->h_lens[(size_t)(layer - g->first_layer) * hp->n_head_kv + h] = l->n;
         }
     *done = 1;
+    cuda_timing_mark(g->stream, "decode step (CUDA graph)");
     PYKV_TRY(cuda_graph_launch(g->graph, g->stream));
+    cuda_timing_mark(g->stream, "download");
     PYKV_TRY(cuda_download_async(ctx->logits, g->logits, (size_t)hp->n_vocab * sizeof(float), g->stream));
     if (g->sums_stride)
         PYKV_TRY(cuda_download_async(g->h_sums, g->sums, step_sums_at(g, hp, hp->n_layer) * sizeof(float), g->stream));
@@ -540,31 +580,40 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
             // a decode step's hooks touch their own layer's lists only (policy_ops.device_lists),
             // so they may all run once the step is done
             pykv_status st = PYKV_OK;
+            if (hooks) cuda_timing_mark(g->stream, "policy hooks");
             for (int layer = g->first_layer; hooks && st == PYKV_OK && layer < hp->n_layer; layer++) {
                 const float *sums = g->sums_stride ? g->h_sums + step_sums_at(g, hp, layer) : NULL;
                 st = layer_hook(ctx, layer, 1, 0, NULL, sums);
             }
             if (ops->after_step) {
+                cuda_timing_mark(g->stream, "policy after the step");
                 const pykv_status after = ops->after_step(ctx->policy, &ctx->cache, st != PYKV_OK);
                 if (st == PYKV_OK) st = after;
             }
             PYKV_TRY(st);
+            cuda_timing_end(g->stream);
             return cuda_stream_sync(g->stream);
         }
     }
     pykv_status st = run_layers(ctx, T, n_probe);
     if (ops->after_gpu_layers) {   // before anything reads the lists' positions again (a failed chunk's rollback too)
+        cuda_timing_mark(g->stream, "policy after the layers");
         const pykv_status after = ops->after_gpu_layers(ctx->policy, &ctx->cache);
         if (st == PYKV_OK) st = after;
     }
     PYKV_TRY(st);
     if (want_logits && mg->output) {
         enqueue_logits(g, ctx->model, T);
+        cuda_timing_mark(g->stream, "download");
         PYKV_TRY(cuda_download_async(ctx->logits, g->logits, (size_t)hp->n_vocab * sizeof(float), g->stream));
         *logits_done = 1;
     }
-    if (want_x) PYKV_TRY(cuda_download_async(ctx->buf.x, g->x, (size_t)T * hp->n_embd * sizeof(float), g->stream));
+    if (want_x) {
+        cuda_timing_mark(g->stream, "download");
+        PYKV_TRY(cuda_download_async(ctx->buf.x, g->x, (size_t)T * hp->n_embd * sizeof(float), g->stream));
+    }
     PYKV_TRY(cuda_check("the output on the GPU"));
+    cuda_timing_end(g->stream);
     return cuda_stream_sync(g->stream);
 }
 

@@ -5,6 +5,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-cache.h"
 
 #include <string.h>
@@ -20,6 +21,7 @@ pykv_status kv_device_resize(int device, void *s, void **p, size_t old_bytes, si
         *p = NULL;
         return PYKV_OK;
     }
+    cuda_timing_mark(st, "kv list growth");
     void *q = NULL;
     PYKV_TRY(cuda_alloc_async(&q, new_bytes, st, "the KV cache"));
     const size_t keep = old_bytes < new_bytes ? old_bytes : new_bytes;
@@ -45,6 +47,7 @@ pykv_status kv_device_write(void *s, void *d_dst, const void *src, size_t bytes)
 }
 
 pykv_status kv_device_move_rows(void *s, void *d_base, size_t row_bytes, const struct kv_row_move *moves, int n) {
+    cuda_timing_mark((cuda_stream)s, "kv compaction");
     for (int i = 0; i < n;) {   // launches of up to CUDA_MAX_ROW_MOVES moves, in order on the stream
         struct cuda_row_moves m = { 0 };
         for (; i < n && m.n < CUDA_MAX_ROW_MOVES; i++) {
@@ -59,24 +62,34 @@ pykv_status kv_device_move_rows(void *s, void *d_base, size_t row_bytes, const s
     return cuda_check("moving KV entries on the GPU");
 }
 
+// The compaction of kv_device_gather_indices, on the current device.
+static pykv_status gather_indices(cuda_stream st, void **k, size_t kb, void **v, size_t vb, const int32_t *d_keep,
+                                  int32_t n_keep, int32_t rows);
+
 pykv_status kv_device_gather(int device, void *s, void **k, size_t kb, void **v, size_t vb, const int32_t *keep,
                              int32_t n_keep, int32_t rows) {
     const cuda_stream st = (cuda_stream)s;
     PYKV_TRY(cuda_set_device(device));
+    cuda_timing_mark(st, "kv compaction");
     void *d_keep = NULL;
     pykv_status err = cuda_alloc_async(&d_keep, (size_t)(n_keep > 0 ? n_keep : 1) * sizeof(int32_t), st, "the KV cache");
     // staged through pinned memory: the caller may free keep at once, and the stream's queue
     // is not drained for it
     if (err == PYKV_OK && n_keep > 0) err = cuda_upload_staged(d_keep, keep, (size_t)n_keep * sizeof(int32_t), st);
-    if (err == PYKV_OK) err = kv_device_gather_indices(device, s, k, kb, v, vb, (const int32_t *)d_keep, n_keep, rows);
+    if (err == PYKV_OK) err = gather_indices(st, k, kb, v, vb, (const int32_t *)d_keep, n_keep, rows);
     cuda_free_async(d_keep, st);
     return err;
 }
 
 pykv_status kv_device_gather_indices(int device, void *s, void **k, size_t kb, void **v, size_t vb,
                                      const int32_t *d_keep, int32_t n_keep, int32_t rows) {
-    const cuda_stream st = (cuda_stream)s;
     PYKV_TRY(cuda_set_device(device));
+    cuda_timing_mark((cuda_stream)s, "kv compaction");
+    return gather_indices((cuda_stream)s, k, kb, v, vb, d_keep, n_keep, rows);
+}
+
+static pykv_status gather_indices(cuda_stream st, void **k, size_t kb, void **v, size_t vb, const int32_t *d_keep,
+                                  int32_t n_keep, int32_t rows) {
     void *nk = NULL, *nv = NULL;
     pykv_status err = cuda_alloc_async(&nk, (size_t)rows * kb, st, "the KV cache");
     if (err == PYKV_OK) err = cuda_alloc_async(&nv, (size_t)rows * vb, st, "the KV cache");

@@ -10,6 +10,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-device.h"
 
 static int32_t kernel_rule(enum es_device_rule rule) {
@@ -34,6 +35,7 @@ pykv_status es_layer_keep_top_device(const struct policy_event *ev, int32_t B, c
     if (!any) return PYKV_OK;
     struct ws_device_scores ds;
     PYKV_TRY(ws_device_scores_alloc(ev, 0, cuda_entry_work_bytes(&kl, &a), &ds));   // every entry a candidate
+    cuda_timing_mark((cuda_stream)ev->cache->device_stream, "policy: entry scores");
     cuda_entry_scores((cuda_stream)ev->cache->device_stream, &kl, &a, ds.d_scores, ds.d);
     pykv_status err = cuda_check("scoring the KV entries on the GPU");
     int64_t b[CUDA_MAX_KV_HEADS];

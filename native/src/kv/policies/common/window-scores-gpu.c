@@ -17,6 +17,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-device.h"
 
 pykv_status ws_window_run(const struct kv_cache *c, const struct cuda_kv_layer *kl, struct cuda_window_args a,
@@ -51,6 +52,7 @@ pykv_status ws_window_run(const struct kv_cache *c, const struct cuda_kv_layer *
     if (vis) err = cuda_upload_staged((void *)a.vis, vis, (size_t)a.rows * kl->n_head_kv * sizeof(int32_t), s);
     if (err == PYKV_OK && r->q) err = cuda_upload_staged((void *)d_q, r->q, q_bytes, s);
     if (err == PYKV_OK) {
+        cuda_timing_mark(s, "policy: window scores");
         cuda_window_scores(s, kl, d_q, &a, d_scores, d_mean, d_var, d);
         err = cuda_check("the observation window's scores on the GPU");
     }
@@ -129,6 +131,7 @@ pykv_status ws_device_scores_make(const struct policy_event *ev, const struct ws
                           w.rows, ev->T);
     }
     PYKV_TRY(ws_device_scores_alloc(ev, w.protect, work, ds));
+    cuda_timing_mark((cuda_stream)ev->cache->device_stream, "policy: window scores");
     cuda_window_scores((cuda_stream)ev->cache->device_stream, &kl, ev->q_device, &a, ds->d_scores, NULL, NULL, ds->d);
     const pykv_status err = cuda_check("the window's scores on the GPU");
     if (err != PYKV_OK) ws_device_scores_free(ds);
@@ -151,6 +154,7 @@ pykv_status ws_device_queue_select(const struct ws_device_scores *ds, int m, con
     if (err == PYKV_OK) err = cuda_upload_staged(d_n, n, (size_t)m * sizeof(int32_t), s);
     if (err == PYKV_OK) err = cuda_upload_staged(d_k, k, (size_t)m * sizeof(int32_t), s);
     if (err == PYKV_OK) {
+        cuda_timing_mark(s, "policy: top-k");
         cuda_select_top(s, ds->d_scores, d_off, d_n, d_k, m, ds->d_idx, NULL);
         err = cuda_check("selecting the top entries on the GPU");
     }

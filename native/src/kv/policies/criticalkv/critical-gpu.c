@@ -11,6 +11,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-device.h"
 #include "model/offload.h"
 
@@ -40,6 +41,7 @@ pykv_status critical_value_weights_device(const struct policy_event *ev, const s
     if (err == PYKV_OK) err = cuda_alloc_async((void **)&d, wo_b + ids_b + work_b + w_b, s, "CriticalKV's value weights");
     if (err == PYKV_OK) err = cuda_upload_async(d + wo_b, ids, (size_t)hp->n_embd * sizeof(int32_t), s);
     if (err == PYKV_OK) {   // W_o as floats, every row
+        cuda_timing_mark(s, "policy: value weights");
         cuda_get_rows(s, (float *)d, wo->data, wo->type, wo->ne[0], (const int32_t *)(d + wo_b), hp->n_embd);
         a.wo = (const float *)d;
         cuda_value_weights(s, &kl, &a, (float *)(d + wo_b + ids_b + work_b), d + wo_b + ids_b);

@@ -24,6 +24,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 
 // Step 1: best and r of every list's TBM entries, from the device.
 static pykv_status most_similar(struct kv_cache *c, int layer, struct ems_partition *pt, int64_t n_jobs) {
@@ -58,6 +59,7 @@ static pykv_status most_similar(struct kv_cache *c, int layer, struct ems_partit
     }
     if (st == PYKV_OK) st = cuda_upload_async(d, jobs, jobs_b, s);
     if (st == PYKV_OK) {
+        cuda_timing_mark(s, "policy: ems merge");
         cuda_ems_most_similar(s, (const struct cuda_ems_probe *)d, (int32_t)n_jobs, c->fmt_k, c->fmt_v, c->head_dim,
                               d_best, d_r);
         st = cuda_check("EMS's most similar centres on the GPU");

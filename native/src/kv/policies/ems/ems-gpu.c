@@ -70,6 +70,7 @@ pykv_status ems_gpu_decode_list(struct ems_gpu **gp, const struct policy_event *
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 
 void ems_gpu_free(struct ems_gpu *e) {
     if (!e) return;
@@ -130,6 +131,7 @@ static pykv_status weakest_and_redundancy(struct ems_gpu *e, struct kv_cache *c,
         const struct kv_list *l = kv_cache_list(c, p->layer, p->g);
         jobs[j++] = (struct cuda_ems_probe){ .k = l->k, .v = l->v, .weak = p->weak, .nc = p->nc, .out = p->r_at };
     }
+    cuda_timing_mark(s, "policy: ems redundancy");
     for (int32_t j0 = 0; j0 < n_jobs; j0 += 65535) {   // the launch's limit on jobs
         const int32_t m = n_jobs - j0 < 65535 ? n_jobs - j0 : 65535;
         PYKV_TRY(cuda_upload_async((struct cuda_ems_probe *)e->d_jobs + j0, jobs + j0, (size_t)m * sizeof(*jobs), s));

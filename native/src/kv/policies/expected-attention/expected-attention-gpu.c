@@ -15,6 +15,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-device.h"
 
 static size_t stats_bytes(const struct expected_attention *p) {
@@ -44,6 +45,7 @@ pykv_status ea_add_chunk_device(struct expected_attention *p, const struct polic
     if (err == PYKV_OK) {
         c.cs = (const float *)d;
         double *mean = st->d_stats, *m2 = mean + (size_t)p->n_head * p->d;
+        cuda_timing_mark(s, "policy: query statistics");
         cuda_ea_stats_chunk(s, ev->q_device, &c, mean, m2, d + cs_b);
         err = cuda_check("expected_attention's query statistics on the GPU");
     }
@@ -105,6 +107,7 @@ pykv_status ea_compress_layer_device(struct expected_attention *p, const struct 
     a.A = p->use_cov ? d_up + m_n : NULL;
     st = cuda_upload_async(d_up, host, up_b, s);
     if (st == PYKV_OK) {
+        cuda_timing_mark(s, "policy: expected attention");
         cuda_ea_scores(s, &kl, &a, ds.d_scores, ds.d);
         st = cuda_check("expected_attention's scores on the GPU");
     }

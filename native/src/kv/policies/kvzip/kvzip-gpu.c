@@ -8,6 +8,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-device.h"
 
 pykv_status kvzip_pass_device(const struct policy_event *ev, const int32_t *sink, const int32_t *c0,
@@ -30,6 +31,7 @@ pykv_status kvzip_pass_device(const struct policy_event *ev, const int32_t *sink
     PYKV_TRY(cuda_set_device(ev->cache->device));
     float *d = NULL;
     PYKV_TRY(cuda_alloc_async((void **)&d, bytes, s, "KVzip's pass"));
+    cuda_timing_mark(s, "policy: kvzip pass");
     cuda_kvzip_pass(s, &kl, ev->q_device, &a, d);
     pykv_status err = cuda_check("KVzip's pass on the GPU");
     if (err == PYKV_OK) err = cuda_download_async(best, d, bytes, s);

@@ -15,6 +15,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-device.h"
 #include "kv/policies/common/window-scores.h"
 #include "kv/policies/take/take-score.h"
@@ -85,6 +86,7 @@ static pykv_status queue_selection(const struct policy_event *ev, const float *d
         err = cuda_upload_staged((void *)a.vis, vis, vis_b, s);
     }
     if (err == PYKV_OK) {
+        cuda_timing_mark(s, "policy: window scores");
         cuda_window_scores(s, &kl, d_qa, &a, ds->d_scores, NULL, NULL, ds->d);
         err = cuda_check("TAKE's scores on the GPU");
     }

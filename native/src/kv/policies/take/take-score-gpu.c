@@ -18,6 +18,7 @@
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "ggml-cuda/timing.h"
 #include "kv/kv-device.h"
 
 void take_ema_free(struct take_ema *e) {
@@ -65,6 +66,7 @@ pykv_status take_ema_update_device(struct take_ema *e, int32_t rows, int32_t pos
         st = cuda_copy_d2d(d_out, ev->q_device + (size_t)(ev->T - rows) * width, (size_t)rows * width * sizeof(float), s);
     if (st == PYKV_OK) {
         float *next = e->d_q[1 - e->d_cur];
+        cuda_timing_mark(s, "policy: probe average");
         cuda_rope(s, d_out, rows, hp->n_head, hp->head_dim, hp->n_rot, d_cs);   // pre-RoPE
         cuda_take_ema(s, d_out, next, e->d_q[e->d_cur], rows, e->rows - rows, (int64_t)width, (float)alpha,
                       (float)(1.0 - alpha));
