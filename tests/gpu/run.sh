@@ -19,6 +19,7 @@
 #                  # of building: tests/gpu/prebuild.sh makes one for Hopper on a machine without
 #                  # a GPU (any build dir configured with -DPYKV_BUILD_TESTS=ON will do)
 #   SKIP_BENCH=1 bash tests/gpu/run.sh    # the tests only
+#   SKIP_TESTS=1 bash tests/gpu/run.sh    # the benchmark and the timings only
 #   GPU_END=$(( $(date +%s) + 540 )) bash tests/gpu/run.sh   # the summary by then: checks that
 #                  # would not fit are cut short or not started (setup.sh), e.g. within a device
 #                  # call's limit; bench-long.sh after it in the same call may share the end
@@ -32,28 +33,30 @@ source tests/gpu/setup.sh
 
 # the model tests skip without a GPU: here that is a failure
 check "pykv sees the GPU" 60 "$PYTHON" -c "import sys, pykv; sys.exit('CUDA = 1' not in pykv.system_info())"
-# compute-sanitizer refuses some machines' GPUs (seen on gVisor: "Device not supported"): when
-# it fails on the first test program but the program passes alone, the kernel tests run
-# without it, and the summary says so
-SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-MEMCHECK=("$SANITIZER" --tool memcheck --error-exitcode 99)
-check "test_cuda_device (memcheck)" 240 "${MEMCHECK[@]}" "$BUILD/tests/c/test_cuda_device"
-if [[ ${results[-1]} == FAIL* && ${results[-1]} != *"exit 99"* ]] && timeout 60 "$BUILD/tests/c/test_cuda_device" >/dev/null 2>&1; then
-    echo "compute-sanitizer does not run here: the kernel tests run without it"
-    unset 'results[-1]'
-    failures=$((failures - 1))
-    MEMCHECK=()
-    check "test_cuda_device (no memcheck: compute-sanitizer does not run here)" 240 "$BUILD/tests/c/test_cuda_device"
+if [ -z "${SKIP_TESTS:-}" ]; then
+    # compute-sanitizer refuses some machines' GPUs (seen on gVisor: "Device not supported"): when
+    # it fails on the first test program but the program passes alone, the kernel tests run
+    # without it, and the summary says so
+    SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    MEMCHECK=("$SANITIZER" --tool memcheck --error-exitcode 99)
+    check "test_cuda_device (memcheck)" 240 "${MEMCHECK[@]}" "$BUILD/tests/c/test_cuda_device"
+    if [[ ${results[-1]} == FAIL* && ${results[-1]} != *"exit 99"* ]] && timeout 60 "$BUILD/tests/c/test_cuda_device" >/dev/null 2>&1; then
+        echo "compute-sanitizer does not run here: the kernel tests run without it"
+        unset 'results[-1]'
+        failures=$((failures - 1))
+        MEMCHECK=()
+        check "test_cuda_device (no memcheck: compute-sanitizer does not run here)" 240 "$BUILD/tests/c/test_cuda_device"
+    fi
+    # The checks that measure the GPU's free memory run alone (test_cuda_device, test_cuda.py's
+    # create/close cycles); the others share the GPU, BG_JOBS at a time.
+    check_bg "test_cuda_policies.py" 400 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda_policies.py
+    for t in "$BUILD"/tests/c/test_cuda_*; do
+        [ -x "$t" ] && [ "$(basename "$t")" != test_cuda_device ] || continue
+        check_bg "$(basename "$t")${MEMCHECK:+ (memcheck)}" 300 ${MEMCHECK[@]+"${MEMCHECK[@]}"} "$t"
+    done
+    check_wait
+    check "test_cuda.py" 300 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py
 fi
-# The checks that measure the GPU's free memory run alone (test_cuda_device, test_cuda.py's
-# create/close cycles); the others share the GPU, BG_JOBS at a time.
-check_bg "test_cuda_policies.py" 400 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda_policies.py
-for t in "$BUILD"/tests/c/test_cuda_*; do
-    [ -x "$t" ] && [ "$(basename "$t")" != test_cuda_device ] || continue
-    check_bg "$(basename "$t")${MEMCHECK:+ (memcheck)}" 300 ${MEMCHECK[@]+"${MEMCHECK[@]}"} "$t"
-done
-check_wait
-check "test_cuda.py" 300 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py
 
 if [ -z "${SKIP_BENCH:-}" ]; then
     MODELS=/tmp/pykv-gpu-models
