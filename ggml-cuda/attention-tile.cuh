@@ -92,10 +92,27 @@ static __device__ __forceinline__ void attn_dots(float dot[ATTN_SCORE_ROWS], con
     }
 }
 
-// Tile j0 of kt entries of list rows `base` (format fmt) into KV as floats.
+// Tile j0 of kt entries of list rows `base` (format fmt) into KV as floats. f16 rows of a
+// multiple of 8 values are read 16 bytes at a time (the tile's rows lie back to back).
 template <int NT>
 static __device__ __forceinline__ void attn_stage(float *KV, const void *base, int fmt, int d, int j0, int kt) {
     const int dp = d + 1;
+    if (fmt == CUDA_KV_F16 && d % 8 == 0) {
+        const int per_row = d / 8;
+        const uint4 *src = (const uint4 *)kv_row(base, fmt, d, j0);
+        for (int idx = threadIdx.x; idx < kt * per_row; idx += NT) {
+            const int j = idx / per_row;
+            const uint4 v = src[idx];
+            const uint32_t w[4] = { v.x, v.y, v.z, v.w };
+            float *dst = KV + j * dp + (idx - j * per_row) * 8;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                dst[2 * i] = f16_bits_to_float((uint16_t)(w[i] & 0xFFFFu));
+                dst[2 * i + 1] = f16_bits_to_float((uint16_t)(w[i] >> 16));
+            }
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < kt * d; idx += NT) {
         const int j = idx / d, c = idx - j * d;
         KV[j * dp + c] = kv_load(kv_row(base, fmt, d, j0 + j), fmt, c);
