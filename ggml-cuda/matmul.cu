@@ -71,17 +71,18 @@ matmul_mma_kernel(float *__restrict__ out, const uint8_t *__restrict__ w, int64_
     mm_store_tile(out, cs, rows, T, t0, r0, threadIdx.x);
 }
 
-// Row t of x (T rows of cols floats) into row t of xh (rows of mm_ld(cols) halves), a pair of
-// values per thread.
+// Rows t = blockIdx.y, + gridDim.y, ... of x (T rows of cols floats) into the same rows of xh
+// (rows of mm_ld(cols) halves), a pair of values per thread.
 static __global__ void __launch_bounds__(F16_ROWS_THREADS)
-f16_rows_kernel(half2 *__restrict__ xh, const float *__restrict__ x, int64_t cols) {
-    const int64_t t = blockIdx.y, j = (int64_t)blockIdx.x * F16_ROWS_THREADS + threadIdx.x;
-    if (2 * j < mm_ld(cols)) mm_f16_pair(xh + t * (mm_ld(cols) / 2), x + t * cols, cols, j);
+f16_rows_kernel(half2 *__restrict__ xh, const float *__restrict__ x, int64_t cols, int T) {
+    const int64_t j = (int64_t)blockIdx.x * F16_ROWS_THREADS + threadIdx.x, ld = mm_ld(cols);
+    if (2 * j >= ld) return;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y) mm_f16_pair(xh + t * (ld / 2), x + t * cols, cols, j);
 }
 
 static void to_f16_rows(cuda_stream s, void *xh, const float *x, int64_t cols, int T) {
-    const dim3 grid((unsigned)cuda_blocks_for(mm_ld(cols) / 2, F16_ROWS_THREADS), (unsigned)T);
-    f16_rows_kernel<<<grid, F16_ROWS_THREADS, 0, s>>>((half2 *)xh, x, cols);
+    const dim3 grid((unsigned)cuda_blocks_for(mm_ld(cols) / 2, F16_ROWS_THREADS), (unsigned)(T < 65535 ? T : 65535));
+    f16_rows_kernel<<<grid, F16_ROWS_THREADS, 0, s>>>((half2 *)xh, x, cols, T);
 }
 
 template <class Q, int FLOAT_W>

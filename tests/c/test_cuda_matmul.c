@@ -266,6 +266,8 @@ int main(void) {
         test_get_rows(TYPES[i], 768, 5, 70000);   // more tokens than a grid's y dimension
         test_get_rows(TYPES[i], 100, 9, 3);       // float types only
     }
+    const struct shape many = { 64, 3, 70000 };   // more activation rows than a grid's y dimension
+    test_case(PYKV_TYPE_Q8_0, &many);
     CHECK(!cuda_matmul_supported(PYKV_TYPE_Q2_K));
     CHECK(!cuda_matmul_supported(PYKV_TYPE_IQ4_XS));
     report_speed(PYKV_TYPE_Q4_K, 4096, 14336);
