@@ -47,9 +47,7 @@ extern "C" void cuda_gather_rows(cuda_stream s, void *dst, const void *src, size
 // rows and after every earlier piece's destination, so loading it whole before storing it
 // never reads a row already overwritten.
 template <class U>
-static __global__ void __launch_bounds__(MOVE_THREADS)
-move_rows_kernel(U *base, int64_t units, struct cuda_row_moves m) {
-    __shared__ U stage[MOVE_STAGE_BYTES / sizeof(U)];
+static __device__ __forceinline__ void move_rows_block(U *base, int64_t units, const struct cuda_row_moves &m, U *stage) {
     const int64_t piece_rows = (int64_t)(MOVE_STAGE_BYTES / sizeof(U)) / units;
     for (int i = 0; i < m.n; i++) {
         for (int64_t r0 = 0; r0 < m.len[i]; r0 += piece_rows) {
@@ -64,6 +62,28 @@ move_rows_kernel(U *base, int64_t units, struct cuda_row_moves m) {
     }
 }
 
+template <class U>
+static __global__ void __launch_bounds__(MOVE_THREADS)
+move_rows_kernel(U *base, int64_t units, struct cuda_row_moves m) {
+    __shared__ U stage[MOVE_STAGE_BYTES / sizeof(U)];
+    move_rows_block<U>(base, units, m, stage);
+}
+
+// Block i takes job i (a grid-stride loop over the jobs past the grid), in the widest unit
+// that divides its buffer's address and row size.
+static __global__ void __launch_bounds__(MOVE_THREADS)
+move_rows_many_kernel(const struct cuda_list_moves *__restrict__ jobs, int32_t n) {
+    __shared__ uint4 stage[MOVE_STAGE_BYTES / sizeof(uint4)];
+    for (int32_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const struct cuda_list_moves job = jobs[i];
+        const uintptr_t a = (uintptr_t)job.base | (uintptr_t)job.row_bytes;
+        if (a % 16 == 0) move_rows_block<uint4>((uint4 *)job.base, job.row_bytes / 16, job.m, stage);
+        else if (a % 4 == 0) move_rows_block<uint32_t>((uint32_t *)job.base, job.row_bytes / 4, job.m, (uint32_t *)stage);
+        else if (a % 2 == 0) move_rows_block<uint16_t>((uint16_t *)job.base, job.row_bytes / 2, job.m, (uint16_t *)stage);
+        else move_rows_block<uint8_t>((uint8_t *)job.base, job.row_bytes, job.m, (uint8_t *)stage);
+    }
+}
+
 extern "C" void cuda_move_rows(cuda_stream s, void *d_base, size_t row_bytes, const struct cuda_row_moves *m) {
     if (m->n <= 0 || row_bytes == 0 || row_bytes > MOVE_STAGE_BYTES) return;
     const uintptr_t a = (uintptr_t)d_base | (uintptr_t)row_bytes;
@@ -71,6 +91,11 @@ extern "C" void cuda_move_rows(cuda_stream s, void *d_base, size_t row_bytes, co
     else if (a % 4 == 0) move_rows_kernel<uint32_t><<<1, MOVE_THREADS, 0, s>>>((uint32_t *)d_base, (int64_t)(row_bytes / 4), *m);
     else if (a % 2 == 0) move_rows_kernel<uint16_t><<<1, MOVE_THREADS, 0, s>>>((uint16_t *)d_base, (int64_t)(row_bytes / 2), *m);
     else move_rows_kernel<uint8_t><<<1, MOVE_THREADS, 0, s>>>((uint8_t *)d_base, (int64_t)row_bytes, *m);
+}
+
+extern "C" void cuda_move_rows_many(cuda_stream s, const struct cuda_list_moves *d_jobs, int32_t n) {
+    if (n <= 0) return;
+    move_rows_many_kernel<<<(unsigned)(n < GATHER_MAX_BLOCKS ? n : GATHER_MAX_BLOCKS), MOVE_THREADS, 0, s>>>(d_jobs, n);
 }
 
 // A batch of independent byte copies (cuda_copy_bytes): block i copies job i (a grid-stride

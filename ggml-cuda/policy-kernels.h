@@ -37,6 +37,14 @@ struct cuda_row_moves {
     int32_t dst[CUDA_MAX_ROW_MOVES], src[CUDA_MAX_ROW_MOVES], len[CUDA_MAX_ROW_MOVES];
 };
 void cuda_move_rows(cuda_stream s, void *d_base, size_t row_bytes, const struct cuda_row_moves *m);
+// The moves of many buffers in one launch (a decode step's evictions over every list): job i
+// moves rows of its own buffer as cuda_move_rows does; no two jobs may share a buffer.
+struct cuda_list_moves {
+    void                  *base;
+    int64_t                row_bytes;
+    struct cuda_row_moves  m;
+};
+void cuda_move_rows_many(cuda_stream s, const struct cuda_list_moves *d_jobs, int32_t n);
 
 // Independent copies of bytes between device buffers, in any order (their destinations must
 // not overlap each other or any source): a batch of scattered rows sent with one launch

@@ -33,6 +33,7 @@
 #include "core/threadpool.h"
 #include "ggml-cuda/policy-kernels.h"
 #include "kv/kv-cache.h"
+#include "kv/kv-device.h"
 #include "kv/policies/common/window-scores.h"
 #include "kv/policies/take/take-score.h"
 #include "cpu/attention.h"
@@ -116,6 +117,52 @@ static void test_move(size_t row_bytes, int32_t n, int kind, int32_t tail) {
     CHECK(same);
     cuda_free(d);
     free(buf); free(want); free(got); free(keep);
+}
+
+// Moves held back and sent in one launch (kv_device_hold_moves, cuda_move_rows_many): one
+// drop in each of many buffers of different row sizes and alignments, and a second drop in
+// some of them, which must first send what was held for its buffer. Each buffer as the
+// host's kv_drop_row leaves it, twice.
+static void test_move_many(void) {
+    enum { BUFS = 40 };
+    const size_t sizes[] = { 272, 256, 130, 36, 7, 4096, 1 };
+    const int32_t n = 300;
+    unsigned char *want[BUFS], *d[BUFS];
+    size_t rb[BUFS];
+    cuda_stream s = NULL;
+    if (!ok(cuda_stream_create(&s), "stream")) return;
+    for (int b = 0; b < BUFS; b++) {
+        rb[b] = sizes[b % (int)(sizeof(sizes) / sizeof(sizes[0]))];
+        want[b] = malloc((size_t)n * rb[b]);
+        for (size_t i = 0; i < (size_t)n * rb[b]; i++) want[b][i] = (unsigned char)next_u32();
+        d[b] = dev_upload(want[b], (size_t)n * rb[b]);
+    }
+    kv_device_hold_moves(s);
+    int32_t len[BUFS];
+    for (int round = 0; round < 2; round++)
+        for (int b = 0; b < BUFS; b++) {
+            if (round == 1 && b % 3 != 0) continue;
+            const int32_t m = round == 0 ? n : n - 1, j = next_int(m), tail = next_int(20);
+            const int32_t h = m - tail > j + 1 ? m - tail : j + 1;
+            const struct kv_row_move moves[2] = { { .dst = j, .src = h - 1, .len = h - 1 > j }, { .dst = h - 1, .src = h, .len = m - h } };
+            kv_drop_row(want[b], rb[b], m, j, tail);
+            CHECK(kv_device_move_rows(s, d[b], rb[b], moves, 2) == PYKV_OK);
+            len[b] = m - 1;
+        }
+    CHECK(kv_device_send_moves(s) == PYKV_OK);
+    int differ = 0;
+    for (int b = 0; b < BUFS; b++) {
+        unsigned char *got = malloc((size_t)n * rb[b]);
+        CHECK(cuda_stream_sync(s) == PYKV_OK);
+        dev_download(got, d[b], (size_t)n * rb[b]);
+        differ += memcmp(got, want[b], (size_t)len[b] * rb[b]) != 0;
+        free(got);
+        free(want[b]);
+        cuda_free(d[b]);
+    }
+    printf("moves held for %d buffers (a second drop in every third), sent in one launch: %d differ\n", BUFS, differ);
+    CHECK(differ == 0);
+    cuda_stream_destroy(s);
 }
 
 // ---- window scores ----
@@ -520,6 +567,7 @@ int main(void) {
         test_move(move_bytes[a], 2, 0, 1);
         test_move(move_bytes[a], 300, 1, 0);
     }
+    test_move_many();
 
     for (int fmt = 0; fmt < KV_N_FORMATS; fmt++)
         for (int d = 64; d <= 128; d += 64) test_value_norms(fmt, d, fmt == KV_F16 ? 8 : 3);

@@ -581,10 +581,13 @@ pykv_status gpu_forward_layers(pykv_context *ctx, int T, int n_probe, int want_x
             // so they may all run once the step is done
             pykv_status st = PYKV_OK;
             if (hooks) cuda_timing_mark(g->stream, "policy hooks");
+            kv_device_hold_moves(g->stream);   // every list's eviction, in one launch after the last layer's
             for (int layer = g->first_layer; hooks && st == PYKV_OK && layer < hp->n_layer; layer++) {
                 const float *sums = g->sums_stride ? g->h_sums + step_sums_at(g, hp, layer) : NULL;
                 st = layer_hook(ctx, layer, 1, 0, NULL, sums);
             }
+            const pykv_status sent = kv_device_send_moves(g->stream);
+            if (st == PYKV_OK) st = sent;
             if (ops->after_step) {
                 cuda_timing_mark(g->stream, "policy after the step");
                 const pykv_status after = ops->after_step(ctx->policy, &ctx->cache, st != PYKV_OK);

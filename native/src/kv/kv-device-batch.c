@@ -14,6 +14,7 @@ void kv_batch_init(struct kv_batch *b, int device, void *stream) {
 #ifdef PYKV_CUDA
 #include "ggml-cuda/device.h"
 #include "ggml-cuda/policy-kernels.h"
+#include "kv/kv-device.h"
 
 #define BATCH_ALIGN 16   // staged pieces start here, so that the copy kernel moves 16 bytes at a time
 
@@ -129,6 +130,7 @@ pykv_status kv_batch_run(struct kv_batch *b) {
     if (b->n_copies == 0) return PYKV_OK;
     const cuda_stream s = (cuda_stream)b->stream;
     PYKV_TRY(cuda_set_device(b->device));
+    PYKV_TRY(kv_device_flush_moves(b->stream));   // rows moved before the batch reads them
     // the copy list after the staged bytes, stage by stage, with the buffers' addresses as they are now
     struct cuda_byte_copy *list = (struct cuda_byte_copy *)(b->h_up + aligned(b->up_used));
     int32_t count[KV_BATCH_STAGES] = { 0 }, first[KV_BATCH_STAGES], at[KV_BATCH_STAGES];

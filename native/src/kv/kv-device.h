@@ -19,6 +19,14 @@ pykv_status kv_device_read(void *s, void *dst, const void *d_src, size_t bytes);
 // (a few runs: a decode step's eviction, which keeps the list's room);
 struct kv_row_move { int32_t dst, src, len; };
 pykv_status kv_device_move_rows(void *s, void *d_base, size_t row_bytes, const struct kv_row_move *moves, int n);
+// A decode step's evictions over every list in one launch: between kv_device_hold_moves(s)
+// and kv_device_send_moves(s), which sends them and stops holding, kv_device_move_rows on s
+// holds its moves back (a buffer's earlier moves are sent before it takes more). Every other
+// call here on s, kv_device_layer and kv_batch_run send what is held first
+// (kv_device_flush_moves), so what reads or reallocates the lists sees them moved.
+void        kv_device_hold_moves(void *s);
+pykv_status kv_device_flush_moves(void *s);
+pykv_status kv_device_send_moves(void *s);
 // or rows keep[0..n_keep) of *k (rows of kb bytes) and of *v (vb bytes) gathered into new
 // buffers of `rows` rows each, which replace them (the old ones are freed): a compaction
 // that gives memory back. On failure *k and *v are unchanged.
