@@ -21,6 +21,7 @@ struct held_moves {
     void                   *s;          // the stream
     struct cuda_list_moves *jobs;       // one per buffer (no two share one)
     int32_t                 n, cap;
+    void                  **bases;      // open addressing, 2 * cap slots: the buffers of jobs
     pykv_status             err;        // of a send made where no status could be returned
 };
 
@@ -48,7 +49,16 @@ static pykv_status send_held(struct held_moves *h) {
     }
     cuda_free_async(d_jobs, st);
     h->n = 0;
+    if (h->bases) memset(h->bases, 0, 2 * (size_t)h->cap * sizeof(void *));
     return err;
+}
+
+// The slot of base in h->bases: where it is, or the empty one where it would go.
+static size_t base_slot(const struct held_moves *h, const void *base) {
+    const size_t mask = 2 * (size_t)h->cap - 1;   // cap is a power of two
+    size_t i = (size_t)(((uintptr_t)base >> 4) * 0x9E3779B97F4A7C15ull >> 20) & mask;
+    while (h->bases[i] && h->bases[i] != base) i = (i + 1) & mask;
+    return i;
 }
 
 // Before any other work on the lists of stream s: what is held goes first.
@@ -79,6 +89,7 @@ pykv_status kv_device_send_moves(void *s) {
         err = send_held(h);
         if (h->err != PYKV_OK && err == PYKV_OK) err = h->err;
         free(h->jobs);
+        free(h->bases);
         memset(h, 0, sizeof(*h));
     }
     pthread_mutex_unlock(&g_held_lock);
@@ -93,20 +104,24 @@ static int hold(void *s, void *d_base, size_t row_bytes, const struct cuda_row_m
     int held = 0;
     *err = PYKV_OK;
     if (h) {
-        for (int32_t i = 0; i < h->n && *err == PYKV_OK; i++)
-            if (h->jobs[i].base == d_base) *err = send_held(h);   // the buffer's earlier moves first
+        if (h->n > 0 && h->bases[base_slot(h, d_base)]) *err = send_held(h);   // the buffer's earlier moves first
         if (*err == PYKV_OK && h->n == h->cap) {
             const int32_t cap = h->cap ? 2 * h->cap : 64;
             struct cuda_list_moves *jobs = realloc(h->jobs, (size_t)cap * sizeof(*jobs));
-            if (jobs) {
-                h->jobs = jobs;
+            void **bases = jobs ? calloc(2 * (size_t)cap, sizeof(void *)) : NULL;
+            if (jobs) h->jobs = jobs;
+            if (bases) {
+                free(h->bases);
+                h->bases = bases;
                 h->cap = cap;
+                for (int32_t i = 0; i < h->n; i++) h->bases[base_slot(h, h->jobs[i].base)] = h->jobs[i].base;
             } else {
                 *err = send_held(h);   // out of host memory: these go now, alone
             }
         }
         if (*err == PYKV_OK && h->n < h->cap) {
             h->jobs[h->n++] = (struct cuda_list_moves){ .base = d_base, .row_bytes = (int64_t)row_bytes, .m = *m };
+            h->bases[base_slot(h, d_base)] = d_base;
             held = 1;
         }
     }
