@@ -22,6 +22,11 @@ extern "C" {
 // bytes.
 #define CUDA_MATVEC_MAX_T 8
 int    cuda_matmul_supported(int32_t type);   // 1: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
+// Whether a weight type is quantised (its few-row products take 8-bit activations), not a
+// float type (F32, F16, BF16: those read the float activations).
+static inline int cuda_type_quantised(int32_t type) {
+    return type != PYKV_TYPE_F32 && type != PYKV_TYPE_F16 && type != PYKV_TYPE_BF16;
+}
 size_t cuda_matmul_work_bytes(int64_t cols, int T);
 void   cuda_matmul(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
                    const float *x, int T, void *work);

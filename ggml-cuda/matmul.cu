@@ -16,10 +16,6 @@
 
 #define F16_ROWS_THREADS 256
 
-static int gpu_float_type(int32_t type) {
-    return type == PYKV_TYPE_F32 || type == PYKV_TYPE_F16 || type == PYKV_TYPE_BF16;
-}
-
 // Q: a quant type struct (qt_*) when FLOAT_W is 0, a float one (ft_*) when it is 1.
 template <class Q, int FLOAT_W>
 static __global__ void __launch_bounds__(MM_THREADS)
@@ -153,8 +149,8 @@ extern "C" void cuda_matmul_stage(cuda_stream s, void *work, const float *x, int
 extern "C" void cuda_matmul_staged(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,
                                    const float *x, int T, const void *work) {
     if (T > CUDA_MATVEC_MAX_T)            mma_from_f16(s, out, w, type, cols, rows, work, T);
-    else if (gpu_float_type(type))        cuda_matvec_q8(s, out, w, type, cols, rows, x, T, NULL);   // reads x
-    else                                  cuda_matvec_q8_pre(s, out, w, type, cols, rows, work, T, 0);
+    else if (cuda_type_quantised(type))   cuda_matvec_q8_pre(s, out, w, type, cols, rows, work, T, 0);
+    else                                  cuda_matvec_q8(s, out, w, type, cols, rows, x, T, NULL);   // reads x
 }
 
 extern "C" void cuda_matmul(cuda_stream s, float *out, const void *w, int32_t type, int64_t cols, int64_t rows,

@@ -205,7 +205,7 @@ static void matmul_staged(struct gpu_run *g, float *out, const struct gpu_tensor
 // back, offload.h), RoPE turns q and k in one pass (k follows q in the row), and the output
 // and down products add into the residual stream.
 static int decode_fused(const struct gpu_layer *w) {
-    return w->wqkv.data && w->w_gate_up.data && gpu_quantised(w->wo.type) && gpu_quantised(w->w_down.type);
+    return w->wqkv.data && w->w_gate_up.data && cuda_type_quantised(w->wo.type) && cuda_type_quantised(w->w_down.type);
 }
 
 static void decode_layer(struct gpu_run *g, const pykv_model *m, int layer, const struct cuda_kv_layer *before,

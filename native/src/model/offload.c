@@ -63,7 +63,7 @@ static pykv_status put_tensor(struct arena *a, struct gpu_tensor *g, const struc
 // Otherwise each is placed on its own and whole->data stays NULL.
 static pykv_status put_group(struct arena *a, struct gpu_tensor *whole, struct gpu_tensor *const *g,
                              const struct tensor *const *t, int n) {
-    int same = device_type(t[0]->type) == t[0]->type && gpu_quantised(t[0]->type);
+    int same = device_type(t[0]->type) == t[0]->type && cuda_type_quantised(t[0]->type);
     for (int i = 1; i < n; i++) same = same && t[i]->type == t[0]->type && t[i]->ne[0] == t[0]->ne[0];
     memset(whole, 0, sizeof(*whole));
     if (!same) {

@@ -42,12 +42,6 @@ struct model_gpu {
 pykv_status model_offload(pykv_model *m, int32_t n_gpu_layers, int32_t main_gpu);
 void        model_offload_free(pykv_model *m);
 
-// Whether a device weight is quantised (its decode products take 8-bit activations), not a
-// float type.
-static inline int gpu_quantised(int32_t type) {
-    return type != PYKV_TYPE_F32 && type != PYKV_TYPE_F16 && type != PYKV_TYPE_BF16;
-}
-
 // The layer's device weights, or NULL when it runs on the CPU.
 static inline const struct gpu_layer *model_gpu_layer(const pykv_model *m, int layer) {
     return m->gpu && layer >= m->gpu->first_layer ? &m->gpu->layers[layer - m->gpu->first_layer] : NULL;
