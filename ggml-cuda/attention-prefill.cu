@@ -5,7 +5,8 @@
 // list h / n_rep, n_before = n[g] - T (the chunk's keys are already appended). A block of
 // attention-tile.cuh takes up to PREFILL_MAX_TOKENS consecutive tokens with the query heads of
 // one KV head that fit (PREFILL_THREADS * PREFILL_EPT values of queries: 64 rows of 128), so
-// each tile of keys and values staged in shared memory serves all of them.
+// each tile of keys and values staged in shared memory serves all of them; fewer tokens when
+// the grid would otherwise be short of PREFILL_MIN_BLOCKS.
 #include "attention-tile.cuh"
 
 #include <string.h>
@@ -13,6 +14,12 @@
 #define PREFILL_THREADS 256
 #define PREFILL_EPT 32
 #define PREFILL_MAX_TOKENS 64
+// Blocks a launch should have at least (two per SM of an H100, as many as its registers let
+// run at once): a model with few KV heads takes fewer tokens a block, so that a chunk's
+// attention is not left to a few SMs. Each row's sums are the same whatever block it is in.
+#define PREFILL_MIN_BLOCKS 256
+// Shared memory a block may take: sm_86 and sm_89 give a block at most 99 KiB.
+#define PREFILL_MAX_SMEM (96 * 1024)
 
 extern "C" void cuda_attention_prefill(cuda_stream s, const struct cuda_kv_layer *layer, const float *q, int n_head, int T,
                                        float *out) {
@@ -31,7 +38,10 @@ extern "C" void cuda_attention_prefill(cuda_stream s, const struct cuda_kv_layer
     attn_head_groups(a.n_rep, d, max_values, &a.heads_per_block, &a.n_hgroups);
     int tpb = max_values / d / a.heads_per_block;
     if (tpb > PREFILL_MAX_TOKENS) tpb = PREFILL_MAX_TOKENS;
-    if (tpb > T) tpb = T;
+    const int heads = n_kv * a.n_hgroups, tiles = (PREFILL_MIN_BLOCKS + heads - 1) / heads;   // token tiles wanted
+    const int spread = (T + tiles - 1) / tiles;
+    if (tpb > spread) tpb = spread;
+    while (tpb > 1 && attn_smem_bytes(a.heads_per_block * tpb, d) > PREFILL_MAX_SMEM) tpb--;
     if (tpb < 1) tpb = 1;
     a.tokens_per_block = tpb;
     a.scale = 1.0f / sqrtf((float)d);

@@ -6,8 +6,8 @@
 // unnormalised output o (in registers, EPT values per thread), rescaled by exp(m_old - m_new)
 // as the max grows. Each key and value row is read from global memory once per block.
 //
-// Decode (one token): the range is one segment of the list and the block leaves the partial
-// (m, l, o) of each query head for attention-decode.cu's merge. Prefill: the range is every
+// Decode (one token): the range is a segment of the list (a block may take several in turn)
+// and the block leaves the partial (m, l, o) of each query head for attention-decode.cu's merge. Prefill: the range is every
 // entry the block's last token sees, each row masks the entries past its own causal limit
 // (n_before + t + 1), and the block writes o / l. A merged entry (layer.members) weighs as the
 // sum of its members' exponentials.
@@ -20,9 +20,11 @@ static_assert(ATTN_KEYS == CUDA_WARP, "the softmax step gives lane j entry j of 
 
 // Decode segments: ceil(n / ATTN_SEGMENT) of them, at most ATTN_MAX_SEGMENTS, segment p
 // being entries [start(p), start(p + 1)); a function of n alone, so the merge order (and the
-// result) does not depend on the card. Never empty for n >= 1 (n >= count).
-#define ATTN_SEGMENT 256
-#define ATTN_MAX_SEGMENTS 64
+// result) does not depend on the card. Never empty for n >= 1 (n >= count). Two tiles a
+// segment: a decode block's time is a chain of tiles, each waiting on its key and value
+// loads, so a long list is cut into many short chains that run side by side.
+#define ATTN_SEGMENT 64
+#define ATTN_MAX_SEGMENTS 256
 static __host__ __device__ __forceinline__ int attn_segments(int32_t n) {
     const int s = (int)(((int64_t)n + ATTN_SEGMENT - 1) / ATTN_SEGMENT);
     return s < 1 ? 1 : s > ATTN_MAX_SEGMENTS ? ATTN_MAX_SEGMENTS : s;
@@ -46,12 +48,14 @@ struct attn_args {
     float        scale;              // 1 / sqrt(head_dim)
 };
 
-// Shared memory of a block of `rows` query rows: the queries, one tile of keys or values
-// (row stride head_dim + 1, so the lanes' reads of different entries hit different banks),
-// the tile's scores and each row's m, l and rescale factor. With head_dim a multiple of 4,
-// the queries' rows and the scores' rows start 16 bytes apart (read as float4).
+// Shared memory of a block of `rows` query rows: the queries, a tile of keys and one of
+// values (row stride head_dim + 1, so the lanes' reads of different entries hit different
+// banks; loaded together, so that each tile waits on one round of loads), the tile's scores
+// and each row's m, l and rescale factor. With head_dim a multiple of 4, the queries' rows
+// and the scores' rows start 16 bytes apart (read as float4).
 static inline size_t attn_smem_bytes(int rows, int d) {
-    const size_t floats = (size_t)rows * d + (size_t)ATTN_KEYS * (d + 1) + (size_t)rows * ATTN_KEYS + 3 * (size_t)rows;
+    const size_t floats =
+        (size_t)rows * d + 2 * (size_t)ATTN_KEYS * (d + 1) + (size_t)rows * ATTN_KEYS + 3 * (size_t)rows;
     return (floats * sizeof(float) + 15) / 16 * 16;
 }
 
@@ -92,6 +96,19 @@ static __device__ __forceinline__ void attn_dots(float dot[ATTN_SCORE_ROWS], con
     }
 }
 
+// Unit idx of an f16 tile (8 values: row j = idx / per_row, values 8 (idx % per_row) ..)
+// into KV as floats.
+static __device__ __forceinline__ void attn_put8(float *KV, int dp, int per_row, int idx, const uint4 v) {
+    const int j = idx / per_row;
+    const uint32_t w[4] = { v.x, v.y, v.z, v.w };
+    float *dst = KV + j * dp + (idx - j * per_row) * 8;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        dst[2 * i] = f16_bits_to_float((uint16_t)(w[i] & 0xFFFFu));
+        dst[2 * i + 1] = f16_bits_to_float((uint16_t)(w[i] >> 16));
+    }
+}
+
 // Tile j0 of kt entries of list rows `base` (format fmt) into KV as floats. f16 rows of a
 // multiple of 8 values are read 16 bytes at a time (the tile's rows lie back to back).
 template <int NT>
@@ -100,22 +117,46 @@ static __device__ __forceinline__ void attn_stage(float *KV, const void *base, i
     if (fmt == CUDA_KV_F16 && d % 8 == 0) {
         const int per_row = d / 8;
         const uint4 *src = (const uint4 *)kv_row(base, fmt, d, j0);
-        for (int idx = threadIdx.x; idx < kt * per_row; idx += NT) {
-            const int j = idx / per_row;
-            const uint4 v = src[idx];
-            const uint32_t w[4] = { v.x, v.y, v.z, v.w };
-            float *dst = KV + j * dp + (idx - j * per_row) * 8;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                dst[2 * i] = f16_bits_to_float((uint16_t)(w[i] & 0xFFFFu));
-                dst[2 * i + 1] = f16_bits_to_float((uint16_t)(w[i] >> 16));
-            }
-        }
+        for (int idx = threadIdx.x; idx < kt * per_row; idx += NT) attn_put8(KV, dp, per_row, idx, src[idx]);
         return;
     }
     for (int idx = threadIdx.x; idx < kt * d; idx += NT) {
         const int j = idx / d, c = idx - j * d;
         KV[j * dp + c] = kv_load(kv_row(base, fmt, d, j0 + j), fmt, c);
+    }
+}
+
+// The tile's keys into K and values into V. Both f16 (rows of a multiple of 8 values): a
+// thread's loads of both go out before any of its stores, ATTN_STAGE_LOADS of each at a time,
+// so the tile waits on one round of loads (a store to shared memory, which the compiler cannot
+// tell from the lists, would otherwise hold the next load back).
+#define ATTN_STAGE_LOADS 2
+template <int NT>
+static __device__ __forceinline__ void attn_stage_kv(float *K, float *V, const struct cuda_kv_layer &layer, int g,
+                                                     int j0, int kt) {
+    const int d = layer.head_dim, dp = d + 1;
+    if (layer.fmt_k != CUDA_KV_F16 || layer.fmt_v != CUDA_KV_F16 || d % 8 != 0) {
+        attn_stage<NT>(K, layer.k[g], layer.fmt_k, d, j0, kt);
+        attn_stage<NT>(V, layer.v[g], layer.fmt_v, d, j0, kt);
+        return;
+    }
+    const int per_row = d / 8, units = kt * per_row;
+    const uint4 *ks = (const uint4 *)kv_row(layer.k[g], CUDA_KV_F16, d, j0);
+    const uint4 *vs = (const uint4 *)kv_row(layer.v[g], CUDA_KV_F16, d, j0);
+    for (int at = threadIdx.x; at < units; at += NT * ATTN_STAGE_LOADS) {
+        uint4 kr[ATTN_STAGE_LOADS], vr[ATTN_STAGE_LOADS];
+#pragma unroll
+        for (int i = 0; i < ATTN_STAGE_LOADS; i++)
+            if (at + i * NT < units) {
+                kr[i] = ks[at + i * NT];
+                vr[i] = vs[at + i * NT];
+            }
+#pragma unroll
+        for (int i = 0; i < ATTN_STAGE_LOADS; i++)
+            if (at + i * NT < units) {
+                attn_put8(K, dp, per_row, at + i * NT, kr[i]);
+                attn_put8(V, dp, per_row, at + i * NT, vr[i]);
+            }
     }
 }
 
@@ -174,35 +215,16 @@ static __device__ __forceinline__ void attn_accumulate(float acc[EPT], const flo
     }
 }
 
-// grid.x: KV head g * n_hgroups + head group; grid.y: decode segment, or prefill token tile
-// (the latest tokens, which see the most entries, first). NT threads, EPT output values each:
-// heads_per_block * tokens_per_block * head_dim <= NT * EPT (the launchers see to it).
+// One block's range of one KV head's list, entries [j0, j_end): query rows of tokens t0 ..
+// t0 + ntok - 1 and heads i0 .. i0 + nh - 1 of KV head g, token t seeing the first n_before +
+// t + 1 entries. Decode leaves segment seg's partials, prefill the normalised outputs.
 template <int NT, int EPT, bool DECODE>
-static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_args a) {
-    extern __shared__ __align__(16) float smem[];
+static __device__ __forceinline__ void attn_range(const struct attn_args &a, float *smem, int g, int i0, int nh,
+                                                  int seg, int j0, int j_end, int t0, int ntok, int n_before) {
     const int d = a.layer.head_dim, dp = d + 1;
-    const int g = blockIdx.x / a.n_hgroups, i0 = (blockIdx.x % a.n_hgroups) * a.heads_per_block;
-    const int nh = min(a.heads_per_block, a.n_rep - i0);
-    const int n = kv_list_len(a.layer, g);
-    int j_end, t0, ntok, n_before, seg = 0, j0 = 0;
-    if (DECODE) {
-        const int n_seg = attn_segments(n);
-        seg = blockIdx.y;
-        if (seg >= n_seg) return;
-        j0 = attn_segment_start(n, n_seg, seg);
-        j_end = attn_segment_start(n, n_seg, seg + 1);
-        t0 = 0;
-        ntok = 1;
-        n_before = j_end - 1;   // the one row sees every entry below j_end
-    } else {
-        t0 = (gridDim.y - 1 - blockIdx.y) * a.tokens_per_block;
-        ntok = min(a.tokens_per_block, a.T - t0);
-        n_before = n - a.T;
-        j_end = n_before + t0 + ntok;   // what the block's last token sees
-    }
     const int R = ntok * nh;   // row r: token t0 + r / nh, query head g * n_rep + i0 + r % nh
-    float *Qs = smem, *KV = Qs + (size_t)R * d, *S = KV + (size_t)ATTN_KEYS * dp;
-    float *M = S + (size_t)R * ATTN_KEYS, *L = M + R, *C = L + R;
+    float *Qs = smem, *K = Qs + (size_t)R * d, *V = K + (size_t)ATTN_KEYS * dp;
+    float *S = V + (size_t)ATTN_KEYS * dp, *M = S + (size_t)R * ATTN_KEYS, *L = M + R, *C = L + R;
 
     for (int idx = threadIdx.x; idx < R * d; idx += NT) {
         const int r = idx / d, c = idx - r * d;
@@ -216,22 +238,22 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
     float acc[EPT];
 #pragma unroll
     for (int k = 0; k < EPT; k++) acc[k] = 0.0f;
-    __syncthreads();
+    // no barrier here: the first tile's loads go out with the queries', and the tile's barrier
+    // covers both (without a tile, each thread reads back only the m and l it set)
 
     constexpr int NW = NT / CUDA_WARP;
     const int warp = threadIdx.x / CUDA_WARP, lane = threadIdx.x % CUDA_WARP;
-    const int fk = a.layer.fmt_k, fv = a.layer.fmt_v;
     const int32_t *members = a.layer.members[g], *member_at = members + a.layer.members_cap[g];
     const float *member_pool = (const float *)(member_at + a.layer.members_cap[g]);
     for (; j0 < j_end; j0 += ATTN_KEYS) {
         const int kt = min(ATTN_KEYS, j_end - j0);
-        attn_stage<NT>(KV, a.layer.k[g], fk, d, j0, kt);
+        attn_stage_kv<NT>(K, V, a.layer, g, j0, kt);
         __syncthreads();
         // scores: lane j takes entry j of the tile (the lanes read 32 different key rows), warp
         // w the rows w, w + NW, ... ATTN_SCORE_ROWS at a time (their queries broadcast)
         for (int rb = warp; rb < R; rb += NW * ATTN_SCORE_ROWS) {
             float dot[ATTN_SCORE_ROWS];
-            attn_dots<NW>(dot, Qs, KV + (size_t)lane * dp, d, rb, R);
+            attn_dots<NW>(dot, Qs, K + (size_t)lane * dp, d, rb, R);
 #pragma unroll
             for (int i = 0; i < ATTN_SCORE_ROWS; i++) {
                 const int r = rb + i * NW;
@@ -241,7 +263,6 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
             }
         }
         __syncthreads();
-        attn_stage<NT>(KV, a.layer.v[g], fv, d, j0, kt);   // the keys are done with
         // online softmax, a warp per row: S becomes exp(s - m_new), C the rescale of the old;
         // a merged entry's S is the sum over its members of exp(norm * s - m_new)
         for (int r = warp; r < R; r += NT / CUDA_WARP) {
@@ -269,8 +290,8 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
             }
         }
         __syncthreads();
-        attn_accumulate<NT, EPT>(acc, S, C, KV, d, R, kt);
-        __syncthreads();   // before the next tile overwrites KV and S
+        attn_accumulate<NT, EPT>(acc, S, C, V, d, R, kt);
+        __syncthreads();   // before the next tile overwrites K, V and S
     }
 
     if (DECODE) {
@@ -297,6 +318,32 @@ static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_
                 a.out[((size_t)t * a.n_head + h) * d + c] = acc[k] * __frcp_rn(L[r]);
             }
         }
+    }
+}
+
+// grid.x: KV head g * n_hgroups + head group. Decode: block y takes segments y, y + gridDim.y,
+// ... of its list (the segments are a function of the list's length, so the grid does not
+// change the result). Prefill: block y a token tile (the latest tokens, which see the most
+// entries, first). NT threads, EPT output values each: heads_per_block * tokens_per_block *
+// head_dim <= NT * EPT (the launchers see to it).
+template <int NT, int EPT, bool DECODE>
+static __global__ void __launch_bounds__(NT) attn_tile_kernel(const struct attn_args a) {
+    extern __shared__ __align__(16) float smem[];
+    const int g = blockIdx.x / a.n_hgroups, i0 = (blockIdx.x % a.n_hgroups) * a.heads_per_block;
+    const int nh = min(a.heads_per_block, a.n_rep - i0);
+    const int n = kv_list_len(a.layer, g);
+    if (DECODE) {
+        const int n_seg = attn_segments(n);
+        for (int seg = blockIdx.y; seg < n_seg; seg += gridDim.y) {
+            // the one row sees every entry below the segment's end
+            const int j0 = attn_segment_start(n, n_seg, seg), j_end = attn_segment_start(n, n_seg, seg + 1);
+            attn_range<NT, EPT, true>(a, smem, g, i0, nh, seg, j0, j_end, 0, 1, j_end - 1);
+            __syncthreads();   // before the next segment's queries and running sums
+        }
+    } else {
+        const int t0 = (gridDim.y - 1 - blockIdx.y) * a.tokens_per_block, ntok = min(a.tokens_per_block, a.T - t0);
+        const int n_before = n - a.T, j_end = n_before + t0 + ntok;   // what the block's last token sees
+        attn_range<NT, EPT, false>(a, smem, g, i0, nh, 0, 0, j_end, t0, ntok, n_before);
     }
 }
 

@@ -52,6 +52,15 @@ static __host__ __device__ __forceinline__ float f16_bits_to_float(uint16_t h) {
     return __half2float(__half(r));
 }
 
+// RoPE: pair i of a row (values 2i and 2i + 1) turned by cs[2i] = cos, cs[2i + 1] = sin, as
+// the CPU's rope_rotate; every kernel that rotates takes this expression.
+static __device__ __forceinline__ void rope_pair(float *row, int i, const float *cs) {
+    const float c = cs[2 * i], s = cs[2 * i + 1];
+    const float a = row[2 * i], b = row[2 * i + 1];
+    row[2 * i] = a * c - b * s;
+    row[2 * i + 1] = a * s + b * c;
+}
+
 static inline int cuda_blocks_for(int64_t n, int per_block) { return (int)((n + per_block - 1) / per_block); }
 
 // Per-entry arrays of a layer's lists laid out one after another (list g's n[g] values at

@@ -28,11 +28,7 @@ __global__ void rope_kernel(float *x, int T, int n_heads, int head_dim, int n_ro
         const int i = (int)(k % half);
         const int64_t th = k / half;   // t * n_heads + h
         const int t = (int)(th / n_heads);
-        float *p = x + th * head_dim;
-        const float c = cs[(size_t)t * n_rot + 2 * i], s = cs[(size_t)t * n_rot + 2 * i + 1];
-        const float a = p[2 * i], b = p[2 * i + 1];
-        p[2 * i] = a * c - b * s;
-        p[2 * i + 1] = a * s + b * c;
+        rope_pair(x + th * head_dim, i, cs + (size_t)t * n_rot);
     }
 }
 

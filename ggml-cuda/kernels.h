@@ -100,16 +100,21 @@ struct cuda_kv_layer {
 // as entry n[g] + t of list g (n_dev[g] - T + t with n_dev: the lengths after the chunk), in
 // the list's formats (q8_0 rounds as the CPU's kv-cache.c).
 void cuda_kv_append(cuda_stream s, const struct cuda_kv_layer *layer, const float *k, const float *v, int T);
+// cuda_rope of the chunk's queries (q: T tokens of n_head heads) and keys (k), then
+// cuda_kv_append of the turned keys and v, in one launch; q and k are left turned.
+void cuda_rope_kv_append(cuda_stream s, const struct cuda_kv_layer *layer, float *q, int n_head, float *k,
+                         const float *v, int T, int n_rot, const float *cs);
 
 // A decode step (flash-decoding): query head h (q + h * head_dim, n_head heads, head h reads
 // KV head h / (n_head / n_head_kv)) attends over all n[g] entries of its list; out has the
 // same layout as q. Each list is cut into segments whose count depends only on n[g]
 // (cuda_attention_segments); the partials are merged in segment order, so the result does
 // not depend on the card. work: cuda_attention_decode_work_bytes(n_head, head_dim, max_n).
+// xq: NULL, or out as Q8_1 blocks too (cuda_quantize_q8_1 of the n_head * head_dim values).
 int    cuda_attention_segments(int32_t n);
 size_t cuda_attention_decode_work_bytes(int n_head, int head_dim, int32_t max_n);
 void   cuda_attention_decode(cuda_stream s, const struct cuda_kv_layer *layer, const float *q, int n_head,
-                             float *out, void *work);
+                             float *out, void *xq, void *work);
 // A prefill chunk of T tokens (causal flash attention): token t's query heads (q + (t * n_head
 // + h) * head_dim) attend over the first n_before[g] + t + 1 entries of their list, where
 // n_before[g] = layer->n[g] - T (the chunk's keys are already appended); out as q.

@@ -200,7 +200,7 @@ static void test_segments(void) {
         CHECK(attn_segment_start(big[i], s, s) == big[i]);
         CHECK(attn_segment_start(big[i], s, s - 1) < big[i]);
     }
-    CHECK(cuda_attention_segments(1) == 1 && cuda_attention_segments(256) == 1 && cuda_attention_segments(257) == 2);
+    CHECK(cuda_attention_segments(1) == 1 && cuda_attention_segments(64) == 1 && cuda_attention_segments(65) == 2);
     CHECK(bad == 0);
     printf("segments: n = 0..40000 and large, %d bad\n", bad);
 }

@@ -5,10 +5,13 @@
 //  * rmsnorm, rope (full and partial rotary), swiglu, add: lengths with odd tails, in place
 //    and not; NMSE <= 1e-7;
 //  * kv_append: the stored bytes equal kv_list_push's, every key/value format pair, after
-//    entries already in the lists, with an inf and a NaN among the values;
+//    entries already in the lists, with an inf and a NaN among the values; the same with the
+//    RoPE of the queries and keys in the launch (rope_kv_append), full and partial rotary;
 //  * decode attention vs attention_group over the same stored cache: head_dim 64 and 128
 //    (and 96, 256), n_rep 1, 3, 4, 8 (and 6, 16), n from 1 to 5000 (and 70000: the segment
-//    cap), every format pair, lists of different lengths per KV head; NMSE <= 1e-6;
+//    cap; 8 KV heads past 8192: blocks that take two segments), every format pair, lists of
+//    different lengths per KV head; NMSE <= 1e-6; the outputs' Q8_1 blocks (xq) the CPU's
+//    quantize_row_q8_act_scalar of the output floats, byte for byte;
 //  * prefill attention vs attention_flash: T = 1, 5, 64, 130, 512 after n_before = 0, 3,
 //    1000 entries, per-head n_before differing by one; NMSE <= 1e-6;
 //  * merged entries (EMS: one logit per member, sharing the value): decode and prefill vs
@@ -20,6 +23,7 @@
 
 #include "cpu/attention.h"
 #include "cpu/ops.h"
+#include "cpu/quant-q8.h"
 #include "ggml-cuda/kernels.h"
 #include "kv/kv-cache.h"
 
@@ -147,27 +151,56 @@ static void lists_free(struct lists *L) {
     kv_cache_free(&L->cache);
 }
 
-static void test_kv_append(int fmt_k, int fmt_v, int d, int n_kv, int n0, int T) {
+// The chunk's keys and values stored by cuda_kv_append (n_rep 0), or by cuda_rope_kv_append
+// with n_rep query heads a KV head and n_rot rotated values: its queries and keys against the
+// CPU's rope_rotate (NMSE 1e-7), and the stored bytes against kv_list_push of the keys it
+// turned, byte for byte.
+static void test_kv_append(int fmt_k, int fmt_v, int d, int n_kv, int n0, int T, int n_rep, int n_rot) {
     struct lists L;
     int32_t n[CUDA_MAX_KV_HEADS];
     for (int g = 0; g < n_kv; g++) n[g] = n0 + g;   // ragged
     lists_init(&L, n_kv, d, fmt_k, fmt_v, n, n0 + n_kv + T);
-    const size_t rows = (size_t)T * n_kv * d;
+    const int n_head = n_kv * n_rep;
+    const size_t rows = (size_t)T * n_kv * d, q_rows = (size_t)T * n_head * d;
     float *k = malloc(rows * sizeof(float)), *v = malloc(rows * sizeof(float));
     fill(k, rows, -3.0f, 3.0f);
     fill(v, rows, -1.0f, 1.0f);
-    k[5] = INFINITY;            // token 0, head 0: a q8_0 block of zeros with an inf scale
+    if (!n_rep) k[5] = INFINITY;   // token 0, head 0: a q8_0 block of zeros with an inf scale
     v[d + 3] = NAN;             // token 0, head 1 (or token 1): a NaN value stores 0 in q8_0
     for (int i = 0; i < d; i++) v[rows - d + i] *= 1e-6f;   // the last row: a subnormal-half scale
+    float *dk = dev_upload(k, rows * sizeof(float)), *dv = dev_upload(v, rows * sizeof(float));
+    if (n_rep) {
+        float *q = malloc(q_rows * sizeof(float)), *got = malloc(q_rows * sizeof(float));
+        float *inv_freq = malloc((size_t)n_rot / 2 * sizeof(float)), *cs = malloc((size_t)T * n_rot * sizeof(float));
+        fill(q, q_rows, -2.0f, 2.0f);
+        rope_inv_freq(inv_freq, n_rot, 10000.0f, NULL);
+        for (int t = 0; t < T; t++) rope_angles(cs + (size_t)t * n_rot, n_rot, 3 + 700 * t, inv_freq);
+        float *dq = dev_upload(q, q_rows * sizeof(float)), *dcs = dev_upload(cs, (size_t)T * n_rot * sizeof(float));
+        cuda_rope_kv_append(NULL, &L.layer, dq, n_head, dk, dv, T, n_rot, dcs);
+        for (int t = 0; t < T; t++) {
+            rope_rotate(q + (size_t)t * n_head * d, n_head, d, n_rot, cs + (size_t)t * n_rot);
+            rope_rotate(k + (size_t)t * n_kv * d, n_kv, d, n_rot, cs + (size_t)t * n_rot);
+        }
+        char what[96];
+        dev_download(got, dq, q_rows * sizeof(float));
+        snprintf(what, sizeof(what), "rope_kv_append q: d=%d n_head=%d n_rot=%d T=%d", d, n_head, n_rot, T);
+        report(what, nmse(got, q, q_rows), 1e-7);
+        dev_download(got, dk, rows * sizeof(float));
+        snprintf(what, sizeof(what), "rope_kv_append k: d=%d n_kv=%d n_rot=%d T=%d", d, n_kv, n_rot, T);
+        report(what, nmse(got, k, rows), 1e-7);
+        memcpy(k, got, rows * sizeof(float));   // the stored rows are checked against the turned keys
+        cuda_free(dq); cuda_free(dcs);
+        free(q); free(got); free(inv_freq); free(cs);
+    } else {
+        cuda_kv_append(NULL, &L.layer, dk, dv, T);
+    }
+    CHECK(cuda_stream_sync(NULL) == PYKV_OK);
+    CHECK(cuda_check("cuda_kv_append") == PYKV_OK);
     for (int t = 0; t < T; t++)
         for (int g = 0; g < n_kv; g++) {
             const size_t off = ((size_t)t * n_kv + g) * d;
             kv_list_push(&L.cache, kv_cache_list(&L.cache, 0, g), k + off, v + off, n[g] + t);
         }
-    float *dk = dev_upload(k, rows * sizeof(float)), *dv = dev_upload(v, rows * sizeof(float));
-    cuda_kv_append(NULL, &L.layer, dk, dv, T);
-    CHECK(cuda_stream_sync(NULL) == PYKV_OK);
-    CHECK(cuda_check("cuda_kv_append") == PYKV_OK);
     long bad = 0;
     for (int g = 0; g < n_kv; g++) {
         const struct kv_list *l = kv_cache_list(&L.cache, 0, g);
@@ -180,8 +213,8 @@ static void test_kv_append(int fmt_k, int fmt_v, int d, int n_kv, int n0, int T)
             free(got);
         }
     }
-    printf("kv_append k=%s v=%s d=%d n_kv=%d n0=%d T=%d: %ld bytes differ\n", kv_format_name(fmt_k),
-           kv_format_name(fmt_v), d, n_kv, n0, T, bad);
+    printf("%s k=%s v=%s d=%d n_kv=%d n0=%d T=%d: %ld bytes differ\n", n_rep ? "rope_kv_append" : "kv_append",
+           kv_format_name(fmt_k), kv_format_name(fmt_v), d, n_kv, n0, T, bad);
     CHECK(bad == 0);
     cuda_free(dk); cuda_free(dv);
     free(k); free(v);
@@ -210,30 +243,45 @@ static void check_decode(struct lists *L, const int32_t *n, int n_rep, const cha
         }
     float *dq = dev_upload(q, (size_t)n_head * d * sizeof(float)), *dout = dev_upload(NULL, (size_t)n_head * d * sizeof(float));
     void *work = dev_upload(NULL, cuda_attention_decode_work_bytes(n_head, d, max_n));
-    cuda_attention_decode(NULL, &L->layer, dq, n_head, dout, work);
+    const int64_t cols = (int64_t)n_head * d;
+    const size_t xq_bytes = cuda_q8_1_bytes(cols, 1);
+    void *dxq = dev_upload(NULL, xq_bytes);
+    cuda_attention_decode(NULL, &L->layer, dq, n_head, dout, dxq, work);
     dev_download(got, dout, (size_t)n_head * d * sizeof(float));
     report(what, nmse(got, want, (size_t)n_head * d), 1e-6);
-    cuda_free(dq); cuda_free(dout); cuda_free(work);
+    if (cols % 32 == 0) {   // the Q8_1 blocks: the CPU's quantiser of the floats, byte for byte
+        unsigned char *xq = malloc(xq_bytes);
+        block_q8_act *cpu = malloc(Q8_ACT_BLOCKS(cols) * sizeof(block_q8_act));
+        dev_download(xq, dxq, xq_bytes);
+        quantize_row_q8_act_scalar(got, cpu, cols);
+        CHECK(xq_bytes == (size_t)(cols / 32) * sizeof(block_q8_act));
+        CHECK(memcmp(xq, cpu, xq_bytes) == 0);
+        free(xq); free(cpu);
+    }
+    cuda_free(dq); cuda_free(dout); cuda_free(work); cuda_free(dxq);
     free(q); free(want); free(got); free(w);
 }
 
-static void test_decode(int d, int fmt_k, int fmt_v, const int *reps, int n_reps, const int *ns, int n_ns) {
-    const int n_kv = 2;
+static void test_decode_kv(int n_kv, int d, int fmt_k, int fmt_v, const int *reps, int n_reps, const int *ns, int n_ns) {
     int max_n = 0;
     for (int i = 0; i < n_ns; i++) max_n = ns[i] > max_n ? ns[i] : max_n;
     struct lists L;
-    const int32_t full[2] = { max_n, max_n };
+    int32_t full[CUDA_MAX_KV_HEADS], n[CUDA_MAX_KV_HEADS];
+    for (int g = 0; g < n_kv; g++) full[g] = max_n;
     lists_init(&L, n_kv, d, fmt_k, fmt_v, full, max_n);
     for (int a = 0; a < n_reps; a++)
         for (int b = 0; b < n_ns; b++) {
-            // list 1 a little shorter (the prefix of what is stored): ragged lengths
-            const int32_t n[2] = { ns[b], ns[b] > 8 ? ns[b] - 5 : ns[b] };
-            char what[96];
-            snprintf(what, sizeof(what), "decode k=%s v=%s d=%d n_rep=%d n=%d,%d", kv_format_name(fmt_k),
-                     kv_format_name(fmt_v), d, reps[a], n[0], n[1]);
+            // the odd lists a little shorter (the prefix of what is stored): ragged lengths
+            for (int g = 0; g < n_kv; g++) n[g] = g % 2 && ns[b] > 8 ? ns[b] - 5 : ns[b];
+            char what[112];
+            snprintf(what, sizeof(what), "decode k=%s v=%s d=%d n_kv=%d n_rep=%d n=%d,%d", kv_format_name(fmt_k),
+                     kv_format_name(fmt_v), d, n_kv, reps[a], n[0], n[1]);
             check_decode(&L, n, reps[a], what);
         }
     lists_free(&L);
+}
+static void test_decode(int d, int fmt_k, int fmt_v, const int *reps, int n_reps, const int *ns, int n_ns) {
+    test_decode_kv(2, d, fmt_k, fmt_v, reps, n_reps, ns, n_ns);
 }
 
 // Merged entries (EMS): every third entry of each list (and the first) stands for 2 to 9
@@ -352,9 +400,14 @@ int main(void) {
 
     for (int fk = 0; fk < KV_N_FORMATS; fk++)
         for (int fv = 0; fv < KV_N_FORMATS; fv++) {
-            test_kv_append(fk, fv, 128, 2, 5, 7);
-            test_kv_append(fk, fv, 64, 8, 0, 33);
-            if (fk != KV_Q8_0 && fv != KV_Q8_0) test_kv_append(fk, fv, 40, 3, 2, 4);
+            test_kv_append(fk, fv, 128, 2, 5, 7, 0, 0);
+            test_kv_append(fk, fv, 64, 8, 0, 33, 0, 0);
+            if (fk != KV_Q8_0 && fv != KV_Q8_0) test_kv_append(fk, fv, 40, 3, 2, 4, 0, 0);
+            // with the RoPE: a decode step (SmolLM2's heads), a chunk (8 KV heads of 128,
+            // n_rep 4), partial rotary
+            test_kv_append(fk, fv, 64, 3, 9, 1, 3, 64);
+            test_kv_append(fk, fv, 128, 8, 4, 21, 4, 128);
+            test_kv_append(fk, fv, 64, 2, 0, 5, 2, 32);
         }
 
     const int reps[] = { 1, 3, 4, 8 };
@@ -367,7 +420,10 @@ int main(void) {
     const int reps_more[] = { 6, 16 }, ns_more[] = { 33, 700, 3000 }, ns_long[] = { 70000 };
     test_decode(96, KV_F16, KV_Q8_0, reps_more, 2, ns_more, 3);
     test_decode(256, KV_Q8_0, KV_F16, reps_more, 2, ns_more, 3);
-    test_decode(128, KV_F16, KV_F16, reps, 4, ns_long, 1);   // 64 segments of ~1094
+    test_decode(128, KV_F16, KV_F16, reps, 4, ns_long, 1);   // 256 segments of ~273
+    // 8 KV heads: 128 blocks a head, so past 8192 entries a block takes a second segment
+    const int reps_8b[] = { 1, 4 }, ns_8b[] = { 8200, 9000, 20000 };
+    test_decode_kv(8, 128, KV_F16, KV_F16, reps_8b, 2, ns_8b, 3);
 
     const int Ts[] = { 1, 5, 64, 130, 512 }, nbs[] = { 0, 3, 1000 };
     for (int a = 0; a < 5; a++)

@@ -221,13 +221,10 @@ static void decode_layer(struct gpu_run *g, const pykv_model *m, int layer, cons
     cuda_rmsnorm_q8_1(s, g->xq, g->x, w->attn_norm, dim, 1, hp->rms_eps);
     cuda_timing_mark(s, "q|k|v product");
     cuda_matvec_q8_pre(s, q, w->wqkv.data, w->wqkv.type, dim, w->wqkv.ne[1], g->xq, 1, 0);
-    cuda_timing_mark(s, "rope");
-    cuda_rope(s, q, 1, hp->n_head + hp->n_head_kv, hd, hp->n_rot, g->rope_cs);
-    cuda_timing_mark(s, "kv append");
-    cuda_kv_append(s, before, k, v, 1);
+    cuda_timing_mark(s, "rope, kv append");
+    cuda_rope_kv_append(s, before, q, hp->n_head, k, v, 1, hp->n_rot, g->rope_cs);
     cuda_timing_mark(s, "attention");
-    cuda_attention_decode(s, after, q, hp->n_head, g->att, g->attn_work);
-    cuda_quantize_q8_1(s, g->xq, g->att, q_dim, 1);
+    cuda_attention_decode(s, after, q, hp->n_head, g->att, g->xq, g->attn_work);
     cuda_timing_mark(s, "output product");
     cuda_matvec_q8_pre(s, g->x, w->wo.data, w->wo.type, q_dim, dim, g->xq, 1, 1);
 
@@ -249,7 +246,7 @@ static void enqueue_layer(struct gpu_run *g, const pykv_model *m, int layer, int
     const struct hparams *hp = &m->hp;
     const struct gpu_layer *w = model_gpu_layer(m, layer);
     const cuda_stream s = g->stream;
-    const int dim = hp->n_embd, hd = hp->head_dim;
+    const int dim = hp->n_embd;
     if (T == 1 && decode_fused(w)) {
         decode_layer(g, m, layer, before, after);
         return;
@@ -263,13 +260,10 @@ static void enqueue_layer(struct gpu_run *g, const pykv_model *m, int layer, int
     matmul_staged(g, g->q, &w->wq, g->xb, T);
     matmul_staged(g, g->k, &w->wk, g->xb, T);
     matmul_staged(g, g->v, &w->wv, g->xb, T);
-    cuda_timing_mark(s, "rope");
-    cuda_rope(s, g->q, T, hp->n_head, hd, hp->n_rot, g->rope_cs);
-    cuda_rope(s, g->k, T, hp->n_head_kv, hd, hp->n_rot, g->rope_cs);
-    cuda_timing_mark(s, "kv append");
-    cuda_kv_append(s, before, g->k, g->v, T);
+    cuda_timing_mark(s, "rope, kv append");
+    cuda_rope_kv_append(s, before, g->q, hp->n_head, g->k, g->v, T, hp->n_rot, g->rope_cs);
     cuda_timing_mark(s, "attention");
-    if (T == 1) cuda_attention_decode(s, after, g->q, hp->n_head, g->att, g->attn_work);
+    if (T == 1) cuda_attention_decode(s, after, g->q, hp->n_head, g->att, NULL, g->attn_work);
     else cuda_attention_prefill(s, after, g->q, hp->n_head, T, g->att);
     cuda_timing_mark(s, "output product");
     matmul_gpu(g, g->xb, &w->wo, g->att, T);
