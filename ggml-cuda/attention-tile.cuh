@@ -128,8 +128,8 @@ static __device__ __forceinline__ void attn_stage(float *KV, const void *base, i
 
 // The tile's keys into K and values into V. Both f16 (rows of a multiple of 8 values): a
 // thread's loads of both go out before any of its stores, ATTN_STAGE_LOADS of each at a time,
-// so the tile waits on one round of loads (a store to shared memory, which the compiler cannot
-// tell from the lists, would otherwise hold the next load back).
+// so the tile waits on one round of loads (a loop of load then store, whose trip count is not
+// known when compiling, would wait on each load in turn).
 #define ATTN_STAGE_LOADS 2
 template <int NT>
 static __device__ __forceinline__ void attn_stage_kv(float *K, float *V, const struct cuda_kv_layer &layer, int g,
