@@ -7,10 +7,10 @@
 // as the max grows. Each key and value row is read from global memory once per block.
 //
 // Decode (one token): the range is a segment of the list (a block may take several in turn)
-// and the block leaves the partial (m, l, o) of each query head for attention-decode.cu's merge. Prefill: the range is every
-// entry the block's last token sees, each row masks the entries past its own causal limit
-// (n_before + t + 1), and the block writes o / l. A merged entry (layer.members) weighs as the
-// sum of its members' exponentials.
+// and the block leaves the partial (m, l, o) of each query head for attention-decode.cu's
+// merge. Prefill: the range is every entry the block's last token sees, each row masks the
+// entries past its own causal limit (n_before + t + 1), and the block writes o / l. A merged
+// entry (layer.members) weighs as the sum of its members' exponentials.
 #pragma once
 #include "common.cuh"
 #include "kv-rows.cuh"

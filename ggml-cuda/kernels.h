@@ -108,7 +108,7 @@ void cuda_rope_kv_append(cuda_stream s, const struct cuda_kv_layer *layer, float
 // A decode step (flash-decoding): query head h (q + h * head_dim, n_head heads, head h reads
 // KV head h / (n_head / n_head_kv)) attends over all n[g] entries of its list; out has the
 // same layout as q. Each list is cut into segments whose count depends only on n[g]
-// (cuda_attention_segments); the partials are merged in segment order, so the result does
+// (cuda_attention_segments); the partials are merged in a fixed order, so the result does
 // not depend on the card. work: cuda_attention_decode_work_bytes(n_head, head_dim, max_n).
 // xq: NULL, or out as Q8_1 blocks too (cuda_quantize_q8_1 of the n_head * head_dim values).
 int    cuda_attention_segments(int32_t n);

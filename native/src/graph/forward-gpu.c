@@ -200,10 +200,10 @@ static void matmul_staged(struct gpu_run *g, float *out, const struct gpu_tensor
 }
 
 // A decode step's layer when its products can share quantised activations (decode_fused):
-// the same steps as enqueue_layer in fewer kernels. The norms and SwiGLU write Q8_1
-// activations directly, q|k|v and gate|up are one product each (their weights stored back to
-// back, offload.h), RoPE turns q and k in one pass (k follows q in the row), and the output
-// and down products add into the residual stream.
+// the same steps as enqueue_layer in fewer kernels. The norms, SwiGLU and the attention's
+// merge write Q8_1 activations directly, q|k|v and gate|up are one product each (their
+// weights stored back to back, offload.h), and the output and down products add into the
+// residual stream.
 static int decode_fused(const struct gpu_layer *w) {
     return w->wqkv.data && w->w_gate_up.data && cuda_type_quantised(w->wo.type) && cuda_type_quantised(w->w_down.type);
 }
