@@ -680,7 +680,7 @@ class Llama:
             "entries_per_head": [[lib.pykv_kv_head_entries(ctx, layer, head) for head in range(stats.n_head_kv)]
                                  for layer in range(stats.n_layer)],
             "bytes": stats.bytes,
-            "device_bytes": stats.device_bytes,   # the part in GPU memory (offloaded layers)
+            "device_bytes": stats.device_bytes,   # GPU memory of the offloaded layers' keys and values (in steps of 256 rows)
             "peak_bytes": stats.peak_bytes,
             "evicted": stats.evicted,
             "merged": stats.merged,

@@ -361,7 +361,7 @@ struct pykv_kv_stats {
     const char *policy;       /* owned by ctx */
     int32_t     kv_type;      /* the keys': PYKV_TYPE_F16, PYKV_TYPE_F32 or PYKV_TYPE_Q8_0 */
     int32_t     kv_type_v;    /* the values' */
-    int64_t     device_bytes; /* the part of bytes held in GPU memory (the offloaded layers' K and V) */
+    int64_t     device_bytes; /* GPU memory holding the offloaded layers' K and V (rows in steps of 256) */
 };
 PYKV_API pykv_status pykv_kv_stats(const pykv_context *ctx, struct pykv_kv_stats *stats);
 /* Resident entries of (layer, KV head). */

@@ -154,17 +154,16 @@ def run_bench(args, model_path: str) -> int:
                                     "kv_MiB": kv["bytes"] / 2**20, "kv_peak_MiB": kv["peak_bytes"] / 2**20, "evicted": kv["evicted"],
                                     "peak_RSS_MiB": _peak_rss_mib(), "samples": speeds,
                                 })
-    _print(rows, args.output)
+                                if args.output == "jsonl":   # a row as it is measured, as llama-bench
+                                    print(json.dumps(rows[-1]), flush=True)
+    if args.output != "jsonl":
+        _print(rows, args.output)
     return 0
 
 
 def _print(rows, form):
     if form == "json":
         print(json.dumps(rows, indent=1))
-        return
-    if form == "jsonl":
-        for r in rows:
-            print(json.dumps(r))
         return
     # a column only when not the default, as llama-bench
     types = [t for t in ("type_k", "type_v") if any(r[t] != "f16" for r in rows)]

@@ -76,6 +76,22 @@ def _close_enough(gpu: np.ndarray, cpu: np.ndarray) -> float:
     return float(np.max(np.abs(gpu - cpu)) / (np.max(cpu) - np.min(cpu)))
 
 
+# A device list's GPU rows: its room rounded up to steps of this many, or half as much again
+# as it had when it outgrows them (native/src/kv/kv-cache.c, device_room)
+DEVICE_ROOM_STEP = 256
+
+
+def _device_row_bytes(llm) -> float:
+    return 2 * llm.model_info["head_dim"] * llm.kv_stats()["bytes_per_element"]
+
+
+def _device_bytes_bound(llm, gpu_lists: int) -> float:
+    """The most GPU memory the lists may hold: a list keeps its rows while its room is more than
+    half of them and grows them to at most half as much again, so its rows stay under twice
+    its room plus one step."""
+    return 2 * llm.kv_stats()["bytes"] + gpu_lists * DEVICE_ROOM_STEP * _device_row_bytes(llm)
+
+
 def _greedy_agreement(path, n_gpu_layers, steps=64, n_prompt=24, **kw):
     """Feed the CPU's greedy tokens to both sides; return (steps compared, disagreements at
     steps whose two best CPU logits are further apart than the tolerance, worst logit error)."""
@@ -339,7 +355,11 @@ def test_kv_stats_count_device_bytes(model_path):
             llm.eval(tokens)
         a, b, c = cpu.kv_stats(), part.kv_stats(), gpu.kv_stats()
         assert a["bytes"] == b["bytes"] == c["bytes"] and a["entries"] == c["entries"]
-        assert a["device_bytes"] == 0 < b["device_bytes"] < c["device_bytes"] <= c["bytes"]
+        assert a["device_bytes"] == 0 < b["device_bytes"] < c["device_bytes"]
+        # 50 entries a list: every device list holds one step of GPU rows
+        heads, row = gpu.model_info["n_head_kv"], _device_row_bytes(gpu)
+        assert b["device_bytes"] == 2 * heads * DEVICE_ROOM_STEP * row
+        assert c["device_bytes"] == gpu.model_info["n_layer"] * heads * DEVICE_ROOM_STEP * row
         gpu.reset()
         assert gpu.kv_stats()["device_bytes"] == 0
 

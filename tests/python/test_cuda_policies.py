@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from _tiny_models import random_tokens
-from test_cuda import LOGIT_RTOL, SMOL_SHAPE, _close_enough, _open, model_path, needs_gpu  # noqa: F401
+from test_cuda import LOGIT_RTOL, SMOL_SHAPE, _close_enough, _device_bytes_bound, _open, model_path, needs_gpu  # noqa: F401
 
 # The policies whose hooks run on GPU lists, with arguments that make them evict here.
 SCORED = ["snapkv", "pyramidkv", "adakv", "chunkkv", "lava", "take", "cake", "h2o", "tova", "knorm", "keydiff", "lagkv", "finch",
@@ -92,7 +92,10 @@ def _check_same_cache(cpu, gpu, policy, exact):
     # a near-tie across heads (Ada-KV's, LAVa's and CAKE's budgets) moves an entry between lists
     moved = sum(abs(x - y) for ra, rb in zip(sa["entries_per_head"], sb["entries_per_head"]) for x, y in zip(ra, rb))
     assert moved <= diff, f"{policy}: {moved} entries kept in other lists than on the CPU, {diff} differ"
-    if moved == 0:
+    # the rooms follow every selection on the way, so a near-tie at an earlier one (CAKE's and
+    # LAVa's cascades select each layer many times) may leave another room behind even where
+    # the final counts agree: they are equal where the kept sets are
+    if diff == 0:
         assert sa["bytes"] == sb["bytes"], "the lists' room differs"
     return diff
 
@@ -133,7 +136,7 @@ def test_policy_on_the_gpu_keeps_what_the_cpu_keeps(model_path, name, policy):
         diff = _check_same_cache(cpu, gpu, policy, exact=policy in BY_POSITION)
         lists = gpu.model_info["n_layer"] * gpu.model_info["n_head_kv"]
         assert gpu.kv_stats()["entries"] <= BUDGET * lists   # the budget is the lists' average
-        assert 0 < gpu.kv_stats()["device_bytes"] <= gpu.kv_stats()["bytes"]
+        assert 0 < gpu.kv_stats()["device_bytes"] <= _device_bytes_bound(gpu, lists)
         if diff == 0:
             assert _close_enough(gpu.logits(), cpu.logits()) < LOGIT_RTOL
         if policy == "ems":   # merged entries, which the GPU's attention expands
@@ -315,7 +318,8 @@ def test_partial_offload_with_a_policy(model_path, layers, policy):
         prompt = random_tokens(160, seed=24)
         cpu.eval(prompt)
         gpu.eval(prompt)
-        assert 0 < gpu.kv_stats()["device_bytes"] < gpu.kv_stats()["bytes"]
+        gpu_lists = layers * gpu.model_info["n_head_kv"]
+        assert 0 < gpu.kv_stats()["device_bytes"] <= _device_bytes_bound(gpu, gpu_lists)
         _check_same_cache(cpu, gpu, policy, exact=False)
         lists = gpu.model_info["n_layer"] * gpu.model_info["n_head_kv"]
         flips = _decode_from_the_gpu_state(cpu, gpu, 12)

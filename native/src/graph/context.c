@@ -518,7 +518,9 @@ static pykv_status run_step(pykv_context *ctx) {
     memcpy(ctx->chunk_tokens, r->tokens + r->done, (size_t)T * sizeof(pykv_token));
     if (p) memcpy(ctx->chunk_tokens + T, r->probe, (size_t)p * sizeof(pykv_token));
     for (int i = 0; i < ctx->cache.n_layer * ctx->cache.n_head_kv; i++) ctx->chunk_start_n[i] = ctx->cache.lists[i].n;
+    ctx->cache.device_ahead = ops->keeps_every_entry ? r->n_tokens - r->done - T : 0;
     pykv_status st = forward_chunk(ctx, ctx->chunk_tokens, T + p, p, last);
+    ctx->cache.device_ahead = 0;
     if (st != PYKV_OK) {
         rollback_chunk(ctx);
         ctx->has_logits = 0;

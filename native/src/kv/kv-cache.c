@@ -85,17 +85,39 @@ static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t c
     return PYKV_OK;
 }
 
-// A device list's keys and values are resized in GPU memory (kv-device.h).
+// A device list's rows in GPU memory for a room of cap entries, given the rows it has. Growing
+// takes at least half as much again, and the rest of a prefill that keeps every entry
+// (device_ahead), in steps of KV_DEVICE_ROOM_STEP rows: a new buffer means copying the list
+// and recording the decode step's CUDA graph again, so a list growing a token at a time
+// (decode) or a chunk at a time (prefill) moves every few hundred tokens, not every few. A
+// room cut to half or less gives the rest back (a policy's compaction).
+#define KV_DEVICE_ROOM_STEP 256
+static int32_t device_room(const struct kv_cache *c, int32_t cap, int32_t rows) {
+    if (cap == 0) return 0;
+    if (cap <= rows && cap > rows / 2) return rows;
+    int64_t want = cap > rows ? (int64_t)rows + rows / 2 : cap;
+    if (cap > rows && want < (int64_t)cap + c->device_ahead) want = (int64_t)cap + c->device_ahead;
+    if (want < cap) want = cap;
+    want = (want + KV_DEVICE_ROOM_STEP - 1) / KV_DEVICE_ROOM_STEP * KV_DEVICE_ROOM_STEP;
+    if (want > c->max_entries) want = cap > c->max_entries ? cap : c->max_entries;
+    return (int32_t)want;
+}
+
+// A device list's keys and values are resized in GPU memory (kv-device.h) when its room
+// outgrows their rows or falls to half of them.
 static pykv_status device_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
-    const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c);
+    const int32_t rows = device_room(c, cap, l->device_cap);
+    if (rows == l->device_cap) return PYKV_OK;
+    const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c), old = (size_t)l->device_cap;
     c->device_moves++;   // even a failed resize may have moved the keys
-    PYKV_TRY(kv_device_resize(c->device, c->device_stream, &l->k, (size_t)l->cap * kb, (size_t)cap * kb));
-    pykv_status st = kv_device_resize(c->device, c->device_stream, &l->v, (size_t)l->cap * vb, (size_t)cap * vb);
-    if (st != PYKV_OK) {   // k already has the new size: bring it back so both agree with cap
-        kv_device_resize(c->device, c->device_stream, &l->k, (size_t)cap * kb, (size_t)l->cap * kb);
+    PYKV_TRY(kv_device_resize(c->device, c->device_stream, &l->k, old * kb, (size_t)rows * kb));
+    pykv_status st = kv_device_resize(c->device, c->device_stream, &l->v, old * vb, (size_t)rows * vb);
+    if (st != PYKV_OK) {   // k already has the new size: bring it back so both agree with device_cap
+        kv_device_resize(c->device, c->device_stream, &l->k, (size_t)rows * kb, old * kb);
         return st;
     }
-    c->device_bytes += (int64_t)(cap - l->cap) * (int64_t)(kb + vb);
+    c->device_bytes += (int64_t)(rows - l->device_cap) * (int64_t)(kb + vb);
+    l->device_cap = rows;
     return PYKV_OK;
 }
 
@@ -380,7 +402,7 @@ static pykv_status stage_buffers(const struct kv_cache *c, struct kv_list *l) {
 pykv_status kv_layer_stage(struct kv_cache *c, int layer, struct kv_staged *saved) {
     for (int g = 0; g < c->n_head_kv; g++) {
         struct kv_list *l = kv_cache_list(c, layer, g);
-        saved[g] = (struct kv_staged){ l->k, l->v, l->cap };
+        saved[g] = (struct kv_staged){ l->k, l->v, l->device_cap };
         pykv_status st = stage_buffers(c, l);
         if (st == PYKV_OK) st = kv_list_read_rows(c, l, 0, l->n, l->stage_k);
         if (st == PYKV_OK) st = kv_list_read_rows(c, l, 1, l->n, l->stage_v);
@@ -403,25 +425,27 @@ pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *sa
         if (l->on_device) continue;   // not staged (a failed kv_layer_stage stops early)
         void *dk = saved[g].k, *dv = saved[g].v;
         pykv_status st = PYKV_OK;
-        if (l->cap != saved[g].cap) {   // its room changed on the host: device buffers of the new size
+        const int32_t rows = device_room(c, l->cap, saved[g].device_cap);
+        if (rows != saved[g].device_cap) {   // its room changed on the host past the device rows: new buffers
             void *nk = NULL, *nv = NULL;
-            st = kv_device_resize(c->device, c->device_stream, &nk, 0, (size_t)l->cap * kb);
-            if (st == PYKV_OK) st = kv_device_resize(c->device, c->device_stream, &nv, 0, (size_t)l->cap * vb);
+            st = kv_device_resize(c->device, c->device_stream, &nk, 0, (size_t)rows * kb);
+            if (st == PYKV_OK) st = kv_device_resize(c->device, c->device_stream, &nv, 0, (size_t)rows * vb);
             if (st == PYKV_OK) {
                 kv_device_resize(c->device, c->device_stream, &dk, 0, 0);   // the old ones, after the work queued
                 kv_device_resize(c->device, c->device_stream, &dv, 0, 0);
                 dk = nk;
                 dv = nv;
-                c->device_bytes += (int64_t)(l->cap - saved[g].cap) * (int64_t)(kb + vb);
+                c->device_bytes += (int64_t)(rows - saved[g].device_cap) * (int64_t)(kb + vb);
                 c->device_moves++;
+                l->device_cap = rows;
             } else {
                 kv_device_resize(c->device, c->device_stream, &nk, 0, 0);
                 kv_device_resize(c->device, c->device_stream, &nv, 0, 0);
-                if (l->cap < saved[g].cap) {
+                if (l->cap <= saved[g].device_cap) {
                     st = PYKV_OK;   // out of memory to shrink: the larger buffers hold the rows as well
-                } else {            // out of memory to grow: the list keeps what the old room holds
-                    kv_list_truncate(c, l, l->n < saved[g].cap ? l->n : saved[g].cap);
-                    host_resize(c, l, saved[g].cap);
+                } else {            // out of memory to grow: the list keeps what the old rows hold
+                    kv_list_truncate(c, l, l->n < saved[g].device_cap ? l->n : saved[g].device_cap);
+                    host_resize(c, l, saved[g].device_cap);
                 }
             }
         }
@@ -614,7 +638,8 @@ void kv_compact_rows(void *base, size_t row_bytes, const int32_t *keep, int32_t 
 // A device list's rows were gathered into new buffers of cap rows: its length, room and counts follow.
 static pykv_status gathered(struct kv_cache *c, struct kv_list *l, int32_t n_keep, int32_t cap) {
     c->device_moves++;   // the kernels of a recorded decode step hold the old buffers
-    c->device_bytes += (int64_t)(cap - l->cap) * (int64_t)(kv_cache_key_bytes(c) + kv_cache_value_bytes(c));
+    c->device_bytes += (int64_t)(cap - l->device_cap) * (int64_t)(kv_cache_key_bytes(c) + kv_cache_value_bytes(c));
+    l->device_cap = cap;
     c->evicted += l->n - n_keep;
     l->n = n_keep;
     return host_resize(c, l, cap);   // the positions' room follows

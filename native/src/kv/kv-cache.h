@@ -3,7 +3,9 @@
 // Each list owns its keys (post-RoPE), values and the original position of every entry,
 // and has its own length, so eviction policies can keep different numbers of entries per
 // head and per layer. Storage grows by an eighth and shrinks when a policy compacts a list,
-// so the bytes reported are the bytes really allocated. Keys and values are stored as
+// so the bytes reported are the bytes really allocated. An offloaded list's keys and values
+// sit in GPU rows that grow in larger steps (device_bytes counts them): a new buffer there
+// costs a copy and a new recording of the decode step. Keys and values are stored as
 // IEEE halves (the default, as llama.cpp), as floats (the exact path) or as Q8_0 blocks
 // (llama.cpp's `-ctk q8_0`/`-ctv q8_0`: 32 int8 and one half scale, 34 bytes per 32
 // values); keys and values may differ, as llama.cpp's -ctk and -ctv may. Code outside
@@ -80,6 +82,7 @@ struct kv_list {
     // the CUDA kernels only; pos and the counts stay here. Set by kv_cache_set_device on an
     // empty list.
     int32_t  on_device;
+    int32_t  device_cap;   // a device list's rows allocated in GPU memory: cap or more (kv-cache.c's device_room)
     // A device list's merged entries as the attention kernels read them (kv_list_sync_members):
     // n_members, member_at (member_block_cap ints each) and the pool, in GPU memory; stale
     // once the host's change wholesale. Changes to a few entries (a merge, a decode step's
@@ -112,11 +115,14 @@ struct kv_cache {
     _Atomic int64_t peak_bytes;
     _Atomic int64_t evicted;
     _Atomic int64_t merged;
-    _Atomic int64_t device_bytes;   // the part of bytes in GPU memory (device lists' keys and values)
+    _Atomic int64_t device_bytes;   // GPU memory of the device lists' keys and values (their rows)
     int32_t         device;         // the CUDA device of the device lists
     void           *device_stream;  // the context's stream (a cuda_stream) their memory work runs on
     int64_t         device_moves;   // counts the device lists' reallocations (a recorded decode
                                     // step holds their addresses: forward-gpu.c)
+    int32_t         device_ahead;   // entries every list will take after this chunk (the rest of a
+                                    // prefill that keeps every entry): a device list growing now
+                                    // takes GPU rows for them too
 };
 
 pykv_status     kv_cache_init(struct kv_cache *c, int n_layer, int n_head_kv, int head_dim, int max_entries,
@@ -254,7 +260,7 @@ pykv_status kv_list_sync_members_batched(struct kv_cache *c, struct kv_list *l, 
 // keeping the device buffers in saved (n_head_kv of them); kv_layer_unstage sends each
 // list's rows back, into device buffers of its room then (the lists' merged entries too),
 // and keeps the host buffers for the next staging.
-struct kv_staged { void *k, *v; int32_t cap; };
+struct kv_staged { void *k, *v; int32_t device_cap; };
 pykv_status kv_layer_stage(struct kv_cache *c, int layer, struct kv_staged *saved);
 pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *saved);
 
