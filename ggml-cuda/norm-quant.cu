@@ -6,10 +6,12 @@
 //
 // rmsnorm: one thread block of RMSNORM_THREADS per row. The sum of squares is rmsnorm_kernel's
 // (rms_sum_squares), so the scale is the same float; warp w then quantises the row's blocks
-// w, w + 8, ...
+// w, w + 8, ..., reading four of them at a time.
 // swiglu: one warp per block of 32 values of the T rows together, 8 warps per thread block.
 #include "common.cuh"
 #include "norm-quant.cuh"
+
+#define NORM_Q8_BLOCKS 4   // blocks of 32 a warp reads at once in rmsnorm_q8_1_kernel
 
 // y: the row's n / 32 blocks (n a multiple of 32).
 static __global__ void __launch_bounds__(RMSNORM_THREADS)
@@ -20,10 +22,20 @@ rmsnorm_q8_1_kernel(dev_block_q8_1 *__restrict__ y, const float *__restrict__ x,
     y += row * (size_t)(n / 32);
     const float scale = rms_scale((double)rms_sum_squares(x, n), n, eps);
     const int warp = threadIdx.x / CUDA_WARP, lane = threadIdx.x % CUDA_WARP;
-    // The loop bound depends on the warp only, so every lane of a warp takes part in each block.
-    for (int b = warp; b < n / 32; b += RMSNORM_THREADS / CUDA_WARP) {
-        const int i = 32 * b + lane;
-        q8_1_quantize_warp(rms_apply(x[i], scale, w[i]), lane, y + b);
+    const int n_blocks = n / 32, step = RMSNORM_THREADS / CUDA_WARP;
+    // A warp's blocks NORM_Q8_BLOCKS at a time: their values are read before any is quantised,
+    // so the loads are in flight together. The bounds depend on the warp only, so every lane
+    // of a warp takes part in each block (past the end a lane reads its first block again).
+    for (int b0 = warp; b0 < n_blocks; b0 += NORM_Q8_BLOCKS * step) {
+        float v[NORM_Q8_BLOCKS];
+#pragma unroll
+        for (int u = 0; u < NORM_Q8_BLOCKS; u++) {
+            const int b = b0 + u * step < n_blocks ? b0 + u * step : b0, i = 32 * b + lane;
+            v[u] = rms_apply(x[i], scale, w[i]);
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_Q8_BLOCKS; u++)
+            if (b0 + u * step < n_blocks) q8_1_quantize_warp(v[u], lane, y + b0 + u * step);
     }
 }
 

@@ -18,6 +18,7 @@
 static __device__ __forceinline__ float rms_sum_squares(const float *x, int n) {
     __shared__ float part[RMSNORM_THREADS / CUDA_WARP];
     float ss = 0.0f;
+#pragma unroll 4   // the loads of four steps in flight together; the sum keeps its order
     for (int i = threadIdx.x; i < n; i += RMSNORM_THREADS) ss += x[i] * x[i];
     ss = warp_sum(ss);
     const int warp = threadIdx.x / CUDA_WARP, lane = threadIdx.x % CUDA_WARP;
