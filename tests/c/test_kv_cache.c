@@ -1,7 +1,8 @@
 // test_kv_cache.c - ragged per-head lists: append, retain (compaction), byte accounting,
 // for floats and halves (the values used are exact in halves too), the accessors, and
 // cutting every list back to a prefix of positions; Q8_0 storage against a quantizer
-// written out here (scale max|x| / 127 as a half, values rounded to nearest even).
+// written out here (scale max|x| / 127 as a half, values rounded to nearest even); the GPU
+// rows an offloaded list takes.
 #include "check.h"
 #include "kv/kv-cache.h"
 #include "cpu/quant.h"
@@ -214,7 +215,49 @@ static void check_compact_rows(void) {
     }
 }
 
+// The GPU rows of an offloaded list (kv_device_rows): whole steps of 256, growing by half
+// again, reserved ahead for a prefill that keeps every entry, given back when a compaction
+// leaves half or less. The rule is host arithmetic, so it is checked here without a GPU.
+static void check_device_rows(void) {
+    struct kv_cache c;
+    CHECK(kv_cache_init(&c, 1, 1, 64, 100000, KV_F16, KV_F16) == PYKV_OK);
+    const int32_t S = KV_DEVICE_ROOM_STEP;
+    CHECK(kv_device_rows(&c, 0, 500, 512) == 0);
+    CHECK(kv_device_rows(&c, 16, 0, 0) == S);               // the first room: one step
+    CHECK(kv_device_rows(&c, 18, 16, S) == S);               // grows within its rows
+    CHECK(kv_device_rows(&c, S + 32, S, S) == 2 * S);        // past them: half as much again (384), rounded
+    CHECK(kv_device_rows(&c, S + 68, S + 32, 2 * S) == 2 * S);
+    // a list growing by an eighth from 16 to 8192 entries, as kv_list_reserve grows it, moves
+    // on the GPU a dozen times, not the fifty times its room changes
+    int32_t cap = 16, rows = kv_device_rows(&c, cap, 0, 0), moves = 0, steps = 0;
+    while (cap < 8192) {
+        const int32_t next = cap + cap / 8 > cap + 1 ? cap + cap / 8 : cap + 1, r = kv_device_rows(&c, next, cap, rows);
+        CHECK(r >= next && r % S == 0);
+        moves += r != rows;
+        steps++;
+        rows = r;
+        cap = next;
+    }
+    CHECK(steps > 40 && moves <= 12);
+    // a prefill that keeps every entry: its first chunk reserves rows for the rest, and the
+    // later chunks grow into them (512 of 2048 is under half the rows: not a shrink)
+    c.device_ahead = 1536;
+    CHECK(kv_device_rows(&c, 512, 0, 0) == 2048);
+    c.device_ahead = 1024;
+    CHECK(kv_device_rows(&c, 1024, 512, 2048) == 2048);
+    c.device_ahead = 0;
+    // a compaction: to more than half the rows keeps them, to half or less gives the rest back
+    CHECK(kv_device_rows(&c, 1500, 2048, 2048) == 2048);
+    CHECK(kv_device_rows(&c, 1024, 2048, 2048) == 1024);
+    CHECK(kv_device_rows(&c, 40, 2048, 2048) == S);
+    // never past the cache's bound, nor under the room
+    c.max_entries = 1000;
+    CHECK(kv_device_rows(&c, 900, 800, 768) == 1000);
+    kv_cache_free(&c);
+}
+
 int main(void) {
+    check_device_rows();
     check_compact_rows();
     check_q8_0();
     check_mixed(KV_Q8_0, KV_F16);

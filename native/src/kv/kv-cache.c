@@ -85,16 +85,16 @@ static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t c
     return PYKV_OK;
 }
 
-// A device list's rows in GPU memory for a room of cap entries, given the rows it has. Growing
-// takes at least half as much again, and the rest of a prefill that keeps every entry
-// (device_ahead), in steps of KV_DEVICE_ROOM_STEP rows: a new buffer means copying the list
-// and recording the decode step's CUDA graph again, so a list growing a token at a time
-// (decode) or a chunk at a time (prefill) moves every few hundred tokens, not every few. A
-// room cut to half or less gives the rest back (a policy's compaction).
-#define KV_DEVICE_ROOM_STEP 256
-static int32_t device_room(const struct kv_cache *c, int32_t cap, int32_t rows) {
+// A device list's rows in GPU memory for a room of cap entries, given its room (old_cap) and
+// rows before. Growing past the rows takes at least half as much again, and the rest of a
+// prefill that keeps every entry (device_ahead), in steps of KV_DEVICE_ROOM_STEP rows: a new
+// buffer means copying the list and recording the decode step's CUDA graph again, so a list
+// growing a token at a time (decode) or a chunk at a time (prefill) moves every few hundred
+// tokens, not every few. A room that shrinks to half the rows or less gives the rest back (a
+// policy's compaction); one that grows within them keeps them.
+int32_t kv_device_rows(const struct kv_cache *c, int32_t cap, int32_t old_cap, int32_t rows) {
     if (cap == 0) return 0;
-    if (cap <= rows && cap > rows / 2) return rows;
+    if (cap <= rows && (cap >= old_cap || cap > rows / 2)) return rows;
     int64_t want = cap > rows ? (int64_t)rows + rows / 2 : cap;
     if (cap > rows && want < (int64_t)cap + c->device_ahead) want = (int64_t)cap + c->device_ahead;
     if (want < cap) want = cap;
@@ -106,7 +106,7 @@ static int32_t device_room(const struct kv_cache *c, int32_t cap, int32_t rows) 
 // A device list's keys and values are resized in GPU memory (kv-device.h) when its room
 // outgrows their rows or falls to half of them.
 static pykv_status device_resize(struct kv_cache *c, struct kv_list *l, int32_t cap) {
-    const int32_t rows = device_room(c, cap, l->device_cap);
+    const int32_t rows = kv_device_rows(c, cap, l->cap, l->device_cap);
     if (rows == l->device_cap) return PYKV_OK;
     const size_t kb = kv_cache_key_bytes(c), vb = kv_cache_value_bytes(c), old = (size_t)l->device_cap;
     c->device_moves++;   // even a failed resize may have moved the keys
@@ -402,7 +402,7 @@ static pykv_status stage_buffers(const struct kv_cache *c, struct kv_list *l) {
 pykv_status kv_layer_stage(struct kv_cache *c, int layer, struct kv_staged *saved) {
     for (int g = 0; g < c->n_head_kv; g++) {
         struct kv_list *l = kv_cache_list(c, layer, g);
-        saved[g] = (struct kv_staged){ l->k, l->v, l->device_cap };
+        saved[g] = (struct kv_staged){ l->k, l->v, l->cap, l->device_cap };
         pykv_status st = stage_buffers(c, l);
         if (st == PYKV_OK) st = kv_list_read_rows(c, l, 0, l->n, l->stage_k);
         if (st == PYKV_OK) st = kv_list_read_rows(c, l, 1, l->n, l->stage_v);
@@ -425,7 +425,7 @@ pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *sa
         if (l->on_device) continue;   // not staged (a failed kv_layer_stage stops early)
         void *dk = saved[g].k, *dv = saved[g].v;
         pykv_status st = PYKV_OK;
-        const int32_t rows = device_room(c, l->cap, saved[g].device_cap);
+        const int32_t rows = kv_device_rows(c, l->cap, saved[g].cap, saved[g].device_cap);
         if (rows != saved[g].device_cap) {   // its room changed on the host past the device rows: new buffers
             void *nk = NULL, *nv = NULL;
             st = kv_device_resize(c->device, c->device_stream, &nk, 0, (size_t)rows * kb);

@@ -82,7 +82,7 @@ struct kv_list {
     // the CUDA kernels only; pos and the counts stay here. Set by kv_cache_set_device on an
     // empty list.
     int32_t  on_device;
-    int32_t  device_cap;   // a device list's rows allocated in GPU memory: cap or more (kv-cache.c's device_room)
+    int32_t  device_cap;   // a device list's rows allocated in GPU memory: cap or more (kv_device_rows)
     // A device list's merged entries as the attention kernels read them (kv_list_sync_members):
     // n_members, member_at (member_block_cap ints each) and the pool, in GPU memory; stale
     // once the host's change wholesale. Changes to a few entries (a merge, a decode step's
@@ -160,6 +160,9 @@ static inline float kv_member_logit_max(const struct kv_list *l, int32_t j, floa
 
 // Make room for `extra` more entries in a list.
 pykv_status kv_list_reserve(struct kv_cache *c, struct kv_list *l, int32_t extra);
+// The GPU rows of a device list whose room goes from old_cap to cap entries, holding rows now.
+#define KV_DEVICE_ROOM_STEP 256
+int32_t     kv_device_rows(const struct kv_cache *c, int32_t cap, int32_t old_cap, int32_t rows);
 
 // Key j, value j of a list, in the stored type.
 static inline const void *kv_key_row(const struct kv_list *l, int32_t j, int32_t d) {
@@ -260,7 +263,7 @@ pykv_status kv_list_sync_members_batched(struct kv_cache *c, struct kv_list *l, 
 // keeping the device buffers in saved (n_head_kv of them); kv_layer_unstage sends each
 // list's rows back, into device buffers of its room then (the lists' merged entries too),
 // and keeps the host buffers for the next staging.
-struct kv_staged { void *k, *v; int32_t device_cap; };
+struct kv_staged { void *k, *v; int32_t cap, device_cap; };
 pykv_status kv_layer_stage(struct kv_cache *c, int layer, struct kv_staged *saved);
 pykv_status kv_layer_unstage(struct kv_cache *c, int layer, struct kv_staged *saved);
 
