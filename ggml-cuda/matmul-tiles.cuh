@@ -9,34 +9,20 @@
 // ---- the few-row path (matvec.cu): lane `lane` of the warp of a weight row ----
 
 // Groups lane, lane + 32, ... of a row of n_groups 32-value groups, against the same groups
-// of T activation rows (a: T rows of n_groups Q8_1 blocks): acc[t] += their dot products, in
-// group order. MV_LANE_GROUPS groups are unpacked before any is summed, so that a lane has
-// their loads in flight together rather than one after another (a weight row is read once, so
-// the kernel waits on memory, and one load a warp at a time leaves most of it idle); past the
-// row's end a lane unpacks its last group again and does not sum it.
-#define MV_LANE_GROUPS 4
+// of T activation rows (a: T rows of n_groups Q8_1 blocks): acc[t] += their dot products.
 template <class Q>
 static __host__ __device__ __forceinline__ void mv_q8_lane(const uint8_t *row, const dev_block_q8_1 *a, int n_groups,
                                                            int lane, int T, float acc[CUDA_MATVEC_MAX_T]) {
-    for (int g0 = lane; g0 < n_groups; g0 += MV_LANE_GROUPS * CUDA_WARP) {
-        qgroup wg[MV_LANE_GROUPS];
+    for (int gi = lane; gi < n_groups; gi += CUDA_WARP) {
+        qgroup wg;
+        Q::unpack(row + (int64_t)(gi / Q::GROUPS) * Q::BYTES, gi % Q::GROUPS, wg);
         QB_UNROLL
-        for (int u = 0; u < MV_LANE_GROUPS; u++) {
-            const int gi = g0 + u * CUDA_WARP < n_groups ? g0 + u * CUDA_WARP : g0;
-            Q::unpack(row + (int64_t)(gi / Q::GROUPS) * Q::BYTES, gi % Q::GROUPS, wg[u]);
-        }
-        QB_UNROLL
-        for (int u = 0; u < MV_LANE_GROUPS; u++) {
-            const int gi = g0 + u * CUDA_WARP;
-            if (gi >= n_groups) break;
-            QB_UNROLL
-            for (int t = 0; t < CUDA_MATVEC_MAX_T; t++) {
-                if (t < T) {
-                    const dev_block_q8_1 *ab = a + (int64_t)t * n_groups + gi;
-                    int32_t aq[8];
-                    q8_1_words(ab, aq);
-                    acc[t] += qgroup_dot_q8_1(wg[u], aq, ab->d, ab->s);
-                }
+        for (int t = 0; t < CUDA_MATVEC_MAX_T; t++) {
+            if (t < T) {
+                const dev_block_q8_1 *ab = a + (int64_t)t * n_groups + gi;
+                int32_t aq[8];
+                q8_1_words(ab, aq);
+                acc[t] += qgroup_dot_q8_1(wg, aq, ab->d, ab->s);
             }
         }
     }
