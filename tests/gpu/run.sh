@@ -84,7 +84,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
         check "stage timings ${m%%-*} tg32" 90 "${TIMINGS[@]}" "$MODELS/$m.gguf" -p 0 -n 32
     done
     check "stage timings smollm2 policies pp4096" 120 "${TIMINGS[@]}" "$MODELS/smollm2-shape-q4_1.gguf" -p 4096 -n 0 \
-        --policy full,snapkv,cake,take --budget 1024
+        --policy full,snapkv,cake,take,ems --budget 1024
     # last: EMS's prefill is the slowest by far (its merges), so its long-context figure comes
     # with the time that is left
     check "bench smollm2 ems tg32 @ d32768" 300 bash tests/gpu/bench.sh -r 1 "$MODELS/smollm2-shape-q4_1.gguf" -p 0 -n 32 -d 32768 \
