@@ -77,7 +77,7 @@ def _close_enough(gpu: np.ndarray, cpu: np.ndarray) -> float:
 
 
 # A device list's GPU rows: its room rounded up to steps of this many, or half as much again
-# as it had when it outgrows them (native/src/kv/kv-cache.c, device_room)
+# as it had when it outgrows them (native/src/kv/kv-cache.c, kv_device_rows)
 DEVICE_ROOM_STEP = 256
 
 

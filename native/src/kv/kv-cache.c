@@ -95,9 +95,11 @@ static pykv_status pool_rebuild(struct kv_cache *c, struct kv_list *l, int32_t c
 int32_t kv_device_rows(const struct kv_cache *c, int32_t cap, int32_t old_cap, int32_t rows) {
     if (cap == 0) return 0;
     if (cap <= rows && (cap >= old_cap || cap > rows / 2)) return rows;
-    int64_t want = cap > rows ? (int64_t)rows + rows / 2 : cap;
-    if (cap > rows && want < (int64_t)cap + c->device_ahead) want = (int64_t)cap + c->device_ahead;
-    if (want < cap) want = cap;
+    int64_t want = cap;   // a shrink: the room, rounded up
+    if (cap > rows) {     // growth: the room and what is ahead, at least half again the rows
+        want = (int64_t)cap + c->device_ahead;
+        if (want < (int64_t)rows + rows / 2) want = (int64_t)rows + rows / 2;
+    }
     want = (want + KV_DEVICE_ROOM_STEP - 1) / KV_DEVICE_ROOM_STEP * KV_DEVICE_ROOM_STEP;
     if (want > c->max_entries) want = cap > c->max_entries ? cap : c->max_entries;
     return (int32_t)want;
